@@ -1,0 +1,196 @@
+"""The CDMPP predictor network, top to bottom: leaves -> transformer -> program embedding -> latency.
+
+A program arrives as a sequence of leaf (buffer-store) feature vectors, each tagged with its position
+in the pre-order serialization of the compact AST. The network
+
+1. projects the (already normalized) leaf features to ``d_model``;
+2. adds a sinusoidal encoding of the pre-order position, so that leaves under the same loop nest,
+   which sit close together in pre-order, look alike to attention (switch off with ``use_pe=False``);
+3. runs a transformer encoder over the leaves with a key-padding mask, so any number of leaves works
+   (the original code kept only programs with exactly five leaves);
+4. mean-pools the valid leaves into a program embedding, plus an embedding of log(#leaves): a mean
+   cannot count, and with a variable leaf count the total work is mean x count;
+5. adds a device embedding computed from the device's spec vector, and decodes one scalar: the
+   latency in standardized Box-Cox space (see ``cdmpp.transforms.BoxCox``).
+
+``PackedPrograms`` and ``collate`` turn ``ProgramFeatures`` objects into padded tensors with one
+gather, without a Python loop per leaf, because prediction must handle thousands of programs a second.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Callable, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+if TYPE_CHECKING:  # features.py belongs to the featurizer; the model only reads three attributes
+    from cdmpp.features import ProgramFeatures
+
+
+def sinusoidal_encoding(positions: torch.Tensor, dim: int) -> torch.Tensor:
+    """Vaswani et al. (2017): PE[p, 2i] = sin(p / 10000^(2i/dim)), PE[p, 2i+1] = cos(p / 10000^(2i/dim)).
+
+    ``positions`` is an integer tensor of any shape; the result has shape ``positions.shape + (dim,)``.
+    Pre-order indices reach a few hundred, far below the ~10000*2pi wavelength limit of the code.
+    """
+    two_i = torch.arange(0, dim, 2, dtype=torch.float32, device=positions.device)
+    inv_freq = torch.exp(-math.log(10000.0) * two_i / dim)
+    angles = positions.to(torch.float32).unsqueeze(-1) * inv_freq
+    pe = torch.empty(*positions.shape, dim, dtype=torch.float32, device=positions.device)
+    pe[..., 0::2] = torch.sin(angles)
+    pe[..., 1::2] = torch.cos(angles[..., : dim // 2])
+    return pe
+
+
+class CDMPPModel(nn.Module):
+    """Transformer over leaf features + device encoder + MLP decoder; one scalar per program.
+
+    Inputs of ``forward``: ``x [B, L, F]`` normalized leaf features (zeros where padded), ``pos [B, L]``
+    pre-order positions, ``mask [B, L]`` bool, True where a leaf is present, ``device [B, D]``
+    normalized device spec vectors. Dropout sits in the encoder and the decoder, so the model can also
+    give Monte-Carlo-dropout samples when run in train mode.
+    """
+
+    def __init__(self, n_features: int, device_dim: int, d_model: int = 128, n_heads: int = 4,
+                 n_layers: int = 2, d_ff: int | None = None, dropout: float = 0.1, use_pe: bool = True):
+        super().__init__()
+        d_ff = d_ff or 2 * d_model
+        # Stored as given so a checkpoint can rebuild the module from JSON alone.
+        self.hparams = dict(n_features=n_features, device_dim=device_dim, d_model=d_model, n_heads=n_heads,
+                            n_layers=n_layers, d_ff=d_ff, dropout=dropout, use_pe=use_pe)
+        self.d_model = d_model
+        self.use_pe = use_pe
+
+        self.input_proj = nn.Linear(n_features, d_model)
+        layer = nn.TransformerEncoderLayer(d_model, n_heads, d_ff, dropout, activation="gelu",
+                                           batch_first=True, norm_first=True)
+        # Nested tensors would drop padded rows in eval mode; plain padding keeps train and eval identical.
+        self.encoder = nn.TransformerEncoder(layer, n_layers, enable_nested_tensor=False)
+        self.final_norm = nn.LayerNorm(d_model)
+        self.count_proj = nn.Linear(1, d_model)
+
+        self.device_encoder = nn.Sequential(nn.Linear(device_dim, d_model), nn.GELU(), nn.Linear(d_model, d_model))
+        self.decoder = nn.Sequential(
+            nn.Linear(d_model, d_model), nn.GELU(), nn.Dropout(dropout),
+            nn.Linear(d_model, d_model // 2), nn.GELU(),
+            nn.Linear(d_model // 2, 1),
+        )
+
+    def embed(self, x: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Program embedding ``[B, d_model]``: what domain adaptation aligns and KMeans clusters."""
+        h = self.input_proj(x)
+        if self.use_pe:
+            h = h + sinusoidal_encoding(pos, self.d_model)
+        h = self.encoder(h, src_key_padding_mask=~mask)
+        h = self.final_norm(h)
+        m = mask.unsqueeze(-1).to(h.dtype)
+        count = m.sum(dim=1).clamp_min(1.0)
+        pooled = (h * m).sum(dim=1) / count
+        return pooled + self.count_proj(torch.log(count))
+
+    def head(self, program_embedding: torch.Tensor, device: torch.Tensor) -> torch.Tensor:
+        """Latency (standardized Box-Cox) from a program embedding and a device spec vector."""
+        return self.decoder(program_embedding + self.device_encoder(device)).squeeze(-1)
+
+    def forward(self, x: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor, device: torch.Tensor) -> torch.Tensor:
+        return self.head(self.embed(x, pos, mask), device)
+
+
+class PackedPrograms:
+    """Many programs as one leaf matrix plus offsets, so a padded batch is a single numpy gather.
+
+    ``leaves [N_leaves, F]`` float32 (normalized or not), ``positions [N_leaves]`` int64 and
+    ``offsets [n_programs + 1]``: program i owns rows ``offsets[i]:offsets[i+1]``. A program without
+    leaves gets one all-zero leaf at position 0 so attention always has a key to look at.
+    """
+
+    def __init__(self, leaves: np.ndarray, positions: np.ndarray, offsets: np.ndarray):
+        self.leaves = np.ascontiguousarray(leaves, dtype=np.float32)
+        self.positions = np.ascontiguousarray(positions, dtype=np.int64)
+        self.offsets = np.ascontiguousarray(offsets, dtype=np.int64)
+        self.lengths = np.diff(self.offsets)
+
+    @classmethod
+    def from_programs(cls, programs: Sequence["ProgramFeatures"],
+                      normalize: Callable[[np.ndarray], np.ndarray] | None = None) -> "PackedPrograms":
+        """Pack programs; ``normalize`` maps the stacked ``[N_leaves, F]`` matrix (e.g. FeatureNormalizer.transform)."""
+        if not programs:
+            raise ValueError("no programs to pack")
+        n_features = programs[0].leaf_features.shape[-1]
+        empty_leaf, empty_pos = np.zeros((1, n_features), np.float32), np.zeros(1, np.int64)
+        feats, poss = [], []
+        for p in programs:
+            f = p.leaf_features
+            if len(f) == 0:
+                feats.append(empty_leaf)
+                poss.append(empty_pos)
+            else:
+                feats.append(f)
+                poss.append(p.positions)
+        lengths = np.fromiter((len(f) for f in feats), dtype=np.int64, count=len(feats))
+        offsets = np.zeros(len(feats) + 1, np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        leaves = np.concatenate(feats).astype(np.float32, copy=False)
+        if normalize is not None:
+            leaves = normalize(leaves)
+        return cls(leaves, np.concatenate(poss), offsets)
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def subset(self, idx: np.ndarray) -> "PackedPrograms":
+        """The programs ``idx`` as a new pack (used to split a pool without re-featurizing)."""
+        idx = np.asarray(idx, dtype=np.int64)
+        lengths = self.lengths[idx]
+        offsets = np.zeros(len(idx) + 1, np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        rows = np.repeat(self.offsets[idx] - offsets[:-1], lengths) + np.arange(offsets[-1])
+        return PackedPrograms(self.leaves[rows], self.positions[rows], offsets)
+
+    def program_means(self) -> np.ndarray:
+        """Mean leaf vector per program ``[n, F]``: a model-free embedding for KMeans sampling."""
+        sums = np.add.reduceat(self.leaves, self.offsets[:-1], axis=0)
+        return sums / self.lengths[:, None]
+
+    def batch(self, idx: np.ndarray | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Padded ``(x [B, L, F], pos [B, L], mask [B, L])`` for programs ``idx`` (all if None); L = longest."""
+        idx = np.arange(len(self)) if idx is None else np.asarray(idx, dtype=np.int64)
+        lengths = self.lengths[idx]
+        width = int(lengths.max())
+        slots = np.arange(width)
+        mask = slots[None, :] < lengths[:, None]
+        rows = np.where(mask, self.offsets[idx][:, None] + slots[None, :], 0)
+        x = self.leaves[rows]
+        x[~mask] = 0.0
+        pos = np.where(mask, self.positions[rows], 0)
+        return torch.from_numpy(x), torch.from_numpy(pos), torch.from_numpy(mask)
+
+
+def collate(programs: Sequence["ProgramFeatures"],
+            normalize: Callable[[np.ndarray], np.ndarray] | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Pad a list of ``ProgramFeatures`` into ``(x [B, L, F], pos [B, L], mask [B, L])``; mask True = real leaf."""
+    return PackedPrograms.from_programs(programs, normalize).batch()
+
+
+def length_sorted_batches(lengths: np.ndarray, batch_size: int) -> list[np.ndarray]:
+    """Index batches of programs with similar leaf counts, so little compute goes to padding (inference)."""
+    order = np.argsort(lengths, kind="stable")
+    return [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+
+
+def bucketed_batches(lengths: np.ndarray, batch_size: int, rng: np.random.Generator,
+                     bucket_batches: int = 32) -> list[np.ndarray]:
+    """Random training batches with little padding: shuffle, sort by length within chunks of
+    ``bucket_batches`` batches, cut into batches, shuffle the batch order."""
+    perm = rng.permutation(len(lengths))
+    chunk = batch_size * bucket_batches
+    batches = []
+    for start in range(0, len(perm), chunk):
+        part = perm[start:start + chunk]
+        part = part[np.argsort(lengths[part], kind="stable")]
+        batches.extend(part[i:i + batch_size] for i in range(0, len(part), batch_size))
+    rng.shuffle(batches)
+    return batches

@@ -1,0 +1,84 @@
+"""Import TVM the way cdmpp needs it: fast, with the right threads and a full target.
+
+Three traps of TVM 0.27 (see shared TVM-NOTES): ``tvm.s_tir.tensor_intrin`` takes ~50 s to import
+(every MetaSchedule builder worker pays it), TVM runs one thread unless told otherwise, and LLVM
+targets without ``mcpu`` generate generic x86 code. Every cdmpp module gets TVM from here.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import types
+
+_READY = False
+
+
+def _stub_tensor_intrin() -> None:
+    """Register ``tvm.s_tir.tensor_intrin`` as an empty package, then load only the x86 intrinsics."""
+    name = "tvm.s_tir.tensor_intrin"
+    if name in sys.modules:
+        return
+    import tvm.s_tir as s_tir  # noqa: F401  (parent must exist)
+
+    folder = os.path.join(os.path.dirname(s_tir.__file__), "tensor_intrin")
+    stub = types.ModuleType(name)
+    stub.__path__ = [folder]
+    stub.__file__ = os.path.join(folder, "__init__.py")
+    sys.modules[name] = stub
+    importlib.import_module(name + ".x86")
+
+
+def setup(num_threads: int | None = None):
+    """Import and prepare TVM once per process; returns the ``tvm`` module.
+
+    ``num_threads`` sets ``TVM_NUM_THREADS`` (inherited by builder/runner workers) if not already set.
+    """
+    global _READY
+    if num_threads is not None:
+        os.environ["TVM_NUM_THREADS"] = str(num_threads)
+    else:
+        os.environ.setdefault("TVM_NUM_THREADS", str(os.cpu_count() or 1))
+    import tvm
+
+    if not _READY:
+        _stub_tensor_intrin()
+        _READY = True
+    return tvm
+
+
+def worker_initializer() -> None:
+    """Initializer for MetaSchedule builder/runner pools (must live in an installed module)."""
+    setup(int(os.environ.get("TVM_NUM_THREADS", "1")))
+
+
+def load_cuda_intrinsics() -> None:
+    """CUDA sketches (tensor cores) need the CUDA intrinsics; load them only when a CUDA target is used."""
+    setup()
+    importlib.import_module("tvm.s_tir.tensor_intrin.cuda")
+
+
+def host_mcpu() -> str:
+    setup()
+    from tvm.target import codegen
+
+    return codegen.llvm_get_system_cpu()
+
+
+def make_target(kind: str = "llvm", num_cores: int | None = None, mcpu: str | None = None, arch: str | None = None):
+    """Build a full ``tvm.target.Target`` from a short description.
+
+    ``kind``: ``llvm`` (host CPU, ``mcpu`` defaults to this machine's) or ``cuda`` (``arch`` defaults to sm_80).
+    """
+    tvm = setup()
+    if kind == "llvm":
+        cfg = {"kind": "llvm", "mcpu": mcpu or host_mcpu(), "num-cores": int(num_cores or os.cpu_count() or 1)}
+    elif kind == "cuda":
+        load_cuda_intrinsics()
+        cfg = {"kind": "cuda", "arch": arch or "sm_80", "max_threads_per_block": 1024,
+               "max_shared_memory_per_block": 49152, "thread_warp_size": 32,
+               "host": {"kind": "llvm", "mcpu": host_mcpu(), "num-cores": int(os.cpu_count() or 1)}}
+    else:
+        raise ValueError(f"unknown target kind {kind!r}: expected 'llvm' or 'cuda'")
+    return tvm.target.Target(cfg)

@@ -1,0 +1,28 @@
+import os
+
+import pytest
+
+os.environ.setdefault("TVM_NUM_THREADS", "1")
+
+
+@pytest.fixture(scope="session")
+def tvm():
+    from cdmpp import tvm_env
+
+    return tvm_env.setup()
+
+
+@pytest.fixture(scope="session")
+def cpu_target(tvm):
+    from cdmpp import tvm_env
+
+    return tvm_env.make_target("llvm", num_cores=2)
+
+
+@pytest.fixture(scope="session")
+def sampled(cpu_target):
+    """Several MetaSchedule-sampled schedules of each test workload: {name: [Schedule, ...]}."""
+    from cdmpp import schedules, workloads
+
+    return {name: schedules.sample_schedules(make(), cpu_target, 6, seed=3)
+            for name, make in workloads.SAMPLES.items()}

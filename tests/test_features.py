@@ -1,0 +1,172 @@
+"""Program input, compact AST and leaf features on real TVM programs."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from cdmpp.compact_ast import END, build_compact_ast, lower_for_features
+from cdmpp.features import FEATURE_NAMES, N_FEATURES, Featurizer, compact_ast_of, featurize
+from cdmpp.positional import preorder_encoding, sinusoidal_table
+from cdmpp.program import ProgramError, load_program, workload_trace_json
+
+
+def test_every_workload_has_several_distinct_schedules(sampled):
+    for name, schs in sampled.items():
+        assert len(schs) >= 4, name
+
+
+@pytest.mark.parametrize("name", ["matmul", "conv2d", "softmax", "layer_norm", "fused_elementwise"])
+def test_leaves_match_feature_rows(sampled, cpu_target, name):
+    for sch in sampled[name]:
+        prog = load_program(sch.mod, cpu_target)
+        feats = featurize(prog)
+        assert feats.leaf_features.shape == (feats.n_leaves, N_FEATURES)
+        # the rule: one leaf per stored buffer, in first-store order, on the scheduled module and
+        # on the module after TVM's own feature passes alike
+        ast = build_compact_ast(prog.mod)
+        lowered = build_compact_ast(lower_for_features(prog.mod))
+        assert ast.n_leaves == lowered.n_leaves == feats.n_leaves
+        assert ast.leaf_buffers == lowered.leaf_buffers
+        assert all(ast.nodes[p].kind == "store" for p in feats.positions)
+        assert np.all(np.diff(feats.positions) != 0)
+        opens = sum(n.kind not in ("store", END) for n in ast.nodes)
+        assert opens == sum(n.kind == END for n in ast.nodes)
+
+
+def test_flops_and_hash_of_matmul(cpu_target):
+    from cdmpp import workloads
+
+    feats = featurize(workloads.matmul(64, 64, 64), cpu_target)
+    assert feats.flops == 2 * 64**3
+    assert len(feats.program_hash) == 16
+
+
+def test_two_schedules_give_different_features(sampled):
+    for name in ["matmul", "conv2d", "softmax"]:
+        mats = [featurize(s.mod).leaf_features for s in sampled[name]]
+        for i in range(len(mats)):
+            for j in range(i + 1, len(mats)):
+                same = mats[i].shape == mats[j].shape and np.array_equal(mats[i], mats[j])
+                assert not same, f"{name}: schedules {i} and {j} featurize the same"
+
+
+def _elementwise_variants():
+    from cdmpp import workloads
+    from tvm.s_tir import Schedule
+
+    mod = workloads.fused_elementwise()
+
+    def base():
+        s = Schedule(mod)
+        loop = s.fuse(*s.get_loops(s.get_sblock("add_relu")))
+        outer, inner = s.split(loop, [None, 8])
+        return s, outer, inner
+
+    plain = base()[0]
+    variants = {}
+    s, o, i = base(); s.vectorize(i); variants["vec"] = s
+    s, o, i = base(); s.parallel(o); variants["parallel"] = s
+    s, o, i = base(); s.unroll(i); variants["unroll"] = s
+    return plain, variants
+
+
+def test_annotations_change_only_their_features(tvm):
+    plain, variants = _elementwise_variants()
+    f0 = featurize(plain.mod).leaf_features[0]
+    for prefix, sch in variants.items():
+        f = featurize(sch.mod).leaf_features[0]
+        changed = {FEATURE_NAMES[j] for j in np.nonzero(f != f0)[0]}
+        assert f"{prefix}_num" in changed and f"{prefix}_prod" in changed
+        assert all(c.startswith(prefix + "_") for c in changed), changed
+
+
+def test_same_program_same_output_across_processes(sampled):
+    sch = sampled["conv2d"][0]
+    a, b = featurize(sch.mod), Featurizer()([sch.mod])[0]
+    assert a.program_hash == b.program_hash and np.array_equal(a.leaf_features, b.leaf_features)
+    code = ("import sys; from cdmpp.features import featurize; "
+            "f = featurize(sys.stdin.read()); print(f.program_hash, float(f.leaf_features.sum()))")
+    out = subprocess.run([sys.executable, "-c", code], input=sch.mod.script(), capture_output=True, text=True, check=True)
+    h, total = out.stdout.split()
+    assert h == a.program_hash and float(total) == pytest.approx(float(a.leaf_features.sum()), rel=1e-6)
+
+
+def test_all_input_forms_agree(sampled, cpu_target):
+    from cdmpp import workloads
+
+    sch = sampled["matmul"][1]
+    ref = featurize(sch.mod, cpu_target)
+    as_func = featurize(sch.mod["main"], cpu_target)
+    as_text = featurize(sch.mod.script(), cpu_target)
+    record = workload_trace_json(workloads.matmul(), sch.trace)
+    as_record = featurize(json.dumps(record), cpu_target)
+    as_dict = featurize(record, cpu_target)
+    for other in (as_func, as_text, as_record, as_dict):
+        assert other.program_hash == ref.program_hash
+        assert np.array_equal(other.leaf_features, ref.leaf_features)
+
+
+def test_gpu_program_featurizes(tvm):
+    from cdmpp import schedules, tvm_env, workloads
+
+    target = tvm_env.make_target("cuda")
+    schs = schedules.sample_schedules(workloads.matmul(), target, 2, seed=0)
+    feats = featurize(schs[0].mod, target)
+    assert feats.leaf_features[:, FEATURE_NAMES.index("is_gpu")].min() == 1.0
+    assert feats.leaf_features[:, FEATURE_NAMES.index("threadIdx_x_len")].max() > 1.0
+    assert compact_ast_of(load_program(schs[0].mod, target), feats.n_leaves).n_leaves == feats.n_leaves
+
+
+@pytest.mark.parametrize("bad, target, match", [
+    ("def main(:\n  pass", "llvm", "TVMScript does not parse"),
+    ("", "llvm", "empty TVMScript"),
+    ("{not json", "llvm", "does not parse"),
+    ({"workload": "garbage"}, "llvm", "lacks"),
+    ({"workload": "garbage", "trace": []}, "llvm", "workload does not load"),
+    (42, "llvm", "unsupported program type"),
+    (None, "opencl", "unknown target"),
+])
+def test_malformed_input_raises_program_error(tvm, bad, target, match):
+    from cdmpp import workloads
+
+    program = workloads.matmul() if bad is None else bad
+    with pytest.raises(ProgramError, match=match):
+        featurize(program, target)
+
+
+def test_module_without_primfunc_is_rejected(tvm):
+    with pytest.raises(ProgramError, match="exactly one PrimFunc"):
+        load_program(tvm.IRModule({}))
+
+
+def test_trace_that_does_not_fit_its_workload(sampled):
+    from cdmpp import workloads
+
+    record = workload_trace_json(workloads.softmax(), sampled["matmul"][0].trace)
+    with pytest.raises(ProgramError, match="trace does not apply"):
+        load_program(record)
+
+
+def test_positional_encoding_is_standard_and_separate():
+    table = sinusoidal_table(50, 16)
+    assert table.shape == (50, 16)
+    assert np.allclose(table[0, 0::2], 0) and np.allclose(table[0, 1::2], 1)
+    assert np.isclose(table[7, 2], np.sin(7 / 10000 ** (2 / 16)))
+    assert np.isclose(table[7, 3], np.cos(7 / 10000 ** (2 / 16)))
+    enc = preorder_encoding(np.array([4, 24, 35]), 16)
+    assert np.array_equal(enc, table[[4, 24, 35]])
+    # nearby positions (siblings) are closer than far ones
+    assert np.linalg.norm(table[10] - table[11]) < np.linalg.norm(table[10] - table[40])
+
+
+def test_cli_help_is_fast_and_featurize_runs():
+    import time
+
+    t = time.time()
+    subprocess.run([sys.executable, "-m", "cdmpp.cli", "--help"], check=True, capture_output=True)
+    assert time.time() - t < 2.0
+    out = subprocess.run([sys.executable, "-m", "cdmpp.cli", "featurize"], check=True, capture_output=True, text=True)
+    assert "3 leaves" in out.stdout and "store conv2d_nchw" in out.stdout
