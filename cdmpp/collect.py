@@ -1,0 +1,197 @@
+"""``cdmpp collect``: measure random valid schedules of real network tasks on a real device.
+
+For each task (from a ``TaskTable``), ``per_task`` distinct schedules are drawn from MetaSchedule's
+design space with a seed derived from the task key, so a restarted collection draws the same programs
+and skips those already stored (records are keyed by device, task and program hash). Programs are
+built in parallel with MetaSchedule's ``LocalBuilder`` and then run *serially, with the builders idle*
+by its ``LocalRunner`` (or ``RPCRunner`` for a remote device), so that no build disturbs a
+measurement. Every repeat's seconds are stored; the label is their median.
+
+Measurement settings (``MeasureConfig``) aim at run-to-run noise ≤ 3 % median: each repeat runs the
+kernel enough times to last ``min_repeat_ms`` (timer noise becomes negligible), ``repeat`` repeats give
+a median that ignores a disturbed one, TVM's thread pool pins its threads to cores. Caches are warm
+(TVM's default runner); pass ``--cache-flush`` to flush the CPU cache before each repeat instead.
+Create the file ``PAUSE`` in the dataset folder to pause between batches (delete it to go on).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import platform
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+
+from cdmpp import tvm_env
+from cdmpp.store import RecordStore, record_id
+
+
+@dataclass
+class MeasureConfig:
+    repeat: int = 5
+    min_repeat_ms: int = 50
+    number: int = 1
+    cache_flush: bool = False
+    build_timeout_s: float = 60.0
+    run_timeout_s: float = 30.0
+    builders: int = 2
+
+
+def task_seed(key: str, seed: int) -> int:
+    return int(hashlib.sha256(f"{key}:{seed}".encode()).hexdigest()[:8], 16)
+
+
+def cpu_model() -> str:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+class Measurer:
+    """Builds in parallel, then runs serially; returns (seconds list, error, build seconds) per program."""
+
+    def __init__(self, target, cfg: MeasureConfig, rpc: tuple[str, int, str] | None = None):
+        tvm_env.setup()
+        from tvm.s_tir import meta_schedule as ms
+
+        self.ms, self.target, self.cfg = ms, target, cfg
+        self.builder = ms.builder.LocalBuilder(max_workers=cfg.builders, timeout_sec=cfg.build_timeout_s,
+                                               initializer=tvm_env.worker_initializer)
+        evaluator = ms.runner.EvaluatorConfig(number=cfg.number, repeat=cfg.repeat,
+                                              min_repeat_ms=cfg.min_repeat_ms,
+                                              enable_cpu_cache_flush=cfg.cache_flush)
+        if rpc:
+            host, port, key = rpc
+            self.runner = ms.runner.RPCRunner(
+                rpc_config=ms.runner.RPCConfig(tracker_host=host, tracker_port=port, tracker_key=key,
+                                               session_timeout_sec=int(cfg.run_timeout_s)),
+                evaluator_config=evaluator, max_workers=1, initializer=tvm_env.worker_initializer)
+        else:
+            self.runner = ms.runner.LocalRunner(timeout_sec=cfg.run_timeout_s, evaluator_config=evaluator,
+                                                initializer=tvm_env.worker_initializer)
+        self.device_type = "cuda" if "gpu" in [str(k) for k in target.keys] else "cpu"
+
+    def measure(self, mods: list) -> list[tuple[list[float], str | None, float]]:
+        ms = self.ms
+        t0 = time.perf_counter()
+        builds = self.builder.build([ms.builder.BuilderInput(m, self.target) for m in mods])
+        build_s = (time.perf_counter() - t0) / max(1, len(mods))
+        out: list = [None] * len(mods)
+        inputs, where = [], []
+        for i, (m, b) in enumerate(zip(mods, builds)):
+            if b.error_msg:
+                out[i] = ([], "build: " + _short(b.error_msg), build_s)
+            else:
+                inputs.append(ms.runner.RunnerInput(b.artifact_path, self.device_type,
+                                                    ms.arg_info.ArgInfo.from_prim_func(m["main"])))
+                where.append(i)
+        for i, fut in zip(where, self.runner.run(inputs)):
+            r = fut.result()
+            if r.error_msg:
+                out[i] = ([], "run: " + _short(r.error_msg), build_s)
+            else:
+                out[i] = ([float(s) for s in r.run_secs], None, build_s)
+        return out
+
+
+def _short(msg: str) -> str:
+    lines = [ln for ln in str(msg).strip().splitlines() if ln.strip()]
+    return (" | ".join(lines[-3:]) if lines else "unknown error")[:600]
+
+
+def label(record: dict) -> float | None:
+    """The latency label of a record: median of its repeats; None for failed records."""
+    secs = record.get("seconds") or []
+    return statistics.median(secs) if secs and not record.get("error") else None
+
+
+def collect(tasks, dataset_dir: str, device, target, per_task: int = 32, budget_minutes: float | None = None,
+            cfg: MeasureConfig | None = None, batch_size: int = 32, seed: int = 0, rpc=None,
+            progress: bool = True) -> dict:
+    """Measure ``per_task`` schedules of every task in ``tasks``; resumable; returns a summary."""
+    from tqdm import tqdm
+
+    from cdmpp.features import program_hash
+    from cdmpp.program import to_json_value
+    from cdmpp.schedules import sample_schedules
+    from cdmpp.zoo.tasks import load_task_mod
+
+    tvm = tvm_env.setup()
+    cfg = cfg or MeasureConfig()
+    store = RecordStore(dataset_dir)
+    done = store.done_ids(device.id)
+    run_id = store.add_run({
+        "device": device.id, "cpu_model": cpu_model(), "cores": os.cpu_count(), "threads": device.threads,
+        "target": str(target), "tvm_version": tvm.__version__, "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "host": platform.node(), "measure": dataclasses.asdict(cfg), "per_task": per_task, "seed": seed,
+        "rpc": f"{rpc[0]}:{rpc[1]}/{rpc[2]}" if rpc else None, "command": " ".join(sys.argv),
+    })
+    measurer = Measurer(target, cfg, rpc)
+    deadline = time.time() + budget_minutes * 60 if budget_minutes else None
+    task_list = sorted(tasks, key=lambda t: t.key)
+    stats = {"measured": 0, "failed": 0, "skipped_done": 0, "tasks": len(task_list), "stopped_by_budget": False}
+    t_start = time.time()
+    bar = tqdm(total=len(task_list) * per_task, unit="prog", disable=not progress, dynamic_ncols=True)
+    pending: list[tuple] = []
+
+    def flush():
+        if not pending:
+            return
+        _wait_while_paused(dataset_dir)
+        results = measurer.measure([p[1].mod for p in pending])
+        recs = []
+        for (task, sch, phash), (secs, err, build_s) in zip(pending, results):
+            recs.append({
+                "id": record_id(device.id, task.key, phash), "device": device.id, "task": task.key,
+                "task_name": task.name, "networks": sorted(task.occurrences), "program_hash": phash,
+                "trace": to_json_value(sch.trace.as_json()), "seconds": secs, "error": err,
+                "build_s": round(build_s, 3), "run": run_id,
+            })
+            stats["failed" if err else "measured"] += 1
+        store.append(device.id, recs)
+        bar.update(len(pending))
+        bar.set_postfix(ok=stats["measured"], failed=stats["failed"])
+        pending.clear()
+
+    try:
+        for task in task_list:
+            if deadline and time.time() > deadline:
+                stats["stopped_by_budget"] = True
+                break
+            mod = load_task_mod(task)
+            schs = sample_schedules(mod, target, per_task, seed=task_seed(task.key, seed))
+            bar.total -= per_task - len(schs)  # tasks with fewer distinct schedules
+            for sch in schs:
+                phash = program_hash(sch.mod)
+                if record_id(device.id, task.key, phash) in done:
+                    stats["skipped_done"] += 1
+                    bar.update(1)
+                    continue
+                pending.append((task, sch, phash))
+                if len(pending) >= batch_size:
+                    flush()
+                    if deadline and time.time() > deadline:
+                        break
+        flush()
+    finally:
+        bar.close()
+    stats["seconds"] = round(time.time() - t_start, 1)
+    stats["run"] = run_id
+    return stats
+
+
+def _wait_while_paused(dataset_dir: str) -> None:
+    flag = os.path.join(dataset_dir, "PAUSE")
+    announced = False
+    while os.path.exists(flag):
+        if not announced:
+            print(f"\npaused: {flag} exists", file=sys.stderr)
+            announced = True
+        time.sleep(2)

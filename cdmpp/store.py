@@ -1,0 +1,176 @@
+"""Append-only, crash-safe storage of measurement records (JSON lines).
+
+A dataset is a folder. Records are appended to ``<device-slug>.active.jsonl`` one line per record,
+flushed and fsync'ed per batch, so a killed collection loses at most the batch in flight. When the
+active file holds ``seal_every`` records it is *sealed*: compressed to ``<device-slug>.part-NNNN.jsonl.gz``
+(written to a temporary name, fsync'ed, renamed) and only then removed. Readers deduplicate by record
+id, so a crash between rename and removal never doubles a record. A truncated last line (a kill in
+the middle of a write) is moved aside to ``*.partial`` on the next open, never silently dropped; any
+other line that does not parse is reported with its file and line number, and the rest still loads.
+``runs.jsonl`` holds one provenance entry per collection run; records refer to it by ``run`` id.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Iterator
+
+
+def slug(device_id: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", device_id)
+
+
+def record_id(device: str, task: str, program_hash: str) -> str:
+    return f"{device}|{task}|{program_hash}"
+
+
+@dataclass
+class LoadReport:
+    """What reading a dataset found: records kept, duplicates skipped, and bad lines with locations."""
+
+    records: int = 0
+    duplicates: int = 0
+    problems: list[str] = field(default_factory=list)
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class RecordStore:
+    def __init__(self, root: str, seal_every: int = 2000):
+        self.root = root
+        self.seal_every = seal_every
+        os.makedirs(root, exist_ok=True)
+
+    # ---- writing -------------------------------------------------------------------------------
+    def _active(self, device: str) -> str:
+        return os.path.join(self.root, f"{slug(device)}.active.jsonl")
+
+    def _repair_tail(self, path: str) -> None:
+        """Move an unterminated last line (a write cut short by a kill) to ``path.partial``."""
+        if not os.path.exists(path) or os.path.getsize(path) == 0:
+            return
+        with open(path, "rb+") as f:
+            f.seek(-1, os.SEEK_END)
+            if f.read(1) == b"\n":
+                return
+            data = f.seek(0) or f.read()
+            cut = data.rfind(b"\n") + 1
+            with open(path + ".partial", "ab") as side:
+                side.write(data[cut:] + b"\n")
+            f.truncate(cut)
+            f.flush()
+            os.fsync(f.fileno())
+
+    def append(self, device: str, records: list[dict]) -> None:
+        """Append finished records durably (one write, flush, fsync)."""
+        if not records:
+            return
+        path = self._active(device)
+        self._repair_tail(path)
+        blob = "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in records).encode()
+        with open(path, "ab") as f:
+            f.write(blob)
+            f.flush()
+            os.fsync(f.fileno())
+        if self._count_lines(path) >= self.seal_every:
+            self.seal(device)
+
+    @staticmethod
+    def _count_lines(path: str) -> int:
+        with open(path, "rb") as f:
+            return sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b""))
+
+    def seal(self, device: str) -> str | None:
+        """Compress the active file into the next part; safe against a crash at any point."""
+        path = self._active(device)
+        self._repair_tail(path)
+        if not os.path.exists(path) or os.path.getsize(path) == 0:
+            return None
+        n = len(self._parts(device))
+        part = os.path.join(self.root, f"{slug(device)}.part-{n:04d}.jsonl.gz")
+        tmp = part + ".tmp"
+        with open(path, "rb") as src, open(tmp, "wb") as raw:
+            with gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=9, mtime=0) as gz:
+                gz.write(src.read())
+            raw.flush()
+            os.fsync(raw.fileno())
+        os.replace(tmp, part)
+        _fsync_dir(self.root)
+        os.remove(path)
+        return part
+
+    def add_run(self, provenance: dict) -> str:
+        """Record a collection run's provenance; returns its id."""
+        run_id = provenance.get("run") or time.strftime("%Y%m%dT%H%M%S") + f"-{os.getpid()}"
+        entry = dict(provenance, run=run_id)
+        with open(os.path.join(self.root, "runs.jsonl"), "a") as f:
+            f.write(json.dumps(entry) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        return run_id
+
+    def runs(self) -> dict[str, dict]:
+        path = os.path.join(self.root, "runs.jsonl")
+        out = {}
+        if os.path.exists(path):
+            for line in open(path):
+                if line.strip():
+                    try:
+                        r = json.loads(line)
+                        out[r["run"]] = r
+                    except (json.JSONDecodeError, KeyError):
+                        continue
+        return out
+
+    # ---- reading -------------------------------------------------------------------------------
+    def _parts(self, device: str | None = None) -> list[str]:
+        prefix = slug(device) + "." if device else ""
+        return sorted(os.path.join(self.root, n) for n in os.listdir(self.root)
+                      if n.startswith(prefix) and ".part-" in n and n.endswith(".jsonl.gz"))
+
+    def files(self, device: str | None = None) -> list[str]:
+        prefix = slug(device) + "." if device else ""
+        active = sorted(os.path.join(self.root, n) for n in os.listdir(self.root)
+                        if n.startswith(prefix) and n.endswith(".active.jsonl"))
+        return self._parts(device) + active
+
+    def iter_records(self, device: str | None = None, report: LoadReport | None = None) -> Iterator[dict]:
+        """Every record once (by id), parts first; bad lines are reported, not fatal."""
+        report = report if report is not None else LoadReport()
+        seen: set[str] = set()
+        for path in self.files(device):
+            opener = gzip.open if path.endswith(".gz") else open
+            lineno = 0
+            try:
+                with opener(path, "rt") as f:
+                    for lineno, line in enumerate(f, 1):
+                        if not line.strip():
+                            continue
+                        try:
+                            rec = json.loads(line)
+                            rid = rec["id"]
+                        except (json.JSONDecodeError, KeyError, TypeError) as e:
+                            report.problems.append(f"{path}:{lineno}: unreadable record ({e.__class__.__name__})")
+                            continue
+                        if rid in seen:
+                            report.duplicates += 1
+                            continue
+                        seen.add(rid)
+                        report.records += 1
+                        yield rec
+            except (OSError, EOFError, gzip.BadGzipFile) as e:
+                report.problems.append(f"{path}: corrupt or truncated after line {lineno} ({e})")
+
+    def done_ids(self, device: str) -> set[str]:
+        return {r["id"] for r in self.iter_records(device)}

@@ -1,0 +1,102 @@
+"""A real tiny collection on this CPU: build and run 2 tasks x 4 schedules, kill it, resume, load back."""
+
+import gzip
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+from cdmpp.store import LoadReport, RecordStore
+
+SCRIPT = textwrap.dedent("""
+    import sys
+    from types import SimpleNamespace
+    from cdmpp import tvm_env, workloads
+    tvm = tvm_env.setup(1)
+    from cdmpp.collect import MeasureConfig, collect
+    from cdmpp.zoo.tasks import Task, task_key
+    target = tvm_env.make_target("llvm", num_cores=1)
+    tasks = []
+    for name, make in [("matmul", lambda: workloads.matmul(64, 64, 64)), ("softmax", lambda: workloads.softmax(64, 128))]:
+        mod = make()
+        tasks.append(Task(task_key(mod), name, tvm.ir.save_json(mod), None, {"toy@1": 1}))
+    device = SimpleNamespace(id="test-cpu-1t/llvm", threads=1)
+    cfg = MeasureConfig(repeat=3, min_repeat_ms=5, builders=1)
+    print(collect(tasks, sys.argv[1], device, target, per_task=4, cfg=cfg, batch_size=2, progress=False))
+""")
+
+
+def _run(dataset, **kw):
+    return subprocess.Popen([sys.executable, "-c", SCRIPT, dataset], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=dict(os.environ, TVM_NUM_THREADS="1"), **kw)
+
+
+def test_collect_kill_resume_and_load(tmp_path):
+    ds = str(tmp_path / "ds")
+    store = RecordStore(ds)
+    proc = _run(ds)
+    deadline = time.time() + 240
+    while time.time() < deadline and proc.poll() is None:  # wait for the first finished batch
+        if any(len(list(store.iter_records())) for _ in [0]):
+            break
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    before = {r["id"]: r for r in store.iter_records()}
+    assert 0 < len(before) < 8
+
+    out, err = _run(ds).communicate(timeout=300)
+    assert "'measured'" in out, err
+    report = LoadReport()
+    after = {r["id"]: r for r in store.iter_records(report=report)}
+    assert len(after) == 8 and report.duplicates == 0 and not report.problems
+    for rid, rec in before.items():  # nothing finished before the kill was lost or redone
+        assert after[rid] == rec
+    for rec in after.values():
+        assert rec["error"] is None and len(rec["seconds"]) == 3 and all(s > 0 for s in rec["seconds"])
+        assert rec["trace"] and rec["task_name"] in ("matmul", "softmax")
+    runs = store.runs()
+    assert len(runs) == 2 and all(r["tvm_version"] and r["cpu_model"] and r["target"] for r in runs.values())
+
+    # a resumed run over a complete dataset measures nothing
+    out, _ = _run(ds).communicate(timeout=300)
+    assert "'measured': 0" in out and "'skipped_done': 8" in out
+
+
+def test_corrupt_lines_are_reported_and_the_rest_loads(tmp_path):
+    store = RecordStore(str(tmp_path), seal_every=3)
+    recs = [{"id": f"d|t|{i}", "seconds": [1.0], "error": None} for i in range(5)]
+    store.append("d", recs[:3])  # sealed into part-0000
+    store.append("d", recs[3:])
+    active = tmp_path / "d.active.jsonl"
+    with open(active, "a") as f:
+        f.write("this is not json\n")
+        f.write('{"id": "d|t|half", "seconds": [1.')  # a write cut short by a kill
+    report = LoadReport()
+    ids = [r["id"] for r in store.iter_records(report=report)]
+    assert ids == [r["id"] for r in recs]
+    assert len(report.problems) == 2 and all("d.active.jsonl:" in p for p in report.problems)
+    store.append("d", [{"id": "d|t|5", "seconds": [2.0], "error": None}])  # repairs the tail first
+    assert (tmp_path / "d.active.jsonl.partial").read_text().startswith('{"id": "d|t|half"')
+    assert len(list(store.iter_records())) == 6
+
+    part = tmp_path / "d.part-0000.jsonl.gz"
+    data = part.read_bytes()
+    part.write_bytes(data[: len(data) // 2])  # truncated compressed part
+    report = LoadReport()
+    rest = list(store.iter_records(report=report))
+    assert any("part-0000" in p and "truncated" in p for p in report.problems)
+    assert {r["id"] for r in rest} >= {"d|t|3", "d|t|4", "d|t|5"}
+
+
+def test_sealed_parts_are_gzip_json_lines(tmp_path):
+    store = RecordStore(str(tmp_path), seal_every=2)
+    store.append("dev/x", [{"id": "a"}, {"id": "b"}])
+    parts = [p for p in os.listdir(tmp_path) if p.endswith(".jsonl.gz")]
+    assert parts == ["dev_x.part-0000.jsonl.gz"]
+    lines = gzip.open(tmp_path / parts[0], "rt").read().splitlines()
+    assert [json.loads(x)["id"] for x in lines] == ["a", "b"]
+    assert not (tmp_path / "dev_x.active.jsonl").exists()
