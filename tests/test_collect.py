@@ -23,6 +23,10 @@ SCRIPT = textwrap.dedent("""
     for name, make in [("matmul", lambda: workloads.matmul(64, 64, 64)), ("softmax", lambda: workloads.softmax(64, 128))]:
         mod = make()
         tasks.append(Task(task_key(mod), name, tvm.ir.save_json(mod), None, {"toy@1": 1}))
+    from cdmpp.zoo.tasks import TaskTable
+    table = TaskTable()
+    table.add(tasks)
+    table.save(sys.argv[1] + "-tasks.json")
     device = SimpleNamespace(id="test-cpu-1t/llvm", threads=1)
     cfg = MeasureConfig(repeat=3, min_repeat_ms=5, builders=1)
     print(collect(tasks, sys.argv[1], device, target, per_task=4, cfg=cfg, batch_size=2, progress=False))
@@ -34,7 +38,7 @@ def _run(dataset, **kw):
                             text=True, env=dict(os.environ, TVM_NUM_THREADS="1"), **kw)
 
 
-def test_collect_kill_resume_and_load(tmp_path):
+def test_collect_kill_resume_and_load(tmp_path, monkeypatch):
     ds = str(tmp_path / "ds")
     store = RecordStore(ds)
     proc = _run(ds)
@@ -64,6 +68,26 @@ def test_collect_kill_resume_and_load(tmp_path):
     # a resumed run over a complete dataset measures nothing
     out, _ = _run(ds).communicate(timeout=300)
     assert "'measured': 0" in out and "'skipped_done': 8" in out
+
+    # load it back: features, labels, filters; the second load comes from the feature cache only
+    from cdmpp import data
+    from cdmpp.zoo.tasks import TaskTable
+
+    table = TaskTable.load(ds + "-tasks.json")
+    cache = str(tmp_path / "cache")
+    loaded = data.load_dataset(ds, table, cache_dir=cache, progress=False)
+    assert len(loaded) == 8 and loaded.devices() == ["test-cpu-1t/llvm"]
+    for p in loaded.programs:
+        assert p.features.n_leaves >= 1 and p.seconds == sorted(after[p.record_id]["seconds"])[1]
+    assert len(loaded.filter(tasks=["softmax"])) == 4 and len(loaded.filter(networks=["toy"])) == 8
+    assert len(loaded.filter(networks=["resnet18"])) == 0
+
+    def no_tvm(*a, **k):
+        raise AssertionError("features should come from the cache")
+
+    monkeypatch.setattr(data, "_featurize_records", no_tvm)
+    again = data.load_dataset(ds, table, cache_dir=cache, progress=False)
+    assert [p.features.program_hash for p in again.programs] == [p.features.program_hash for p in loaded.programs]
 
 
 def test_corrupt_lines_are_reported_and_the_rest_loads(tmp_path):

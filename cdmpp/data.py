@@ -1,0 +1,174 @@
+"""Load a measured dataset as training samples: features, device, latency label, task and networks.
+
+Records come from ``cdmpp.store.RecordStore``; programs are rebuilt from the task's workload and the
+record's trace, then featurized. Features are cached on disk keyed by program hash and
+``FEATURIZER_VERSION`` (a changed featurizer never reuses stale features), in append-only ``.npz``
+chunks, so a second load of the same data does not touch TVM at all.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from cdmpp.collect import label
+from cdmpp.features import FEATURIZER_VERSION, ProgramFeatures
+from cdmpp.store import LoadReport, RecordStore
+
+
+@dataclass
+class LabeledProgram:
+    """One successfully measured program."""
+
+    features: ProgramFeatures
+    device: str
+    seconds: float  # median of the measured repeats
+    task: str
+    task_name: str
+    networks: list[str]  # "network@batch" occurrences of its task
+    record_id: str
+
+
+@dataclass
+class Dataset:
+    programs: list[LabeledProgram] = field(default_factory=list)
+    failed: int = 0  # records with a build/run error (never labels)
+    report: LoadReport = field(default_factory=LoadReport)
+
+    def __len__(self) -> int:
+        return len(self.programs)
+
+    def filter(self, devices=None, networks=None, tasks=None) -> "Dataset":
+        nets = set(networks) if networks else None
+        out = [p for p in self.programs
+               if (not devices or p.device in devices)
+               and (not tasks or p.task in tasks or p.task_name in tasks)
+               and (nets is None or any(o.split("@")[0] in nets or o in nets for o in p.networks))]
+        return Dataset(out, self.failed, self.report)
+
+    def devices(self) -> list[str]:
+        return sorted({p.device for p in self.programs})
+
+    def networks(self) -> list[str]:
+        return sorted({o.split("@")[0] for p in self.programs for o in p.networks})
+
+
+class FeatureCache:
+    """program hash → ProgramFeatures, persisted as ``features-v<version>-NNNN.npz`` chunks."""
+
+    def __init__(self, directory: str):
+        self.directory = directory
+        self.items: dict[str, ProgramFeatures] = {}
+        self._new: list[ProgramFeatures] = []
+        os.makedirs(directory, exist_ok=True)
+        for path in sorted(glob.glob(os.path.join(directory, f"features-v{FEATURIZER_VERSION}-*.npz"))):
+            try:
+                with np.load(path, allow_pickle=False) as z:
+                    rows, pos, off, flops, hashes = z["rows"], z["positions"], z["offsets"], z["flops"], z["hashes"]
+            except Exception as e:  # a torn chunk only costs re-featurization
+                print(f"feature cache: skipping unreadable {path}: {e}", file=sys.stderr)
+                continue
+            for i, h in enumerate(hashes):
+                a, b = off[i], off[i + 1]
+                self.items[str(h)] = ProgramFeatures(rows[a:b], pos[a:b], float(flops[i]), str(h))
+
+    def get(self, h: str) -> ProgramFeatures | None:
+        return self.items.get(h)
+
+    def put(self, f: ProgramFeatures) -> None:
+        if f.program_hash not in self.items:
+            self.items[f.program_hash] = f
+            self._new.append(f)
+
+    def flush(self) -> None:
+        if not self._new:
+            return
+        n = len(glob.glob(os.path.join(self.directory, f"features-v{FEATURIZER_VERSION}-*.npz")))
+        path = os.path.join(self.directory, f"features-v{FEATURIZER_VERSION}-{n:04d}.npz")
+        off = np.cumsum([0] + [f.n_leaves for f in self._new])
+        tmp = path + ".tmp.npz"
+        np.savez_compressed(tmp, rows=np.concatenate([f.leaf_features for f in self._new]),
+                            positions=np.concatenate([f.positions for f in self._new]), offsets=off,
+                            flops=np.array([f.flops for f in self._new]),
+                            hashes=np.array([f.program_hash for f in self._new]))
+        os.replace(tmp, path)
+        self._new = []
+
+
+def default_cache_dir(dataset_dir: str) -> str:
+    return os.environ.get("CDMPP_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "cdmpp",
+                                                      os.path.basename(os.path.abspath(dataset_dir))))
+
+
+def load_dataset(dataset_dir: str, task_table, devices=None, networks=None, tasks=None,
+                 cache_dir: str | None = None, limit: int | None = None, progress: bool = True) -> Dataset:
+    """Every successfully measured record of ``dataset_dir`` (filtered), featurized (cached)."""
+    from tqdm import tqdm
+
+    store = RecordStore(dataset_dir)
+    report = LoadReport()
+    cache = FeatureCache(cache_dir or default_cache_dir(dataset_dir))
+    records, failed = [], 0
+    for rec in store.iter_records(report=report):
+        if devices and rec.get("device") not in devices:
+            continue
+        y = label(rec)
+        if y is None:
+            failed += 1
+            continue
+        records.append((rec, y))
+        if limit and len(records) >= limit:
+            break
+    for p in report.problems:
+        print(f"dataset: {p}", file=sys.stderr)
+    missing = [r for r, _ in records if cache.get(r["program_hash"]) is None]
+    if missing:
+        _featurize_records(missing, task_table, cache, progress)
+    ds = Dataset(failed=failed, report=report)
+    for rec, y in records:
+        f = cache.get(rec["program_hash"])
+        if f is None:
+            continue  # its task is not in the table or its program no longer loads (reported above)
+        ds.programs.append(LabeledProgram(f, rec["device"], y, rec["task"], rec.get("task_name", ""),
+                                          list(rec.get("networks", [])), rec["id"]))
+    return ds.filter(devices, networks, tasks)
+
+
+def _featurize_records(records: list[dict], task_table, cache: FeatureCache, progress: bool) -> None:
+    from tqdm import tqdm
+
+    from cdmpp.features import Featurizer
+    from cdmpp.program import ProgramError, load_program
+    from cdmpp.zoo.tasks import load_task_mod
+
+    featurizer = Featurizer()
+    mods: dict[str, object] = {}
+    last_flush = time.time()
+    for rec in tqdm(records, desc="featurize", unit="prog", disable=not progress, dynamic_ncols=True):
+        key = rec["task"]
+        if key not in mods:
+            mods[key] = load_task_mod(task_table[key]) if key in task_table.tasks else None
+        if mods[key] is None:
+            print(f"dataset: task {key} of {rec['id']} is not in the task table; skipped", file=sys.stderr)
+            continue
+        try:
+            from tvm.s_tir import Schedule
+            from tvm.s_tir.schedule import Trace
+
+            sch = Schedule(mods[key])
+            Trace.apply_json_to_schedule(rec["trace"], sch)
+            f = featurizer([load_program(sch.mod, "cuda" if "cuda" in rec["device"] else "llvm")])[0]
+        except (ProgramError, Exception) as e:
+            print(f"dataset: {rec['id']}: cannot featurize: {str(e).splitlines()[-1][:200]}", file=sys.stderr)
+            continue
+        f.program_hash = rec["program_hash"]  # the hash the collector stored (same function)
+        cache.put(f)
+        if time.time() - last_flush > 60:
+            cache.flush()
+            last_flush = time.time()
+    cache.flush()
