@@ -195,3 +195,55 @@ def _wait_while_paused(dataset_dir: str) -> None:
             print(f"\npaused: {flag} exists", file=sys.stderr)
             announced = True
         time.sleep(2)
+
+
+def remeasure_noise(dataset_dir: str, tasks, device, target, n: int = 120, seed: int = 0,
+                    cfg: MeasureConfig | None = None, progress: bool = True) -> dict:
+    """Re-measure ``n`` stored programs of ``device`` now and compare with their stored labels.
+
+    Run-to-run noise is |new - old| / old per program (labels: medians of the repeats); the median and
+    90th percentile go to ``noise-<device>.json`` in the dataset folder, appended to its history.
+    """
+    import json
+    import random
+
+    from tqdm import tqdm
+    from tvm.s_tir import Schedule
+    from tvm.s_tir.schedule import Trace
+
+    from cdmpp.store import slug
+    from cdmpp.zoo.tasks import load_task_mod
+
+    store = RecordStore(dataset_dir)
+    recs = [r for r in store.iter_records(device.id) if label(r) is not None and r["task"] in tasks.tasks]
+    random.Random(seed).shuffle(recs)
+    recs = recs[:n]
+    measurer = Measurer(target, cfg or MeasureConfig())
+    rel, rows = [], []
+    for i in tqdm(range(0, len(recs), 24), desc="re-measure", unit="batch", disable=not progress):
+        batch = recs[i:i + 24]
+        mods = []
+        for r in batch:
+            sch = Schedule(load_task_mod(tasks[r["task"]]))
+            Trace.apply_json_to_schedule(r["trace"], sch)
+            mods.append(sch.mod)
+        for r, (secs, err, _) in zip(batch, measurer.measure(mods)):
+            if err or not secs:
+                continue
+            old, new = label(r), statistics.median(secs)
+            rel.append(abs(new - old) / old)
+            rows.append({"id": r["id"], "old": old, "new": new})
+    import numpy as np
+
+    result = {"device": device.id, "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "programs": len(rel),
+              "median_rel_diff": float(np.median(rel)) if rel else None,
+              "p90_rel_diff": float(np.percentile(rel, 90)) if rel else None,
+              "measure": dataclasses.asdict(cfg or MeasureConfig()), "pairs": rows}
+    path = os.path.join(dataset_dir, f"noise-{slug(device.id)}.json")
+    history = json.load(open(path)) if os.path.exists(path) else []
+    history.append(result)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(history, f, indent=1)
+    os.replace(tmp, path)
+    return result

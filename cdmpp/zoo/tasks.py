@@ -138,18 +138,20 @@ def count_tir_calls(mod) -> int:
     return n
 
 
-def extract_tasks(network: str, batch_size: int, target, with_flops: bool = True) -> list[Task]:
+def extract_tasks(network: str, batch_size: int, target, with_flops: bool = True, mod=None) -> list[Task]:
     """Tasks of one network instance; each ``Task.occurrences`` holds only this instance's weight.
 
     Tasks of the same instance with equal keys are merged (weights added), so the weights of the
-    returned list sum to the number of kernel calls of the network.
+    returned list sum to the number of kernel calls of the network. ``mod``: the instance's lowered
+    Relax module if already made by ``network_to_relax`` (saves converting twice).
     """
     from cdmpp import tvm_env
 
     tvm = tvm_env.setup()
     from tvm.s_tir.meta_schedule import relax_integration
 
-    mod = network_to_relax(network, batch_size)
+    if mod is None:
+        mod = network_to_relax(network, batch_size)
     occ = occurrence_key(network, batch_size)
     by_key: dict[str, Task] = {}
     for ext in relax_integration.extract_tasks(mod, target):
@@ -277,6 +279,9 @@ class TaskTable:
                 f.write(data)
                 f.flush()
                 os.fsync(f.fileno())
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file normal permissions
             os.replace(tmp, path)
         except BaseException:
             if os.path.exists(tmp):
@@ -342,13 +347,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--num-cores", type=int, default=None, help="target num-cores (default: this machine's)")
     p.add_argument("--mcpu", default=None, help="llvm mcpu (default: this machine's)")
     p.add_argument("--no-flops", action="store_true", help="skip FLOP estimation")
-    p.add_argument("--out", required=True, help="output .json or .json.gz")
+    p.add_argument("--out", help="output .json or .json.gz (required unless --list)")
     p.add_argument("--list", action="store_true", help="list the zoo and exit")
     a = p.parse_args(argv)
     if a.list:
         for n, s in NETWORKS.items():
             print(f"{n:18s} {s.description}")
         return 0
+    if not a.out:
+        p.error("--out is required")
     from cdmpp import tvm_env
 
     tvm_env.setup()
