@@ -172,3 +172,28 @@ def _featurize_records(records: list[dict], task_table, cache: FeatureCache, pro
             cache.flush()
             last_flush = time.time()
     cache.flush()
+
+
+def summarize(dataset_dir: str, task_table=None) -> dict:
+    """Counts per device, network and task straight from the records (no featurization)."""
+    from collections import Counter, defaultdict
+
+    report = LoadReport()
+    per_device: Counter = Counter()
+    failed: Counter = Counter()
+    tasks: dict[str, set] = defaultdict(set)
+    per_network: dict[str, Counter] = defaultdict(Counter)
+    for rec in RecordStore(dataset_dir).iter_records(report=report):
+        dev = rec.get("device", "?")
+        if label(rec) is None:
+            failed[dev] += 1
+            continue
+        per_device[dev] += 1
+        tasks[dev].add(rec["task"])
+        for net in {o.split("@")[0] for o in rec.get("networks", [])}:
+            per_network[dev][net] += 1
+    return {
+        "devices": {d: {"programs": per_device[d], "failed": failed[d], "tasks": len(tasks[d]),
+                        "networks": dict(sorted(per_network[d].items()))} for d in sorted(set(per_device) | set(failed))},
+        "problems": report.problems, "duplicates": report.duplicates,
+    }

@@ -8,8 +8,9 @@ The loop is plain PyTorch, readable in one sitting:
   embeddings of the source batch and of a random batch of the unlabeled target pool, when one is given;
 * Adam with a triangular cyclic learning rate, gradient-norm clipping;
 * model selection and early stopping on the validation split only (never the test split);
-* a small deep ensemble (members differ by seed) whose spread, conformally calibrated on the
-  validation split, gives the 90 % interval.
+* a small ensemble whose spread, conformally calibrated on the validation split, gives the 90 %
+  interval: snapshots (the best state of each of the best LR cycles of one run, Huang et al. 2017),
+  or independent seeds. Under a fixed time budget snapshots let one run train 3x longer.
 
 Hyperparameters live in ``TrainConfig``, loaded from a recipe in ``train/*.toml``.
 """
@@ -31,8 +32,8 @@ from tqdm.auto import tqdm
 
 from cdmpp.adapt import discrepancy
 from cdmpp.checkpoint import TrainedModel, current_featurizer_version
-from cdmpp.model import CDMPPModel, PackedPrograms, bucketed_batches
-from cdmpp.transforms import BoxCox, DeviceSpecs, FeatureNormalizer  # noqa: F401  (re-exported)
+from cdmpp.model import CDMPPModel, PackedPrograms, bucketed_batches, length_sorted_batches
+from cdmpp.transforms import BoxCox, DeviceSpecs, FeatureNormalizer  # noqa: F401  (BoxCox re-exported)
 
 if TYPE_CHECKING:
     from cdmpp.features import ProgramFeatures
@@ -74,7 +75,7 @@ class TrainConfig:
     mse_weight: float = 1000.0
     mape_weight: float = 1.0
     mape_floor: float = 1.0  # MAPE denominator is max(|z|, mape_floor); see cdmpp_loss
-    patience: int = 8  # epochs without validation improvement before stopping
+    patience: int = 12  # epochs without validation improvement before stopping
     # domain adaptation (active only when fit gets a target pool)
     da: str = "cmd"  # "cmd" | "mmd" | "none"
     da_weight: float = 10.0
@@ -85,6 +86,7 @@ class TrainConfig:
     val_fraction: float = 0.1  # carved from the training set only when fit gets no validation set
     # uncertainty
     ensemble: int = 3
+    ensemble_mode: str = "snapshots"  # "snapshots": best states of one run's LR cycles; "seeds": independent runs
     interval: float = 0.9
     # few-shot fine-tuning
     finetune_lr: float = 1e-4
@@ -93,6 +95,13 @@ class TrainConfig:
     seed: int = 0
     max_minutes: float = 10.0
     progress: bool = True
+
+    def __post_init__(self):
+        choices = dict(da=("cmd", "mmd", "none"), da_space=("program", "joint"), ensemble_mode=("snapshots", "seeds"),
+                       feature_scaling=("standard", "robust"), finetune_scope=("all", "head"))
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} = {getattr(self, name)!r}: expected one of {allowed}")
 
     @classmethod
     def from_dict(cls, values: dict) -> "TrainConfig":
@@ -104,9 +113,9 @@ class TrainConfig:
 
     @classmethod
     def from_file(cls, path: str | Path) -> "TrainConfig":
-        """Load a TOML recipe (flat ``key = value`` pairs)."""
-        with open(path, "rb") as f:
-            return cls.from_dict(tomllib.load(f))
+        """Load a TOML recipe: flat ``key = value`` pairs; ``base = "default"`` starts from another recipe
+        (a name beside this file), so an ablation states only what it changes."""
+        return cls.from_dict(_read_recipe(Path(path)))
 
     @classmethod
     def recipe(cls, name: str) -> "TrainConfig":
@@ -118,6 +127,18 @@ class TrainConfig:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+def _read_recipe(path: Path, seen: tuple[Path, ...] = ()) -> dict:
+    with open(path, "rb") as f:
+        values = tomllib.load(f)
+    base = values.pop("base", None)
+    if base is None:
+        return values
+    base_path = (path.parent / base).with_suffix(".toml")
+    if base_path.resolve() in seen:
+        raise ValueError(f"recipe {path} inherits from itself through {base_path}")
+    return {**_read_recipe(base_path, (*seen, path.resolve())), **values}
 
 
 def cdmpp_loss(pred: torch.Tensor, target: torch.Tensor, mse_weight: float = 1000.0, mape_weight: float = 1.0,
@@ -157,10 +178,12 @@ def fit(config: TrainConfig, train_set: Sequence[Sample], val_set: Sequence[Samp
         featurizer_version: str | None = None) -> TrainedModel:
     """Train an ensemble of ``config.ensemble`` members; return the ``TrainedModel``.
 
-    Everything fitted (normalizers, Box-Cox, device-spec scaling) sees ``train_set`` only; model
+    Samples are ``Sample`` or anything with ``features``, ``device`` and ``seconds`` attributes (e.g.
+    ``cdmpp.data.LabeledProgram``). Everything fitted (normalizers, Box-Cox, device-spec scaling) sees ``train_set`` only; model
     selection, early stopping and the interval calibration see ``val_set`` only. Without a
     ``val_set`` a random ``val_fraction`` of the training programs is held out. ``device_table`` maps
-    every device that appears to its spec dict; without one, all devices share a zero spec vector.
+    every device that appears to its spec dict (or is a ``cdmpp.devices.DeviceTable``); without one,
+    all devices share a zero spec vector.
     ``target_pool`` (unlabeled) switches on domain adaptation unless ``config.da == "none"``.
     """
     start = time.monotonic()
@@ -192,14 +215,19 @@ def fit(config: TrainConfig, train_set: Sequence[Sample], val_set: Sequence[Samp
     target = _prepare(target_pool, trained, dev_index, labeled=False) if target_pool else None
 
     histories = []
-    for i in range(config.ensemble):
-        budget = (deadline - time.monotonic()) / (config.ensemble - i)
-        model, history = _train_member(config, config.seed + i, train, val, target, dev_matrix, trained,
-                                       time.monotonic() + budget, f"member {i + 1}/{config.ensemble}")
-        trained.members.append(model)
-        histories.append(history)
+    if config.ensemble_mode == "snapshots":  # one run; members = best state of the k best LR cycles
+        snaps, history = _train_run(config, config.seed, train, val, target, dev_matrix, trained, deadline, "snapshots")
+        trained.members.extend(_model_with(config, train, dev_matrix, state) for _, state, _ in snaps[: config.ensemble])
+        histories.append({**history, "members_from_epochs": [epoch for _, _, epoch in snaps[: config.ensemble]]})
+    else:  # "seeds": independent runs with different seeds share the time budget
+        for i in range(config.ensemble):
+            budget = (deadline - time.monotonic()) / (config.ensemble - i)
+            snaps, history = _train_run(config, config.seed + i, train, val, target, dev_matrix, trained,
+                                        time.monotonic() + budget, f"member {i + 1}/{config.ensemble}")
+            trained.members.append(_model_with(config, train, dev_matrix, snaps[0][1]))
+            histories.append(history)
 
-    z_val = trained.predict_z(val.pack, [val_set[j].device for j in range(len(val_set))])
+    z_val = trained.predict_z(val.pack, [s.device for s in val_set])
     trained.calibrate(z_val, val.z, config.interval)
     mu, lo, hi = trained.interval_z(z_val)
     pred = labels.inverse_transform(mu)
@@ -213,21 +241,36 @@ def fit(config: TrainConfig, train_set: Sequence[Sample], val_set: Sequence[Samp
     return trained
 
 
-def _train_member(config: TrainConfig, seed: int, train: _Split, val: _Split, target: _Split | None,
-                  dev_matrix: torch.Tensor, trained: TrainedModel, deadline: float, desc: str):
-    """One ensemble member: the epoch loop with validation-based model selection and a deadline."""
-    torch.manual_seed(seed)
-    rng = np.random.default_rng(seed)
+def _model_with(config: TrainConfig, train: _Split, dev_matrix: torch.Tensor, state: dict | None = None) -> CDMPPModel:
     model = CDMPPModel(train.pack.leaves.shape[1], dev_matrix.shape[1], config.d_model, config.n_heads,
                        config.n_layers, config.d_ff, config.dropout, config.use_pe)
+    if state is not None:
+        model.load_state_dict(state)
+        model.eval()
+    return model
+
+
+def _train_run(config: TrainConfig, seed: int, train: _Split, val: _Split, target: _Split | None,
+               dev_matrix: torch.Tensor, trained: TrainedModel, deadline: float, desc: str):
+    """One training run: the epoch loop, validation after every epoch, early stopping, a deadline.
+
+    Returns the best validation state of every LR cycle as ``(val MAPE, state, epoch)``, best first
+    (``snapshots[0]`` is the run's overall best), and a history for the training summary.
+    """
+    torch.manual_seed(seed)
+    rng = np.random.default_rng(seed)
+    model = _model_with(config, train, dev_matrix)
     opt = torch.optim.Adam(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     steps_per_epoch = math.ceil(len(train.pack) / config.batch_size)
     sched = torch.optim.lr_scheduler.CyclicLR(
         opt, base_lr=config.lr, max_lr=config.max_lr, mode="triangular", cycle_momentum=False,
         step_size_up=max(1, round(steps_per_epoch * config.lr_cycle_epochs / 2)))
     disc = discrepancy(config.da, config.cmd_k)
+    matcher = _LengthMatcher(target.pack.lengths) if target is not None else None
     z_all = torch.from_numpy(train.z)
-    best = (math.inf, None, -1)  # (val MAPE, state, epoch)
+    cycle_epochs = max(1, round(config.lr_cycle_epochs))
+    snapshots: dict[int, tuple] = {}  # LR cycle -> (val MAPE, state, epoch) of its best epoch
+    best = (math.inf, -1)  # (val MAPE, epoch) over the run, for early stopping
     history = []
     bar = tqdm(total=config.epochs * steps_per_epoch, desc=desc, unit="step", disable=not config.progress)
     stopped = "epochs"
@@ -240,7 +283,7 @@ def _train_member(config: TrainConfig, seed: int, train: _Split, val: _Split, ta
             emb = model.embed(x, pos, mask)
             loss = cdmpp_loss(model.head(emb, dev), z_all[idx], config.mse_weight, config.mape_weight, config.mape_floor)
             if target is not None:
-                t_idx = rng.integers(len(target.pack), size=len(idx))
+                t_idx = matcher.sample(train.pack.lengths[idx], rng)
                 t_emb = model.embed(*target.pack.batch(t_idx))
                 if config.da_space == "joint":
                     emb = emb + model.device_encoder(dev)
@@ -259,17 +302,42 @@ def _train_member(config: TrainConfig, seed: int, train: _Split, val: _Split, ta
         val_mape = _val_mape(model, val, dev_matrix, trained)
         history.append([epoch, round(total / max(count, 1), 4), round(val_mape, 5)])
         bar.set_postfix(loss=f"{total / max(count, 1):.3g}", val_mape=f"{val_mape:.3f}")
+        cycle = epoch // cycle_epochs
+        if val_mape < snapshots.get(cycle, (math.inf,))[0]:
+            snapshots[cycle] = (val_mape, {k: v.detach().clone() for k, v in model.state_dict().items()}, epoch)
         if val_mape < best[0]:
-            best = (val_mape, {k: v.detach().clone() for k, v in model.state_dict().items()}, epoch)
+            best = (val_mape, epoch)
         if stopped == "time":
             break
-        if epoch - best[2] >= config.patience:
+        if epoch - best[1] >= config.patience:
             stopped = "patience"
             break
     bar.close()
-    model.load_state_dict(best[1])
-    model.eval()
-    return model, dict(seed=seed, best_epoch=best[2], best_val_mape=best[0], stopped=stopped, history=history)
+    ranked = sorted(snapshots.values(), key=lambda s: s[0])
+    return ranked, dict(seed=seed, best_epoch=best[1], best_val_mape=best[0], stopped=stopped, history=history)
+
+
+class _LengthMatcher:
+    """Draws target programs with the leaf counts of a source batch.
+
+    Training batches are length-bucketed (little padding). A uniformly drawn target batch would have a
+    different leaf-count mix, so the discrepancy would mostly measure "short vs long programs" (and
+    pad every target batch to ~30 leaves, 4x the compute). Matching each source program with a random
+    target program of the same leaf count (nearest count if none) leaves only the domain shift.
+    """
+
+    def __init__(self, lengths: np.ndarray):
+        self.order = np.argsort(lengths, kind="stable")
+        self.sorted = lengths[self.order]
+
+    def sample(self, lengths: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        lo = np.searchsorted(self.sorted, lengths, "left")
+        hi = np.searchsorted(self.sorted, lengths, "right")
+        n = len(self.sorted)
+        below, above = np.clip(lo - 1, 0, n - 1), np.clip(lo, 0, n - 1)
+        nearest = np.where(np.abs(self.sorted[below] - lengths) <= np.abs(self.sorted[above] - lengths), below, above)
+        pick = np.where(hi > lo, lo + (rng.random(len(lengths)) * (hi - lo)).astype(np.int64), nearest)
+        return self.order[np.minimum(pick, n - 1)]
 
 
 @torch.inference_mode()
@@ -277,8 +345,7 @@ def _val_mape(model: CDMPPModel, val: _Split, dev_matrix: torch.Tensor, trained:
     """MAPE on absolute latency of one member over the validation split (the model-selection metric)."""
     model.eval()
     z = np.empty(len(val.pack), np.float32)
-    for start in range(0, len(val.pack), 512):
-        idx = np.arange(start, min(start + 512, len(val.pack)))
+    for idx in length_sorted_batches(val.pack.lengths, 256):
         z[idx] = model(*val.pack.batch(idx), dev_matrix[val.dev_rows[idx]]).numpy()
     pred = trained.label_transform.inverse_transform(z)
     return float(np.mean(np.abs(pred - val.seconds) / val.seconds))
@@ -294,7 +361,7 @@ def finetune(trained: TrainedModel, labeled_set: Sequence[Sample], config: Train
     """
     config = config or TrainConfig.from_dict(trained.config)
     new = copy.deepcopy(trained)
-    for name, spec in (device_table or {}).items():
+    for name, spec in DeviceSpecs(device_table).table.items():  # a dict or a cdmpp.devices.DeviceTable
         new.add_device(name, spec)
     labeled_set = list(labeled_set)
     dev_matrix, dev_index = new.device_specs.matrix([s.device for s in labeled_set])
@@ -306,10 +373,8 @@ def finetune(trained: TrainedModel, labeled_set: Sequence[Sample], config: Train
         rng = np.random.default_rng(config.seed + 1000 + i)
         if config.finetune_scope == "head":
             params = [*model.decoder.parameters(), *model.device_encoder.parameters()]
-        elif config.finetune_scope == "all":
-            params = list(model.parameters())
         else:
-            raise ValueError(f"unknown finetune_scope {config.finetune_scope!r}: expected 'all' or 'head'")
+            params = list(model.parameters())
         opt = torch.optim.Adam(params, lr=config.finetune_lr)
         model.train()
         for _ in range(steps):

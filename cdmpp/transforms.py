@@ -2,7 +2,8 @@
 
 * ``BoxCox``: latency seconds <-> standardized Box-Cox values, the space the network predicts in.
 * ``FeatureNormalizer``: per-feature scaling of leaf features (heavy-tailed, partly log-scaled already).
-* ``DeviceSpecs``: a device table (name -> spec dict) and the normalization of its spec vectors.
+* ``DeviceSpecs``: a device table (id -> spec dict, e.g. ``DeviceSpec.specs()`` of ``cdmpp.devices``)
+  and the normalization of its spec vectors.
 
 All three follow scikit-learn conventions (``fit`` returns self, learned state ends in ``_``) and
 serialize to plain JSON dicts, so a checkpoint holds no pickles.
@@ -16,7 +17,7 @@ import warnings
 import numpy as np
 from scipy import stats
 
-DEVICE_SPEC_KEYS = ("clock_ghz", "cores", "simd_width_bits", "l1_kb", "l2_kb", "l3_kb", "mem_bw_gbs", "peak_gflops")
+from cdmpp.devices import SPEC_FIELDS as DEVICE_SPEC_KEYS  # the spec names of the device table
 
 
 class BoxCox:
@@ -98,10 +99,9 @@ class FeatureNormalizer:
         return self
 
     def _log(self, x: np.ndarray) -> np.ndarray:
-        x = x.copy()
-        cols = x[:, self.log_cols_]
-        x[:, self.log_cols_] = np.sign(cols) * np.log1p(np.abs(cols))
-        return x
+        if not self.log_cols_.any():
+            return x
+        return np.where(self.log_cols_, np.copysign(np.log1p(np.abs(x)), x), x)
 
     def transform(self, leaves: np.ndarray) -> np.ndarray:
         x = np.asarray(leaves, dtype=np.float32)
@@ -130,8 +130,10 @@ class DeviceSpecs:
     training devices. With a single training device the spread is 0 and its scale falls back to 1,
     so a new device still maps to a distinct vector. Missing specs count as the training mean (0)."""
 
-    def __init__(self, table: dict[str, dict[str, float]] | None = None, keys: tuple[str, ...] = DEVICE_SPEC_KEYS):
-        self.table = {name: dict(spec) for name, spec in (table or {}).items()}
+    def __init__(self, table=None, keys: tuple[str, ...] = DEVICE_SPEC_KEYS):
+        if hasattr(table, "ids") and hasattr(table, "get"):  # a cdmpp.devices.DeviceTable
+            table = {i: table.get(i) for i in table.ids()}
+        self.table = {name: dict(spec.specs() if hasattr(spec, "specs") else spec) for name, spec in (table or {}).items()}
         self.keys = tuple(keys)
 
     def raw_vector(self, spec: dict[str, float]) -> np.ndarray:

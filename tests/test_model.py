@@ -21,8 +21,8 @@ from cdmpp.train import BoxCox, FeatureNormalizer, Sample, TrainConfig, TrainedM
 torch.set_num_threads(1)
 F = 12
 DEVICES = {
-    "cpu-a": dict(clock_ghz=2.0, cores=2, simd_width_bits=256, l1_kb=32, l2_kb=512, l3_kb=8192, mem_bw_gbs=20, peak_gflops=64),
-    "cpu-b": dict(clock_ghz=3.0, cores=8, simd_width_bits=512, l1_kb=48, l2_kb=2048, l3_kb=32768, mem_bw_gbs=80, peak_gflops=900),
+    "cpu-a": dict(clock_ghz=2.0, cores=2, simd_width_bits=256, l1d_kb=32, l2_kb=512, l3_kb=8192, mem_bw_gbs=20, peak_gflops=64),
+    "cpu-b": dict(clock_ghz=3.0, cores=8, simd_width_bits=512, l1d_kb=48, l2_kb=2048, l3_kb=32768, mem_bw_gbs=80, peak_gflops=900),
 }
 
 
@@ -65,6 +65,13 @@ def test_sinusoidal_encoding_formula():
     assert torch.isclose(pe[1, 2], torch.sin(torch.tensor(3.0) / 10000 ** (2 / 6)))
     assert torch.isclose(pe[2, 5], torch.cos(torch.tensor(7.0) / 10000 ** (4 / 6)))
     assert sinusoidal_encoding(torch.tensor([[1, 2]]), 5).shape == (1, 2, 5)
+
+
+def test_sinusoidal_encoding_matches_numpy_reference():
+    from cdmpp.positional import preorder_encoding
+
+    pos = np.array([0, 5, 17, 250])
+    assert np.allclose(sinusoidal_encoding(torch.from_numpy(pos), 32).numpy(), preorder_encoding(pos, 32), atol=1e-5)
 
 
 def test_padding_does_not_change_prediction():
@@ -174,7 +181,12 @@ def test_feature_normalizer_train_only_and_json():
 def test_config_rejects_unknown_keys():
     with pytest.raises(ValueError, match="unknown training settings"):
         TrainConfig.from_dict({"d_modle": 64})
-    assert TrainConfig.recipe("default").d_model > 0
+    with pytest.raises(ValueError, match="da = 'coral'"):
+        TrainConfig(da="coral")
+    default = TrainConfig.recipe("default")
+    no_pe = TrainConfig.recipe("ablation-no-pe")  # inherits everything else through base = "default"
+    assert default.use_pe and not no_pe.use_pe and no_pe.d_model == default.d_model
+    assert TrainConfig.recipe("ablation-no-da").da == "none" and TrainConfig.recipe("mmd").da == "mmd"
 
 
 def quick_config(**kw) -> TrainConfig:
@@ -189,7 +201,8 @@ def trained():
     train = synthetic_samples(700, rng) + synthetic_samples(300, rng, "cpu-b")
     val = synthetic_samples(200, rng) + synthetic_samples(100, rng, "cpu-b")
     pool = synthetic_samples(100, rng, "cpu-b")
-    model = fit(quick_config(da="cmd", da_weight=1.0), train, val, target_pool=pool, device_table=DEVICES)
+    model = fit(quick_config(da="cmd", da_weight=1.0, ensemble_mode="seeds"), train, val, target_pool=pool,
+                device_table=DEVICES)
     return model, train, val
 
 
@@ -221,7 +234,7 @@ def test_save_load_round_trip(trained, tmp_path):
 def test_finetune_on_new_device_reduces_error(trained):
     model, _, _ = trained
     rng = np.random.default_rng(5)
-    shots, test = synthetic_samples(30, rng, "cpu-c"), synthetic_samples(200, rng, "cpu-c")
+    shots, test = synthetic_samples(30, rng), synthetic_samples(200, rng)
     # SYNTHETIC "cpu-c": same law as cpu-a but 8x slower, specs unlike either training device
     for s in shots + test:
         s.device, s.seconds = "cpu-c", s.seconds * 8
@@ -233,3 +246,25 @@ def test_finetune_on_new_device_reduces_error(trained):
     after = np.mean(np.abs(tuned.predict([s.features for s in test], "cpu-c")[0] - y) / y)
     assert after < before
     assert "finetune" in tuned.summary and "finetune" not in model.summary
+
+
+def test_target_batches_match_source_leaf_counts():
+    from cdmpp.train import _LengthMatcher
+
+    target_lengths = np.array([1, 1, 3, 3, 3, 8, 12])
+    m = _LengthMatcher(target_lengths)
+    rng = np.random.default_rng(0)
+    picks = m.sample(np.array([3, 3, 1, 8, 10, 2, 30]), rng)
+    assert target_lengths[picks].tolist()[:4] == [3, 3, 1, 8]
+    assert target_lengths[picks[4]] in (8, 12) and target_lengths[picks[5]] in (1, 3) and target_lengths[picks[6]] == 12
+
+
+def test_snapshot_ensemble_takes_members_from_distinct_cycles():
+    rng = np.random.default_rng(3)
+    train, val = synthetic_samples(300, rng), synthetic_samples(100, rng)
+    cfg = quick_config(ensemble=3, ensemble_mode="snapshots", epochs=8, lr_cycle_epochs=2, patience=8)
+    model = fit(cfg, train, val)
+    epochs = model.summary["members"][0]["members_from_epochs"]
+    assert len(model.members) == 3 and len({e // 2 for e in epochs}) == 3
+    z = model.predict_z([s.features for s in val], "cpu-a")
+    assert z.shape == (3, 100) and np.all(z.std(axis=0) > 0)
