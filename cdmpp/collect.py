@@ -12,6 +12,13 @@ kernel enough times to last ``min_repeat_ms`` (timer noise becomes negligible), 
 a median that ignores a disturbed one, TVM's thread pool pins its threads to cores. Caches are warm
 (TVM's default runner); pass ``--cache-flush`` to flush the CPU cache before each repeat instead.
 Create the file ``PAUSE`` in the dataset folder to pause between batches (delete it to go on).
+
+Other processes are the main source of noise on a small machine: a 2-thread kernel whose second
+thread is descheduled waits a whole time slice at its barrier (a 10 µs kernel measured 100x slower
+while another process was busy). So every run phase is guarded by ``CpuGuard``: it waits until the
+CPU time used by processes outside the collector stays under ``quiet_share`` for a second, measures,
+and re-measures the batch (up to ``max_tries``) if others used more than ``quiet_share`` meanwhile.
+Records keep the share of CPU that others used during their run (``others_cpu``).
 """
 
 from __future__ import annotations
@@ -38,6 +45,9 @@ class MeasureConfig:
     build_timeout_s: float = 60.0
     run_timeout_s: float = 30.0
     builders: int = 2
+    quiet_share: float = 0.05  # max CPU share (of all cores) other processes may use while we measure
+    max_tries: int = 3
+    max_wait_s: float = 1800.0
 
 
 def task_seed(key: str, seed: int) -> int:
@@ -52,6 +62,74 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or "unknown"
+
+
+class CpuGuard:
+    """CPU time used by processes outside this process tree, from /proc (Linux); inert elsewhere."""
+
+    def __init__(self):
+        self.enabled = os.path.exists("/proc/stat")
+        self.ncpu = os.cpu_count() or 1
+
+    @staticmethod
+    def _busy_total() -> float:
+        with open("/proc/stat") as f:
+            v = [float(x) for x in f.readline().split()[1:]]
+        return sum(v) - v[3] - v[4]  # all but idle and iowait
+
+    @staticmethod
+    def _tree() -> float:
+        """utime + stime of this process and all its descendants."""
+        me = os.getpid()
+        parent, times = {}, {}
+        for d in os.listdir("/proc"):
+            if not d.isdigit():
+                continue
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            parent[int(d)] = int(fields[1])
+            times[int(d)] = float(fields[11]) + float(fields[12])
+        total, ours = 0.0, {me}
+        changed = True
+        while changed:
+            changed = False
+            for pid, pp in parent.items():
+                if pp in ours and pid not in ours:
+                    ours.add(pid)
+                    changed = True
+        for pid in ours:
+            total += times.get(pid, 0.0)
+        return total
+
+    def start(self):
+        return (time.monotonic(), self._busy_total(), self._tree()) if self.enabled else None
+
+    def others_share(self, mark) -> float:
+        """Share of all cores' time used by other processes since ``mark``."""
+        if not mark:
+            return 0.0
+        t0, busy0, ours0 = mark
+        dt = time.monotonic() - t0
+        ticks = os.sysconf("SC_CLK_TCK") * dt * self.ncpu
+        other = (self._busy_total() - busy0) - (self._tree() - ours0)
+        return max(0.0, other / ticks) if ticks > 0 else 0.0
+
+    def wait_quiet(self, share: float, max_wait_s: float, on_wait=None) -> float:
+        """Block until others use < ``share`` of the CPU over one second; returns seconds waited."""
+        if not self.enabled:
+            return 0.0
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < max_wait_s:
+            mark = self.start()
+            time.sleep(1.0)
+            if self.others_share(mark) < share:
+                break
+            if on_wait:
+                on_wait(time.monotonic() - t0)
+        return time.monotonic() - t0
 
 
 class Measurer:
@@ -77,8 +155,11 @@ class Measurer:
             self.runner = ms.runner.LocalRunner(timeout_sec=cfg.run_timeout_s, evaluator_config=evaluator,
                                                 initializer=tvm_env.worker_initializer)
         self.device_type = "cuda" if "gpu" in [str(k) for k in target.keys] else "cpu"
+        self.guard = CpuGuard()
+        self.on_wait = None  # callback(seconds waited) while waiting for a quiet machine
 
-    def measure(self, mods: list) -> list[tuple[list[float], str | None, float]]:
+    def measure(self, mods: list) -> list[tuple[list[float], str | None, float, float]]:
+        """Per program: (seconds of each repeat, error, build seconds, CPU share others used meanwhile)."""
         ms = self.ms
         t0 = time.perf_counter()
         builds = self.builder.build([ms.builder.BuilderInput(m, self.target) for m in mods])
@@ -92,12 +173,21 @@ class Measurer:
                 inputs.append(ms.runner.RunnerInput(b.artifact_path, self.device_type,
                                                     ms.arg_info.ArgInfo.from_prim_func(m["main"])))
                 where.append(i)
-        for i, fut in zip(where, self.runner.run(inputs)):
-            r = fut.result()
+        for attempt in range(self.cfg.max_tries):
+            self.guard.wait_quiet(self.cfg.quiet_share, self.cfg.max_wait_s, self.on_wait)
+            mark = self.guard.start()
+            results = [fut.result() for fut in self.runner.run(inputs)]
+            others = self.guard.others_share(mark)
+            if others < self.cfg.quiet_share:
+                break
+        for i, r in zip(where, results):
             if r.error_msg:
-                out[i] = ([], "run: " + _short(r.error_msg), build_s)
+                out[i] = ([], "run: " + _short(r.error_msg), build_s, others)
             else:
-                out[i] = ([float(s) for s in r.run_secs], None, build_s)
+                out[i] = ([float(s) for s in r.run_secs], None, build_s, others)
+        for i, b in enumerate(out):
+            if len(b) == 3:
+                out[i] = (*b, 0.0)
         return out
 
 
@@ -134,6 +224,7 @@ def collect(tasks, dataset_dir: str, device, target, per_task: int = 32, budget_
         "rpc": f"{rpc[0]}:{rpc[1]}/{rpc[2]}" if rpc else None, "command": " ".join(sys.argv),
     })
     measurer = Measurer(target, cfg, rpc)
+    measurer.on_wait = lambda waited: bar.set_postfix_str(f"waiting {waited:.0f}s for a quiet machine")
     deadline = time.time() + budget_minutes * 60 if budget_minutes else None
     task_list = sorted(tasks, key=lambda t: t.key)
     stats = {"measured": 0, "failed": 0, "skipped_done": 0, "tasks": len(task_list), "stopped_by_budget": False}
@@ -147,12 +238,12 @@ def collect(tasks, dataset_dir: str, device, target, per_task: int = 32, budget_
         _wait_while_paused(dataset_dir)
         results = measurer.measure([p[1].mod for p in pending])
         recs = []
-        for (task, sch, phash), (secs, err, build_s) in zip(pending, results):
+        for (task, sch, phash), (secs, err, build_s, others) in zip(pending, results):
             recs.append({
                 "id": record_id(device.id, task.key, phash), "device": device.id, "task": task.key,
                 "task_name": task.name, "networks": sorted(task.occurrences), "program_hash": phash,
                 "trace": to_json_value(sch.trace.as_json()), "seconds": secs, "error": err,
-                "build_s": round(build_s, 3), "run": run_id,
+                "build_s": round(build_s, 3), "others_cpu": round(others, 3), "run": run_id,
             })
             stats["failed" if err else "measured"] += 1
         store.append(device.id, recs)
@@ -227,7 +318,7 @@ def remeasure_noise(dataset_dir: str, tasks, device, target, n: int = 120, seed:
             sch = Schedule(load_task_mod(tasks[r["task"]]))
             Trace.apply_json_to_schedule(r["trace"], sch)
             mods.append(sch.mod)
-        for r, (secs, err, _) in zip(batch, measurer.measure(mods)):
+        for r, (secs, err, _, _) in zip(batch, measurer.measure(mods)):
             if err or not secs:
                 continue
             old, new = label(r), statistics.median(secs)

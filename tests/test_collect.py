@@ -7,6 +7,8 @@ import signal
 import subprocess
 import sys
 import textwrap
+
+import pytest
 import time
 
 from cdmpp.store import LoadReport, RecordStore
@@ -28,13 +30,14 @@ SCRIPT = textwrap.dedent("""
     table.add(tasks)
     table.save(sys.argv[1] + "-tasks.json")
     device = SimpleNamespace(id="test-cpu-1t/llvm", threads=1)
-    cfg = MeasureConfig(repeat=3, min_repeat_ms=5, builders=1)
+    cfg = MeasureConfig(repeat=3, min_repeat_ms=5, builders=1, quiet_share=float(sys.argv[2]))
     print(collect(tasks, sys.argv[1], device, target, per_task=4, cfg=cfg, batch_size=2, progress=False))
 """)
 
 
 def _run(dataset, **kw):
-    return subprocess.Popen([sys.executable, "-c", SCRIPT, dataset], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    # quiet_share 1.0: the CPU guard would otherwise wait for a quiet machine (tested on its own below)
+    return subprocess.Popen([sys.executable, "-c", SCRIPT, dataset, "1.0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=dict(os.environ, TVM_NUM_THREADS="1"), **kw)
 
 
@@ -124,3 +127,27 @@ def test_sealed_parts_are_gzip_json_lines(tmp_path):
     lines = gzip.open(tmp_path / parts[0], "rt").read().splitlines()
     assert [json.loads(x)["id"] for x in lines] == ["a", "b"]
     assert not (tmp_path / "dev_x.active.jsonl").exists()
+
+
+def test_cpu_guard_sees_other_processes():
+    from cdmpp.collect import CpuGuard
+
+    guard = CpuGuard()
+    mark = guard.start()
+    time.sleep(1.0)
+    quiet = guard.others_share(mark)
+    if quiet > 0.3:
+        pytest.skip(f"other processes already use {quiet:.0%} of the CPU: the guard cannot be checked now")
+    # a busy loop outside this process tree (its shell parent exits, so init adopts it)
+    subprocess.run(["sh", "-c", f"{sys.executable} -c 'import time; t=time.time()\nwhile time.time()-t<3: pass' &"], check=True)
+    time.sleep(0.3)
+    mark = guard.start()
+    time.sleep(1.5)
+    busy = guard.others_share(mark)
+    assert busy > quiet + 0.2, (quiet, busy)
+    mine = guard.start()
+    t = time.time()
+    while time.time() - t < 1.0:  # our own work is not counted
+        pass
+    time.sleep(2.0)  # let the outside loop end
+    assert guard.others_share(mine) < busy
