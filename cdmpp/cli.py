@@ -113,7 +113,208 @@ def build_parser() -> argparse.ArgumentParser:
     bf.add_argument("--threads", type=int, default=1, help="threads for TVM's extractor (default 1)")
     bf.add_argument("--seed", type=int, default=0)
     bf.set_defaults(func=cmd_bench)
+    _add_service_commands(sub, bsub)
+    _add_eval_commands(sub)
     return p
+
+
+# ---- evaluation and the train / sample / fine-tune workflow (cdmpp.experiments) -------------------
+
+def _csv(text: str | None) -> list[str]:
+    return [t.strip() for t in (text or "").split(",") if t.strip()]
+
+
+def cmd_eval(args) -> int:
+    from cdmpp.experiments import EvalOptions, run_eval
+
+    opts = EvalOptions(
+        name=args.name, split=args.split, dataset=args.dataset, task_table=args.task_table, devices=args.devices,
+        held_out=_csv(args.held_out), target_device=args.target_device, ks=[int(k) for k in _csv(args.k)],
+        recipe=args.recipe, peers=_csv(args.peers), ablations=_csv(args.ablations), max_minutes=args.max_minutes,
+        reports_dir=args.reports_dir, limit=args.limit, seed=args.seed, progress=args.progress, threads=args.threads)
+    try:
+        report = run_eval(opts)
+    except ValueError as e:
+        print(f"cdmpp eval: {e}", file=sys.stderr)
+        return 2
+    print(open(f"{args.reports_dir}/{args.name}.md").read())
+    print(f"wrote {args.reports_dir}/{args.name}.json and .md ({report['elapsed_seconds']:.0f} s)", file=sys.stderr)
+    return 0
+
+
+def cmd_train(args) -> int:
+    from cdmpp.experiments import train_checkpoint
+
+    try:
+        model = train_checkpoint(args.recipe, args.dataset, args.out, args.task_table, args.devices,
+                                 args.max_minutes, args.val, args.seed, args.limit)
+    except ValueError as e:
+        print(f"cdmpp train: {e}", file=sys.stderr)
+        return 2
+    s = model.summary
+    print(f"saved {s['model_version']} to {args.out}: {s['n_train']} train / {s['n_val']} val programs, "
+          f"val MAPE {100 * s['val']['mape']:.1f} %, {s['train_seconds']} s")
+    return 0
+
+
+def cmd_sample(args) -> int:
+    from cdmpp.experiments import sample_ids
+
+    ids = sample_ids(args.k, args.pool, args.device, args.model, args.sampler, args.task_table, args.seed)
+    text = "\n".join(ids) + ("\n" if ids else "")
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text)
+        print(f"wrote {len(ids)} record ids to {args.out}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return 0 if ids else 1
+
+
+def cmd_finetune(args) -> int:
+    from cdmpp.experiments import finetune_checkpoint
+
+    with open(args.ids) as f:
+        ids = f.read().split()
+    try:
+        model = finetune_checkpoint(args.model, args.dataset, args.device, ids, args.out, args.steps,
+                                    args.task_table, args.devices)
+    except (ValueError, KeyError) as e:
+        print(f"cdmpp finetune: {e}", file=sys.stderr)
+        return 2
+    print(f"saved {model.summary['model_version']} to {args.out} "
+          f"({model.summary['finetune']['n']} programs measured on {args.device})")
+    return 0
+
+
+def _add_eval_commands(sub) -> None:
+    data = argparse.ArgumentParser(add_help=False)
+    data.add_argument("--dataset", default="datasets/measurements", help="dataset folder")
+    data.add_argument("--task-table", default="datasets/tasks-llvm.json.gz")
+    data.add_argument("--devices", default="datasets/devices.json", help="device spec table")
+    data.add_argument("--seed", type=int, default=0)
+
+    e = sub.add_parser("eval", parents=[data], help="train cdmpp, ablations and peers on one split; write a report")
+    e.add_argument("--name", required=True, help="report name: reports/NAME.json and .md")
+    e.add_argument("--split", choices=("random", "cross-model", "cross-device"), default="random")
+    e.add_argument("--held-out", default="resnet18,mobilenet_v2,bert_tiny", help="cross-model: networks to hold out")
+    e.add_argument("--target-device", help="cross-device: the device to adapt to")
+    e.add_argument("--k", default="0,16,64", help="cross-device: shot counts (0 = zero-shot)")
+    e.add_argument("--recipe", default="default", help="training recipe (train/NAME.toml)")
+    e.add_argument("--peers", default="xgb,mlp", help="peers: xgb, mlp (empty: none)")
+    e.add_argument("--ablations", default="no-pe,no-da,random-sampler", help="no-pe, no-da, random-sampler")
+    e.add_argument("--max-minutes", type=float, default=8.0, help="time budget for all training (default 8)")
+    e.add_argument("--reports-dir", default="reports")
+    e.add_argument("--limit", type=int, help="use only the first N records (smoke runs)")
+    e.add_argument("--progress", action="store_true", help="show progress bars")
+    e.add_argument("--threads", type=int, default=1, help="torch/XGBoost threads per method (default 1)")
+    e.set_defaults(func=cmd_eval)
+
+    t = sub.add_parser("train", parents=[data], help="train on a whole dataset (all devices) and save a checkpoint")
+    t.add_argument("--recipe", default="default")
+    t.add_argument("--out", default="cdmpp/models/default", help="checkpoint folder")
+    t.add_argument("--max-minutes", type=float, help="override the recipe's time budget")
+    t.add_argument("--val", type=float, default=0.1, help="validation fraction per device (default 0.1)")
+    t.add_argument("--limit", type=int, help="use only the first N records")
+    t.set_defaults(func=cmd_train)
+
+    s = sub.add_parser("sample", help="choose k programs to measure on a new device (KMeans on embeddings)")
+    s.add_argument("--k", type=int, required=True)
+    s.add_argument("--pool", required=True, help="dataset folder whose programs are the candidates")
+    s.add_argument("--device", required=True, help="the device to measure on (its programs are skipped)")
+    s.add_argument("--model", help="checkpoint whose embeddings to cluster (default: model-free features)")
+    s.add_argument("--sampler", choices=("kmeans", "random"), default="kmeans")
+    s.add_argument("--out", help="write the record ids here (default: stdout)")
+    s.add_argument("--task-table", default="datasets/tasks-llvm.json.gz")
+    s.add_argument("--seed", type=int, default=0)
+    s.set_defaults(func=cmd_sample)
+
+    ft = sub.add_parser("finetune", parents=[data], help="fine-tune a checkpoint with programs measured on a device")
+    ft.add_argument("--model", required=True, help="checkpoint folder")
+    ft.add_argument("--device", required=True)
+    ft.add_argument("--ids", required=True, help="file of record ids (from `cdmpp sample`)")
+    ft.add_argument("--out", required=True, help="new checkpoint folder")
+    ft.add_argument("--steps", type=int, default=100)
+    ft.set_defaults(func=cmd_finetune)
+
+
+# ---- the HTTP service and compiler integration (cdmpp.service, cdmpp.bench_serve, cdmpp.bench_tune) -----
+
+def cmd_serve(args) -> int:
+    """Run uvicorn with the app factory; settings travel as CDMPP_* variables, so every worker sees them."""
+    import os
+
+    import uvicorn
+
+    if args.model:
+        os.environ["CDMPP_MODEL"] = args.model
+    if args.token_env:
+        token = os.environ.get(args.token_env)
+        if not token:
+            print(f"cdmpp serve: --token-env {args.token_env} is not set or empty", file=sys.stderr)
+            return 2
+        os.environ["CDMPP_TOKEN"] = token
+    uvicorn.run("cdmpp.service.app:create_app", factory=True, host=args.host, port=args.port,
+                workers=args.workers, access_log=not args.no_access_log, log_level=args.log_level)
+    return 0
+
+
+def cmd_bench_serve(args) -> int:
+    from cdmpp import bench_serve
+
+    return bench_serve.main(args)
+
+
+def cmd_bench_tune(args) -> int:
+    from cdmpp import bench_tune
+
+    return bench_tune.main(args)
+
+
+def _add_service_commands(sub, bsub) -> None:
+    sv = sub.add_parser("serve", help="serve predictions over HTTP (FastAPI + uvicorn)",
+                        description="Environment: CDMPP_MODEL, CDMPP_MAX_BATCH, CDMPP_MAX_BODY_BYTES, CDMPP_TIMEOUT_S, "
+                                    "CDMPP_TOKEN, CDMPP_THREADS, CDMPP_TORCH_THREADS, CDMPP_CACHE_SIZE (serve/README.md)")
+    sv.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; 0.0.0.0 for all)")
+    sv.add_argument("--port", type=int, default=8000)
+    sv.add_argument("--workers", type=int, default=1, help="worker processes (each loads the model; default 1)")
+    sv.add_argument("--model", help="checkpoint folder (default: $CDMPP_MODEL or the shipped model)")
+    sv.add_argument("--token-env", help="name of an environment variable holding the bearer token to require")
+    sv.add_argument("--no-access-log", action="store_true", help="do not log every request")
+    sv.add_argument("--log-level", default="info")
+    sv.set_defaults(func=cmd_serve)
+
+    bs = bsub.add_parser("serve", help="throughput and latency of a real server under compiler-like load")
+    bs.add_argument("--model", help="checkpoint folder (default: the shipped model)")
+    bs.add_argument("--clients", type=int, default=16)
+    bs.add_argument("--batch", type=int, default=64, help="programs per request (default 64)")
+    bs.add_argument("--batches", type=int, default=160, help="requests in the mixed phase (default 160)")
+    bs.add_argument("--cold-batches", type=int, default=16, help="requests in the cold phase (default 16)")
+    bs.add_argument("--repeat-share", type=float, default=0.9, help="share of re-asked programs per batch (0.9)")
+    bs.add_argument("--workers", type=int, default=1, help="server worker processes (default 1)")
+    bs.add_argument("--threads", type=int, default=2, help="prediction threads per worker (default 2)")
+    bs.add_argument("--form", choices=["trace", "tvmscript"], default="trace",
+                    help="wire form of programs: workload+trace (shared workload) or TVMScript text")
+    bs.add_argument("--duration", type=float, default=120.0, help="time bound per phase in seconds (default 120)")
+    bs.add_argument("--task-table", default="datasets/tasks-llvm.json.gz")
+    bs.add_argument("--device", help="device id (default: the model's first llvm device)")
+    bs.add_argument("--seed", type=int, default=0)
+    bs.add_argument("--json", help="also write the result here")
+    bs.set_defaults(func=cmd_bench_serve)
+
+    bt = bsub.add_parser("tune", help="MetaSchedule tuning with cdmpp vs XGBoost vs random cost models")
+    bt.add_argument("--model", help="checkpoint folder (default: the shipped model)")
+    bt.add_argument("--trials", type=int, default=64, help="measured trials per task and cost model (default 64)")
+    bt.add_argument("--per-iter", type=int, default=16, help="trials per search iteration (default 16)")
+    bt.add_argument("--cost-models", default="cdmpp,xgb,random", help="comma-separated (default cdmpp,xgb,random)")
+    bt.add_argument("--tasks", help="comma-separated network@batch/task_name (default: a conv2d, a dense, a softmax)")
+    bt.add_argument("--task-table", default="datasets/tasks-llvm.json.gz")
+    bt.add_argument("--device", help="device id of this machine in the model (default: matched by mcpu and threads)")
+    bt.add_argument("--threads", type=int, default=2, help="threads the tuned programs run with (default 2)")
+    bt.add_argument("--no-finetune", action="store_true", help="cdmpp without online fine-tuning")
+    bt.add_argument("--seed", type=int, default=0)
+    bt.add_argument("--out", default="reports/tune.json")
+    bt.set_defaults(func=cmd_bench_tune)
 
 
 def main(argv: list[str] | None = None) -> int:

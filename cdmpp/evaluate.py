@@ -1,0 +1,227 @@
+"""The numbers every cdmpp report uses (DESIGN.md §5), computed one way for every method.
+
+* On absolute latency: MAPE, RMSE, the share of programs within ±10 % and ±25 %. A tuner compares
+  predictions across tasks and devices, so errors are judged on seconds, not on a transformed label.
+* Per tuning task (tasks with at least ``min_group`` test programs): Spearman ρ and Kendall τ between
+  predicted and measured latency, and the top-k score: the best measured latency among the k programs
+  the model ranks fastest, divided by the best measured latency of the task (1.0 = the model found the
+  best program; 1.3 = a tuner trusting it would run 30 % slower code). Averaged over tasks with equal
+  weight, because a search ranks within one task at a time.
+* The share of measured latencies inside the predicted 90 % interval, when a method gives intervals.
+
+Ranking metrics need only an ordering, so a cost model that scores programs (higher = faster, like
+MetaSchedule's XGBModel) is evaluated through ``-score`` as its latency-like key.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import warnings
+from collections import defaultdict
+from typing import Sequence
+
+import numpy as np
+from scipy import stats
+
+TOP_K = (1, 5)
+
+
+def regression_metrics(seconds: Sequence[float], predicted: Sequence[float]) -> dict:
+    """MAPE, RMSE (seconds), share within ±10 % / ±25 % of the measured latency; also the median APE
+    (JSON only), because a few tiny programs predicted 100x too slow can dominate the MAPE."""
+    y = np.asarray(seconds, dtype=np.float64)
+    p = np.asarray(predicted, dtype=np.float64)
+    if len(y) == 0:
+        return dict(n=0, mape=float("nan"), rmse=float("nan"), within_10=float("nan"), within_25=float("nan"),
+                    median_ape=float("nan"))
+    rel = np.abs(p - y) / y
+    return dict(n=int(len(y)), mape=float(rel.mean()), median_ape=float(np.median(rel)),
+                rmse=float(np.sqrt(np.mean((p - y) ** 2))),
+                within_10=float((rel <= 0.10).mean()), within_25=float((rel <= 0.25).mean()))
+
+
+def top_k_score(seconds: Sequence[float], key: Sequence[float], k: int) -> float:
+    """Best measured latency among the ``k`` programs with the lowest ``key``, over the true best (≥ 1).
+
+    Ties in ``key`` are broken by position (stable sort), so a constant predictor is not rewarded.
+    """
+    y = np.asarray(seconds, dtype=np.float64)
+    order = np.argsort(np.asarray(key, dtype=np.float64), kind="stable")
+    return float(y[order[:k]].min() / y.min())
+
+
+def ranking_metrics(seconds: Sequence[float], key: Sequence[float], tasks: Sequence[str],
+                    min_group: int = 3, top_k: Sequence[int] = TOP_K) -> dict:
+    """Per-task Spearman ρ, Kendall τ and top-k scores, averaged over tasks with ≥ ``min_group`` programs
+    (top-k only over those with more than k programs, where picking k is not trivially perfect).
+
+    ``key`` is anything that orders programs from fast to slow (predicted latency, or ``-score``). A
+    task whose predictions are all equal has an undefined correlation; it counts as 0 (no ranking
+    information), so a model cannot improve its average by predicting constants.
+    """
+    y = np.asarray(seconds, dtype=np.float64)
+    key = np.asarray(key, dtype=np.float64)
+    groups: dict[str, list[int]] = defaultdict(list)
+    for i, t in enumerate(tasks):
+        groups[t].append(i)
+    rho, tau, tops = [], [], {k: [] for k in top_k}
+    for idx in groups.values():
+        if len(idx) < min_group:
+            continue
+        yt, kt = y[idx], key[idx]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # constant input: nan, handled below
+            r = stats.spearmanr(kt, yt).statistic
+            t = stats.kendalltau(kt, yt).statistic
+        rho.append(0.0 if not np.isfinite(r) else float(r))
+        tau.append(0.0 if not np.isfinite(t) else float(t))
+        for k in top_k:
+            if len(idx) > k:  # with k >= the task's programs every model scores a trivial 1.0
+                tops[k].append(top_k_score(yt, kt, k))
+    out = dict(n_tasks=len(rho), spearman=_mean(rho), kendall=_mean(tau))
+    for k, v in tops.items():
+        out[f"top{k}"], out[f"top{k}_tasks"] = _mean(v), len(v)
+    return out
+
+
+def interval_coverage(seconds: Sequence[float], lo: Sequence[float], hi: Sequence[float]) -> float:
+    y = np.asarray(seconds, dtype=np.float64)
+    return float(np.mean((y >= np.asarray(lo)) & (y <= np.asarray(hi)))) if len(y) else float("nan")
+
+
+def evaluate(seconds, tasks, predicted=None, lo=None, hi=None, rank_key=None, min_group: int = 3) -> dict:
+    """All metrics for one method on one test set.
+
+    ``predicted``: latencies in seconds (regression + ranking metrics); ``rank_key``: an ordering
+    only (ranking metrics; defaults to ``predicted``); ``lo``/``hi``: the 90 % interval.
+    """
+    out: dict = {"n": len(seconds)}
+    if predicted is not None:
+        p = np.asarray(predicted, dtype=np.float64)
+        if not np.all(np.isfinite(p)):
+            raise ValueError(f"{int((~np.isfinite(p)).sum())} predictions are not finite")
+        out.update(regression_metrics(seconds, p))
+    key = rank_key if rank_key is not None else predicted
+    if key is not None:
+        out.update(ranking_metrics(seconds, key, tasks, min_group))
+    if lo is not None and hi is not None:
+        out["coverage90"] = interval_coverage(seconds, lo, hi)
+    return out
+
+
+def _mean(values: list[float]) -> float:
+    return float(np.mean(values)) if values else float("nan")
+
+
+# ---- noise floor ---------------------------------------------------------------------------------
+
+def noise_floors(dataset_dir: str) -> dict[str, dict]:
+    """{device: its latest run-to-run re-measurement} from the dataset's ``noise-<device>.json`` files.
+
+    A model cannot be judged below the noise of its labels: if re-measuring the same program differs by
+    8 % (median), a MAPE of 9 % is near perfect. Each file holds a list of runs; the last one counts.
+    """
+    out: dict[str, dict] = {}
+    for path in sorted(glob.glob(os.path.join(dataset_dir, "noise-*.json"))):
+        try:
+            with open(path) as f:
+                runs = json.load(f)
+        except (OSError, json.JSONDecodeError):
+            continue
+        runs = [r for r in (runs if isinstance(runs, list) else [runs]) if isinstance(r, dict) and "median_rel_diff" in r]
+        if runs:
+            last = runs[-1]
+            device = last.get("device") or os.path.basename(path)[len("noise-"):-len(".json")]
+            out[device] = dict(file=os.path.basename(path), device=device,
+                               median_rel_diff=float(last["median_rel_diff"]),
+                               p90_rel_diff=float(last.get("p90_rel_diff", float("nan"))),
+                               programs=last.get("programs", last.get("n")), date=last.get("date"))
+    return out
+
+
+def noise_floor(dataset_dir: str, devices=None) -> dict | None:
+    """The noise floor of the test devices: the single device's entry, or (several devices) the worst
+    one, naming all in ``per_device``; None when none of them was re-measured."""
+    floors = noise_floors(dataset_dir)
+    if devices is not None:
+        floors = {d: f for d, f in floors.items() if d in set(devices)}
+    if not floors:
+        return None
+    worst = max(floors.values(), key=lambda f: f["median_rel_diff"])
+    return {**worst, "per_device": floors} if len(floors) > 1 else worst
+
+
+# ---- Markdown ------------------------------------------------------------------------------------
+
+COLUMNS = [("MAPE", "mape", "pct"), ("noise floor", None, "noise"), ("RMSE ms", "rmse", "ms"),
+           ("±10 %", "within_10", "pct"), ("±25 %", "within_25", "pct"), ("Spearman", "spearman", "f3"),
+           ("Kendall", "kendall", "f3"), ("top-1", "top1", "f3"), ("top-5", "top5", "f3"),
+           ("90 % cov.", "coverage90", "pct"), ("train s", "train_seconds", "f1"),
+           ("pred/s", "predict_per_s", "int")]
+
+
+def _cell(value, fmt: str) -> str:
+    if value is None or (isinstance(value, float) and not np.isfinite(value)):
+        return "—"
+    if fmt == "pct":
+        return f"{100 * value:.1f} %"
+    if fmt == "ms":
+        return f"{1000 * value:.3g}"
+    if fmt == "f3":
+        return f"{value:.3f}"
+    if fmt == "f1":
+        return f"{value:.1f}"
+    return f"{value:,.0f}"
+
+
+def markdown_table(rows: list[dict], noise: dict | None) -> str:
+    """Method × metrics; each row is ``{"method": ..., "metrics": {...}, "train_seconds": ..., ...}``."""
+    floor = f"{100 * noise['median_rel_diff']:.1f} %" if noise else "not measured yet"
+    lines = ["| method | " + " | ".join(c for c, _, _ in COLUMNS) + " |",
+             "|---|" + "---:|" * len(COLUMNS)]
+    for r in rows:
+        if r.get("skipped"):
+            continue
+        values = {**r.get("metrics", {}), "train_seconds": r.get("train_seconds"),
+                  "predict_per_s": r.get("predict_per_s")}
+        cells = [floor if fmt == "noise" and "mape" in values else ("—" if fmt == "noise" else _cell(values.get(key), fmt))
+                 for _, key, fmt in COLUMNS]
+        lines.append(f"| {r['method']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def markdown_report(report: dict) -> str:
+    """The human-readable report: what was split how, the table, and notes per method."""
+    noise = report.get("noise_floor")
+    info = report.get("split", {})
+    out = [f"# cdmpp eval: {report['name']}", "",
+           f"- split: **{info.get('kind')}** — {info.get('description', '')}",
+           f"- data: {report['data']['programs']} programs on {', '.join(report['data']['devices'])} "
+           f"(train {info.get('n_train')}, val {info.get('n_val')}, test {info.get('n_test')})",
+           f"- recipe: `{report.get('recipe')}`; budget {report.get('max_minutes')} min, "
+           f"{report.get('threads', '?')} thread(s) per method; "
+           f"ran {report.get('elapsed_seconds', 0):.0f} s on {report.get('created')}",
+           _noise_line(noise),
+           "- top-k = best measured latency among the k predicted-fastest / true best of the task "
+           "(1.000 = perfect, lower is better), over tasks with more than k test programs; Spearman/Kendall "
+           "over tasks with ≥ 3 test programs, averaged with equal weight per task",
+           ""]
+    for extra in info.get("notes", []):
+        out.insert(-1, f"- {extra}")
+    out += [markdown_table(report["methods"], noise), ""]
+    notes = [f"- **{r['method']}**: {r['note']}" for r in report["methods"] if r.get("note")]
+    if notes:
+        out += ["Notes:", "", *notes, ""]
+    return "\n".join(out)
+
+
+def _noise_line(noise: dict | None) -> str:
+    if not noise:
+        return "- noise floor: not measured yet"
+    floors = noise.get("per_device") or {noise["device"]: noise}
+    parts = [f"{d}: {100 * f['median_rel_diff']:.1f} % median, {100 * f['p90_rel_diff']:.1f} % p90 "
+             f"({f.get('programs')} programs re-measured, {f['file']})" for d, f in floors.items()]
+    head = "- noise floor (run-to-run re-measurement, |new - old| / old"
+    return head + ("; the table shows the worst device): " if len(parts) > 1 else "): ") + "; ".join(parts)

@@ -1,0 +1,258 @@
+"""Evaluation protocol: metric math, leak-free splits, k-shot selection, peers, and `cdmpp eval` end to end.
+
+Metric tests use hand-computed numbers. Split, peer and end-to-end tests use the first records of a
+real dataset: ``$CDMPP_TEST_DATASET``, else ``datasets/measurements``, else any other folder under
+``datasets/`` with enough records (skipped when there is none). Cross-device needs two devices; until a
+second device has data, the tests RELABEL some real programs to a made-up device
+(``FAKE_DEVICE``) — a mechanics test of the code path, not a measurement of transfer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import torch
+
+from cdmpp import evaluate as ev
+from cdmpp import splits
+
+torch.set_num_threads(1)  # 2 threads on the shared 2-core machine: up to 100x slower small steps
+
+ROOT = Path(__file__).resolve().parents[1]
+TASKS = ROOT / "datasets" / "tasks-llvm.json.gz"
+FAKE_DEVICE = "fake-relabeled-1t/llvm-avx2"  # NOT a real device: relabeled real programs (mechanics only)
+LIMIT = 240
+
+
+# ---- metric math on hand-computed examples -----------------------------------------------------------
+
+def test_regression_metrics_by_hand():
+    m = ev.regression_metrics([1.0, 2.0, 4.0], [1.05, 1.0, 5.0])  # relative errors 5 %, 50 %, 25 %
+    assert m["mape"] == pytest.approx((0.05 + 0.5 + 0.25) / 3)
+    assert m["rmse"] == pytest.approx(math.sqrt((0.05**2 + 1 + 1) / 3))
+    assert m["within_10"] == pytest.approx(1 / 3)
+    assert m["within_25"] == pytest.approx(2 / 3)
+
+
+def test_top_k_score_by_hand():
+    y = [3.0, 1.0, 2.0, 5.0]
+    key = [0.0, 3.0, 1.0, 2.0]  # predicted order: program 0 (3 s), 2 (2 s), 3 (5 s), 1 (1 s)
+    assert ev.top_k_score(y, key, 1) == pytest.approx(3.0)
+    assert ev.top_k_score(y, key, 2) == pytest.approx(2.0)
+    assert ev.top_k_score(y, key, 4) == pytest.approx(1.0)
+    assert ev.top_k_score(y, y, 1) == 1.0  # a perfect ranking finds the best program
+
+
+def test_ranking_metrics_by_hand():
+    # task a: y = 1,2,3,4 ranked 1,3,2,4: one swapped pair -> rho = 1 - 6*2/(4*15) = 0.8, tau = (5-1)/6
+    # task b: 2 programs (< 3): ignored; task c: constant predictions -> no information -> 0
+    y = [1, 2, 3, 4, 1, 2, 1, 2, 3]
+    key = [1, 3, 2, 4, 2, 1, 7, 7, 7]
+    tasks = ["a"] * 4 + ["b"] * 2 + ["c"] * 3
+    m = ev.ranking_metrics(y, key, tasks)
+    assert m["n_tasks"] == 2
+    assert m["spearman"] == pytest.approx((0.8 + 0.0) / 2)
+    assert m["kendall"] == pytest.approx((4 / 6 + 0.0) / 2)
+    # top-1: a picks y=1 (1.0); c's ties resolve by position -> y=1 (1.0). top-5: no task has > 5 programs
+    assert m["top1"] == pytest.approx(1.0) and m["top1_tasks"] == 2
+    assert math.isnan(m["top5"]) and m["top5_tasks"] == 0
+    reversed_ = ev.ranking_metrics([1, 2, 3, 4], [4, 3, 2, 1], ["t"] * 4)
+    assert reversed_["spearman"] == pytest.approx(-1.0) and reversed_["top1"] == pytest.approx(4.0)
+
+
+def test_evaluate_with_intervals_and_scores():
+    y = [1.0, 2.0, 4.0]
+    m = ev.evaluate(y, ["t"] * 3, predicted=[1.0, 2.0, 4.0], lo=[0.5, 2.5, 3.0], hi=[1.5, 3.0, 5.0])
+    assert m["mape"] == 0 and m["spearman"] == pytest.approx(1.0) and m["coverage90"] == pytest.approx(2 / 3)
+    ranked_only = ev.evaluate(y, ["t"] * 3, rank_key=[-3.0, -2.0, -1.0])  # scores: higher = faster
+    assert "mape" not in ranked_only and ranked_only["spearman"] == pytest.approx(1.0)
+    with pytest.raises(ValueError):
+        ev.evaluate(y, ["t"] * 3, predicted=[1.0, np.nan, 2.0])
+
+
+def test_noise_floor(tmp_path):
+    assert ev.noise_floor(str(tmp_path)) is None
+    runs = [{"median_rel_diff": 0.2, "p90_rel_diff": 0.5}, {"median_rel_diff": 0.05, "p90_rel_diff": 0.12}]
+    (tmp_path / "noise-dev.json").write_text(json.dumps(runs))
+    floor = ev.noise_floor(str(tmp_path))
+    assert floor["median_rel_diff"] == 0.05 and floor["p90_rel_diff"] == 0.12  # the last run counts
+    assert "5.0 %" in ev.markdown_table([{"method": "m", "metrics": {"mape": 0.1}}], floor)
+    assert "not measured yet" in ev.markdown_table([{"method": "m", "metrics": {"mape": 0.1}}], None)
+
+
+# ---- splits on real programs ------------------------------------------------------------------------
+
+def _candidate_dirs() -> list[Path]:
+    if os.environ.get("CDMPP_TEST_DATASET"):
+        return [Path(os.environ["CDMPP_TEST_DATASET"])]
+    others = sorted(p for p in (ROOT / "datasets").glob("*") if p.is_dir() and p.name != "measurements")
+    return [ROOT / "datasets" / "measurements", *others]
+
+
+@pytest.fixture(scope="module")
+def real():
+    """(dataset folder, its first LIMIT programs)."""
+    if not TASKS.exists():
+        pytest.skip("no task table")
+    from cdmpp.data import load_dataset
+    from cdmpp.zoo.tasks import TaskTable
+
+    table = TaskTable.load(str(TASKS))
+    for folder in _candidate_dirs():
+        if folder.is_dir() and any(folder.glob("*.jsonl")):
+            ds = load_dataset(str(folder), table, limit=LIMIT, progress=False)
+            if len(ds) >= 100 and len(ds.networks()) >= 3:
+                return folder, ds
+    pytest.skip(f"no dataset with >= 100 records among {[str(d) for d in _candidate_dirs()]}")
+
+
+@pytest.fixture(scope="module")
+def held(real):
+    """The two networks with the fewest programs in the subset: held out for the cross-model tests."""
+    counts = Counter(n for p in real[1].programs for n in {o.split("@")[0] for o in p.networks})
+    return tuple(sorted(counts, key=lambda n: (counts[n], n))[:2])
+
+
+@pytest.fixture(scope="module")
+def two_devices(real):
+    """MECHANICS ONLY: every third real program copied onto FAKE_DEVICE (same latency) as a second device."""
+    from cdmpp.data import Dataset
+
+    real = real[1]
+    fake = [dataclasses.replace(p, device=FAKE_DEVICE, record_id=p.record_id.replace(p.device, FAKE_DEVICE))
+            for p in real.programs[::3]]
+    return Dataset(list(real.programs) + fake)
+
+
+def _ids(programs):
+    return {p.record_id for p in programs}
+
+
+def test_random_split_is_disjoint_deterministic_and_complete(real):
+    real = real[1]
+    a, b = splits.random_split(real, seed=0), splits.random_split(real, seed=0)
+    assert _ids(a.test) == _ids(b.test) and _ids(a.val) == _ids(b.val)
+    assert set(a.overlaps().values()) == {0}
+    assert _ids(a.train) | _ids(a.val) | _ids(a.test) == _ids(real.programs)
+    assert len(a.test) == pytest.approx(0.2 * len(real), abs=3)
+    assert _ids(splits.random_split(real, seed=1).test) != _ids(a.test)
+
+
+def test_cross_model_split_keeps_held_out_tasks_out_of_training(real, held):
+    real = real[1]
+    sp = splits.cross_model_split(real, held)
+    nets = lambda p: {o.split("@")[0] for o in p.networks}  # noqa: E731
+    test_tasks = {p.task for p in sp.test}
+    assert sp.test and sp.train and sp.val
+    assert not test_tasks & {p.task for p in sp.train + sp.val}  # no test task in train or val
+    assert not {p.task for p in sp.train} & {p.task for p in sp.val}  # val is carved by task
+    assert all(nets(p) & set(held) for p in sp.test)
+    assert all(not nets(p) & set(held) for p in sp.train + sp.val)
+    assert _ids(sp.train) | _ids(sp.val) | _ids(sp.test) == _ids(real.programs)
+    shared = {p.task for p in sp.test if nets(p) - set(held)}
+    assert sp.info["shared_tasks_excluded"] == len(shared)
+    assert [u.features for u in sp.target_pool] == [p.features for p in sp.test]  # features only
+    assert all(math.isnan(u.seconds) for u in sp.target_pool)
+
+
+@pytest.mark.parametrize("sampler", ["kmeans", "random"])
+def test_cross_device_k_shot_picks_k_distinct_programs_excluded_from_test(two_devices, sampler):
+    pool = [p for p in two_devices.programs if p.device == FAKE_DEVICE]
+    sp = splits.cross_device_split(two_devices, FAKE_DEVICE, k=8, sampler=sampler)
+    assert len(sp.shots) == 8 and len(_ids(sp.shots)) == 8
+    assert all(p.device == FAKE_DEVICE for p in sp.shots + sp.test)
+    assert not _ids(sp.shots) & _ids(sp.test)
+    assert _ids(sp.shots) | _ids(sp.test) == _ids(pool)
+    assert all(p.device != FAKE_DEVICE for p in sp.train + sp.val)
+    assert set(sp.overlaps().values()) == {0}
+    zero = splits.cross_device_split(two_devices, FAKE_DEVICE, k=0)
+    assert not zero.shots and _ids(zero.test) == _ids(pool)
+    again = splits.cross_device_split(two_devices, FAKE_DEVICE, k=8, sampler=sampler)
+    assert _ids(again.shots) == _ids(sp.shots)
+
+
+# ---- peers ------------------------------------------------------------------------------------------
+
+def test_peers_train_and_predict_finite(real):
+    from cdmpp.peers import MetaScheduleXGB, TensetMLP, XGBRegressorPeer
+
+    sp = splits.random_split(real[1], seed=0)
+    for peer in (MetaScheduleXGB(), XGBRegressorPeer(n_estimators=200), TensetMLP(epochs=3)):
+        pred = peer.fit(sp.train, sp.val, time_budget_s=20).predict(sp.test)
+        assert pred.shape == (len(sp.test),) and np.all(np.isfinite(pred)), peer.label
+        if peer.predicts == "seconds":
+            assert np.all(pred > 0)
+        adapted = peer.adapt(sp.val[:5]).predict(sp.test[:7])
+        assert adapted.shape == (7,) and np.all(np.isfinite(adapted))
+
+
+# ---- end to end -------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tiny_recipe(tmp_path_factory):
+    from cdmpp.train import RECIPES
+
+    path = tmp_path_factory.mktemp("recipe") / "tiny.toml"
+    path.write_text(f'base = "{RECIPES / "default"}"\nd_model = 32\nd_ff = 64\nepochs = 3\nensemble = 2\n'
+                    "lr_cycle_epochs = 2\n")
+    return str(path)
+
+
+def test_cdmpp_eval_cli_writes_both_reports(real, held, tiny_recipe, tmp_path):
+    from cdmpp.cli import main
+
+    rc = main(["eval", "--name", "tiny", "--split", "cross-model", "--limit", str(LIMIT), "--max-minutes", "0.5",
+               "--recipe", tiny_recipe, "--peers", "xgb", "--ablations", "no-da", "--reports-dir", str(tmp_path),
+               "--held-out", ",".join(held), "--dataset", str(real[0]), "--task-table", str(TASKS), "--devices", str(ROOT / "datasets" / "devices.json")])
+    assert rc == 0
+    report = json.loads((tmp_path / "tiny.json").read_text())
+    md = (tmp_path / "tiny.md").read_text()
+    methods = [r["method"] for r in report["methods"]]
+    assert methods == ["cdmpp", "cdmpp no-da", "xgb (TVM XGBModel, ranking)", "xgb-regressor (TVM features)"]
+    assert report["split"]["kind"] == "cross-model" and report["split"]["n_test"] > 0
+    assert report["methods"][0]["metrics"]["mape"] >= 0 and report["methods"][0]["predict_per_s"] > 0
+    assert "DA CMD" in report["methods"][0]["note"] and "no domain adaptation" in report["methods"][1]["note"]
+    assert "| cdmpp |" in md and "noise floor" in md
+
+
+def test_cross_device_eval_mechanics(two_devices, tiny_recipe, tmp_path):
+    """MECHANICS ONLY (relabeled fake device): zero-shot and k-shot rows for cdmpp, random shots, a peer."""
+    from cdmpp.devices import DeviceTable
+    from cdmpp.experiments import EvalOptions, run_eval
+
+    table = DeviceTable(str(ROOT / "datasets" / "devices.json")).spec_table()
+    real_dev = next(iter({p.device for p in two_devices.programs} - {FAKE_DEVICE}))
+    table[FAKE_DEVICE] = {**table[real_dev], "cores": 1, "simd_width_bits": 256}
+    opts = EvalOptions("xdev", split="cross-device", target_device=FAKE_DEVICE, ks=(0, 4), recipe=tiny_recipe,
+                       peers=("xgb",), ablations=("random-sampler",), max_minutes=0.3, reports_dir=str(tmp_path),
+                       device_table=table)
+    report = run_eval(opts, ds=two_devices)
+    rows = {r["method"]: r for r in report["methods"]}
+    assert {"cdmpp k=0 (zero-shot)", "cdmpp k=4 (kmeans shots)", "cdmpp k=4 (random shots)"} <= set(rows)
+    assert rows["cdmpp k=4 (kmeans shots)"]["metrics"]["n"] == rows["cdmpp k=0 (zero-shot)"]["metrics"]["n"] - 4
+    assert (tmp_path / "xdev.md").exists()
+
+
+def test_train_and_sample_workflow(real, tiny_recipe, tmp_path):
+    from cdmpp.checkpoint import TrainedModel
+    from cdmpp.experiments import sample_ids, train_checkpoint
+
+    folder, real = real
+    out = tmp_path / "model"
+    train_checkpoint(tiny_recipe, str(folder), str(out), str(TASKS), str(ROOT / "datasets" / "devices.json"),
+                     max_minutes=0.1, limit=120, progress=False)
+    s = TrainedModel.load(out).summary
+    assert s["model_version"].startswith("cdmpp-") and s["data"]["programs"] == 120
+    assert all("target" in spec for spec in s["devices"].values())
+    device = real.devices()[0]
+    assert len(sample_ids(5, str(folder), device, task_table=str(TASKS), limit=120)) == 0  # all measured there already
+    ids = sample_ids(5, str(folder), "some-other-device", str(out), task_table=str(TASKS), limit=120)
+    assert len(ids) == len(set(ids)) == 5
