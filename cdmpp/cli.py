@@ -306,7 +306,8 @@ def _add_service_commands(sub, bsub) -> None:
     bt.add_argument("--model", help="checkpoint folder (default: the shipped model)")
     bt.add_argument("--trials", type=int, default=64, help="measured trials per task and cost model (default 64)")
     bt.add_argument("--per-iter", type=int, default=16, help="trials per search iteration (default 16)")
-    bt.add_argument("--cost-models", default="cdmpp,xgb,random", help="comma-separated (default cdmpp,xgb,random)")
+    bt.add_argument("--cost-models", default="cdmpp,xgb,random",
+                    help="comma-separated: cdmpp, xgb, random, xgb-nowarmup (default cdmpp,xgb,random)")
     bt.add_argument("--tasks", help="comma-separated network@batch/task_name (default: a conv2d, a dense, a softmax)")
     bt.add_argument("--task-table", default="datasets/tasks-llvm.json.gz")
     bt.add_argument("--device", help="device id of this machine in the model (default: matched by mcpu and threads)")

@@ -197,3 +197,18 @@ def summarize(dataset_dir: str, task_table=None) -> dict:
                         "networks": dict(sorted(per_network[d].items()))} for d in sorted(set(per_device) | set(failed))},
         "problems": report.problems, "duplicates": report.duplicates,
     }
+
+
+def summary_markdown(dataset_dir: str, task_table=None) -> str:
+    """Tables for datasets/README.md: programs per device, per network and the tasks covered."""
+    s = summarize(dataset_dir, task_table)
+    lines = ["| device | measured programs | failed (kept, never labels) | tasks |", "|---|---:|---:|---:|"]
+    for dev, d in s["devices"].items():
+        lines.append(f"| `{dev}` | {d['programs']:,} | {d['failed']:,} | {d['tasks']} |")
+    for dev, d in s["devices"].items():
+        lines += ["", f"Programs per network on `{dev}` (a program counts for every network that calls its task):", "",
+                  "| network | programs |", "|---|---:|"]
+        lines += [f"| {net} | {n:,} |" for net, n in d["networks"].items()]
+    if s["problems"]:
+        lines += ["", "Problems found while reading:", ""] + [f"- {p}" for p in s["problems"]]
+    return "\n".join(lines)

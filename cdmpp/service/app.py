@@ -1,0 +1,286 @@
+"""The cdmpp HTTP service: a FastAPI app factory around one loaded ``Predictor``.
+
+Run it with ``cdmpp serve`` (or ``uvicorn --factory cdmpp.service.app:create_app``); configure it with
+environment variables (see ``Settings``). Bad input never costs more than a 4xx: bodies are size-checked
+before parsing, batches are capped, bad programs are named by index, and every prediction runs in a
+bounded thread pool under a deadline, so the event loop keeps answering health checks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from importlib import resources
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from cdmpp.predictor import Predictor, UnknownDeviceError
+from cdmpp.program import ProgramError
+from cdmpp.service.engine import BadPrograms, Cancelled, PredictEngine
+from cdmpp.service.metrics import Metrics
+from cdmpp.service.schemas import (DeviceOut, DevicesResponse, ErrorBody, HealthResponse, ItemError, ModelResponse,
+                                   ModelsResponse, PredictionOut, PredictRequest, PredictResponse)
+
+
+@dataclass
+class Settings:
+    """Service configuration; ``from_env`` reads the ``CDMPP_*`` variables a deployment sets."""
+
+    model: str | None = None  # checkpoint folder; None = the model shipped with cdmpp
+    max_batch: int = 1024  # programs per request
+    max_body_bytes: int = 16 * 1024 * 1024
+    timeout_s: float = 30.0  # per request, queueing included
+    token: str | None = None  # bearer token for /v1/* and /metrics; None = no auth
+    threads: int = 2  # prediction threads (CPU-bound work runs here, never on the event loop)
+    torch_threads: int = 1  # intra-op threads per prediction; >1 fights the other threads for cores
+    cache_size: int = 50_000  # request-level feature cache entries
+
+    @classmethod
+    def from_env(cls, env: dict | None = None) -> "Settings":
+        env = os.environ if env is None else env
+        d = cls()
+        return cls(
+            model=env.get("CDMPP_MODEL") or None,
+            max_batch=int(env.get("CDMPP_MAX_BATCH", d.max_batch)),
+            max_body_bytes=int(env.get("CDMPP_MAX_BODY_BYTES", d.max_body_bytes)),
+            timeout_s=float(env.get("CDMPP_TIMEOUT_S", d.timeout_s)),
+            token=env.get("CDMPP_TOKEN") or None,
+            threads=int(env.get("CDMPP_THREADS", d.threads)),
+            torch_threads=int(env.get("CDMPP_TORCH_THREADS", d.torch_threads)),
+            cache_size=int(env.get("CDMPP_CACHE_SIZE", d.cache_size)),
+        )
+
+
+class ApiError(Exception):
+    """An error with a status code and an ``ErrorBody``; the handler below turns it into a response."""
+
+    def __init__(self, status: int, body: ErrorBody, headers: dict | None = None):
+        self.status, self.body, self.headers = status, body, headers
+
+
+def _error_response(status: int, body: ErrorBody, headers: dict | None = None) -> JSONResponse:
+    return JSONResponse(body.model_dump(exclude_none=True), status_code=status, headers=headers)
+
+
+ERRORS = {s: {"model": ErrorBody} for s in (401, 404, 413, 422, 504)}
+
+
+# ---- dependencies ---------------------------------------------------------------------------------------
+def get_predictor(request: Request) -> Predictor:
+    return request.app.state.predictor
+
+
+def get_engine(request: Request) -> PredictEngine:
+    return request.app.state.engine
+
+
+_bearer = HTTPBearer(auto_error=False, description="required when the server sets CDMPP_TOKEN")
+
+
+def require_token(request: Request, creds: HTTPAuthorizationCredentials | None = Depends(_bearer)) -> None:
+    expected = request.app.state.settings.token
+    if expected is None:
+        return
+    given = creds.credentials if creds is not None else ""
+    if not hmac.compare_digest(given.encode(), expected.encode()):
+        raise ApiError(401, ErrorBody(detail="missing or wrong bearer token (Authorization: Bearer <CDMPP_TOKEN>)"),
+                       {"WWW-Authenticate": "Bearer"})
+
+
+# ---- ASGI middleware ------------------------------------------------------------------------------------
+class BodyLimit:
+    """413 for a body over ``max_bytes``, judged on Content-Length and on the bytes actually received,
+    before anything parses it. An over-long body is drained (up to 4x the limit) before answering, so the
+    client, still uploading, reads the 413 instead of a reset connection."""
+
+    def __init__(self, app, max_bytes: int):
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS"):
+            return await self.app(scope, receive, send)
+        length = dict(scope["headers"]).get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > self.max_bytes):
+            await self._drain(receive, 4 * self.max_bytes)
+            return await self._reject(scope, send)
+        body, more = bytearray(), True
+        while more:
+            msg = await receive()
+            if msg["type"] == "http.disconnect":
+                return
+            body += msg.get("body", b"")
+            more = msg.get("more_body", False)
+            if len(body) > self.max_bytes:
+                if more:
+                    await self._drain(receive, 4 * self.max_bytes)
+                return await self._reject(scope, send)
+        replayed = False
+
+        async def replay():
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": bytes(body), "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+    @staticmethod
+    async def _drain(receive, budget: int) -> None:
+        seen, more = 0, True
+        while more and seen <= budget:
+            msg = await receive()
+            if msg["type"] == "http.disconnect":
+                return
+            seen += len(msg.get("body", b""))
+            more = msg.get("more_body", False)
+
+    async def _reject(self, scope, send) -> None:
+        body = ErrorBody(detail=f"request body over the {self.max_bytes}-byte limit (CDMPP_MAX_BODY_BYTES); "
+                                "send fewer programs per request", limit=self.max_bytes)
+        await _error_response(413, body, {"Connection": "close"})(scope, None, send)
+
+
+class RecordMetrics:
+    """Counts every response (including the 413s of ``BodyLimit``) by endpoint and status, with its latency."""
+
+    def __init__(self, app, metrics: Metrics):
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        t0, status = time.perf_counter(), [500]
+
+        async def send_wrapper(msg):
+            if msg["type"] == "http.response.start":
+                status[0] = msg["status"]
+            await send(msg)
+
+        try:
+            await self.app(scope, receive, send_wrapper)
+        finally:
+            self.metrics.observe(scope["path"], status[0], time.perf_counter() - t0)
+
+
+# ---- the app --------------------------------------------------------------------------------------------
+def _warm_up(predictor: Predictor) -> None:
+    """Build the featurizer's TVM context and run the model once, so the first request is not slow."""
+    devices = predictor.devices()
+    if not devices:
+        return
+    text = (resources.files("cdmpp") / "samples" / "conv2d.tvmscript").read_text()
+    llvm = [d for d in devices if predictor.target_kind(d) == "llvm"]
+    predictor.predict([text], (llvm or devices)[0])
+
+
+def create_app(settings: Settings | None = None, predictor: Predictor | None = None) -> FastAPI:
+    """The FastAPI app. ``settings`` default to the environment; ``predictor`` (tests, notebooks) skips
+    loading ``settings.model``. With no arguments it suits ``uvicorn --factory``."""
+    settings = settings or Settings.from_env()
+    metrics = Metrics()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        import torch
+
+        torch.set_num_threads(max(1, settings.torch_threads))
+        pred = predictor or Predictor.load(settings.model)
+        _warm_up(pred)
+        app.state.predictor = pred
+        app.state.engine = PredictEngine(pred, settings.cache_size)
+        app.state.executor = ThreadPoolExecutor(max(1, settings.threads), thread_name_prefix="cdmpp-predict")
+        app.state.started = time.monotonic()
+        try:
+            yield
+        finally:
+            app.state.executor.shutdown(wait=False, cancel_futures=True)
+
+    app = FastAPI(title="cdmpp", version="1", lifespan=lifespan,
+                  description="Latency prediction for TVM tensor programs (CDMPP). Batch endpoint for compilers.")
+    app.state.settings = settings
+    app.state.metrics = metrics
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(RecordMetrics, metrics=metrics)  # added last = outermost: sees the 413s too
+
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, exc: ApiError):
+        return _error_response(exc.status, exc.body, exc.headers)
+
+    @app.post("/v1/predict", response_model=PredictResponse, responses=ERRORS, dependencies=[Depends(require_token)])
+    async def predict(req: PredictRequest, request: Request, predictor: Predictor = Depends(get_predictor),
+                      engine: PredictEngine = Depends(get_engine)) -> PredictResponse:
+        """Predict the latency of a batch of programs on one device (one model call for the whole batch)."""
+        if len(req.programs) > settings.max_batch:
+            raise ApiError(413, ErrorBody(detail=f"batch of {len(req.programs)} programs is over the limit of "
+                                                 f"{settings.max_batch} (CDMPP_MAX_BATCH); split it",
+                                          limit=settings.max_batch))
+        if req.device not in predictor.devices():
+            raise _unknown_device(UnknownDeviceError(req.device, predictor.devices()))
+        cancel = threading.Event()
+        loop = asyncio.get_running_loop()
+        job = loop.run_in_executor(request.app.state.executor, engine.predict, req.programs, req.device,
+                                   req.target, req.workload, cancel)
+        try:
+            preds = await asyncio.wait_for(job, settings.timeout_s)
+        except (asyncio.TimeoutError, Cancelled):
+            cancel.set()  # a queued job never starts; a running one stops at its next stage
+            raise ApiError(504, ErrorBody(detail=f"prediction took over {settings.timeout_s:g} s (CDMPP_TIMEOUT_S); "
+                                                 "send smaller batches or retry later", limit=settings.timeout_s))
+        except BadPrograms as e:
+            raise ApiError(422, ErrorBody(detail=str(e), errors=[ItemError(index=i, reason=r) for i, r in e.errors]))
+        except ProgramError as e:
+            raise ApiError(422, ErrorBody(detail=str(e)))
+        except UnknownDeviceError as e:
+            raise _unknown_device(e)
+        return PredictResponse(model_version=predictor.version, device=req.device,
+                               predictions=[PredictionOut(seconds=p.seconds, lo90=p.lo90, hi90=p.hi90) for p in preds])
+
+    @app.get("/v1/devices", response_model=DevicesResponse, responses=ERRORS, dependencies=[Depends(require_token)])
+    def devices(predictor: Predictor = Depends(get_predictor)) -> DevicesResponse:
+        """The devices this model predicts, with the spec vector it sees for each."""
+        out = []
+        for d in predictor.devices():
+            info = {k: v for k, v in predictor.device_info(d).items() if k != "id"}
+            specs = {k: float(v) for k, v in (info.pop("specs", None) or {}).items()}
+            out.append(DeviceOut(id=d, specs=specs, info=info))
+        return DevicesResponse(devices=out)
+
+    @app.get("/v1/models", response_model=ModelsResponse, responses=ERRORS, dependencies=[Depends(require_token)])
+    def models(predictor: Predictor = Depends(get_predictor)) -> ModelsResponse:
+        """The loaded model: version, featurizer versions, devices and its training summary."""
+        from cdmpp.features import FEATURIZER_VERSION
+
+        m = predictor.model
+        training = {k: v for k, v in m.summary.items() if k not in ("members", "devices")}
+        training["members"] = [{k: v for k, v in h.items() if k != "history"} for h in m.summary.get("members", [])]
+        return ModelsResponse(models=[ModelResponse(
+            model_version=predictor.version, path=predictor.path, featurizer_version=str(m.featurizer_version),
+            runtime_featurizer_version=FEATURIZER_VERSION, devices=predictor.devices(),
+            ensemble_members=len(m.members), calibration=m.calibration, training=training)])
+
+    @app.get("/healthz", response_model=HealthResponse)
+    def healthz(request: Request, predictor: Predictor = Depends(get_predictor)) -> HealthResponse:
+        """Liveness and readiness (the model is loaded and warmed up before the server accepts requests)."""
+        return HealthResponse(status="ok", model_version=predictor.version,
+                              uptime_s=round(time.monotonic() - request.app.state.started, 3))
+
+    @app.get("/metrics", response_class=PlainTextResponse, dependencies=[Depends(require_token)])
+    def prometheus(request: Request) -> PlainTextResponse:
+        """Prometheus text format: requests, latency histogram, programs predicted, feature-cache hits."""
+        return PlainTextResponse(metrics.render(request.app.state.engine),
+                                 media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    return app
+
+
+def _unknown_device(e: UnknownDeviceError) -> ApiError:
+    return ApiError(404, ErrorBody(detail=str(e), known_devices=e.known))

@@ -1,0 +1,283 @@
+"""The CPU-bound half of a predict request: wire items → programs → features → predictions.
+
+Why a layer over ``Predictor``: the ``Predictor`` caches features by *structural* hash, so it must
+parse every program first, and parsing is the expensive part (TVMScript ~60 ms alone, ~140 ms of
+thread time in a busy server; a workload+trace ~5 ms), against ~5 ms to extract features and ~0.2 ms
+of model time. A compiler re-asks the same candidates many times, byte for byte; so ``PredictEngine``
+keys its caches by a digest of the item as sent (plus target): features (shared across devices) and,
+per device, the prediction itself, so a re-asked program costs a hash and a lookup: no parsing, no
+model. It also finds the bad items of a batch: each is parsed on its own (a ``ProgramError`` names the
+item), features are extracted for the batch at once and item by item only when the batch fails.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from cdmpp.predictor import Prediction, Predictor, UnknownDeviceError
+from cdmpp.program import ProgramError
+
+
+class BadPrograms(ValueError):
+    """Some items of a batch are not usable programs; ``errors`` holds ``(index, reason)`` pairs."""
+
+    def __init__(self, errors: list[tuple[int, str]], total: int):
+        self.errors, self.total = errors, total
+        shown = "; ".join(f"program {i}: {r}" for i, r in errors[:5])
+        more = f"; and {len(errors) - 5} more" if len(errors) > 5 else ""
+        super().__init__(f"{len(errors)} of {total} programs are invalid: {shown}{more}")
+
+
+class SharedWorkloadError(ProgramError):
+    """The request's shared ``workload`` does not load (every item using it would fail)."""
+
+
+class Cancelled(RuntimeError):
+    """The request timed out while its work was still queued or running; stop spending CPU on it."""
+
+
+@dataclass
+class EngineStats:
+    """Counters for /metrics (monotone; read without the lock, so values may be a moment stale)."""
+
+    prediction_hits: int = 0
+    cache_hits: int = 0
+    cache_misses: int = 0
+    programs_featurized: int = 0
+    programs_predicted: int = 0
+    parse_seconds: float = 0.0
+    featurize_seconds: float = 0.0
+    model_seconds: float = 0.0
+    extras: dict[str, float] = field(default_factory=dict)
+
+
+def _digest(*parts: bytes) -> bytes:
+    h = hashlib.blake2b(digest_size=16)
+    for p in parts:
+        h.update(len(p).to_bytes(8, "little"))
+        h.update(p)
+    return h.digest()
+
+
+def _json_bytes(obj: Any) -> bytes:
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+class PredictEngine:
+    """Thread-safe batch prediction with a request-level feature cache (LRU, ``cache_size`` entries).
+
+    The cached ``ProgramFeatures`` objects are the ones the ``Predictor``'s own cache holds, so the two
+    caches share memory.
+    """
+
+    def __init__(self, predictor: Predictor, cache_size: int = 50_000):
+        self.predictor = predictor
+        self.cache_size = cache_size
+        self.stats = EngineStats()
+        self._cache: OrderedDict[bytes, object] = OrderedDict()  # item digest -> ProgramFeatures
+        self._preds: OrderedDict[tuple[bytes, bytes], Prediction] = OrderedDict()  # (digest, device) -> answer
+        self._lock = threading.Lock()
+        self._targets: dict[str, object] = {}
+
+    def _target(self, kind: str):
+        """``"llvm"``/``"cuda"`` → a full TVM target, built once (building one asks LLVM for the host cpu)."""
+        t = self._targets.get(kind)
+        if t is None:
+            from cdmpp.program import parse_target
+
+            t = self._targets[kind] = parse_target(kind)
+        return t
+
+    def predict(self, programs: Sequence[Any], device: str, target: str | None = None, workload: Any = None,
+                cancel: threading.Event | None = None) -> list[Prediction]:
+        """Predictions for wire-format items (TVMScript text or workload+trace dicts) on ``device``.
+
+        A program already predicted on ``device`` is answered from the prediction cache (the model is
+        fixed for the life of the server, so the answer cannot change). Raises ``UnknownDeviceError``,
+        ``ProgramError`` (bad target), ``BadPrograms`` (bad items), ``Cancelled`` (``cancel`` was set).
+        """
+        p = self.predictor
+        if device not in p.devices():
+            raise UnknownDeviceError(device, p.devices())
+        kind = target or p.target_kind(device)
+        tgt = self._target(kind)
+        shared = _digest(_json_bytes(workload)) if workload is not None else b""
+        keys = [self._key(kind, item, shared) for item in programs]
+        dev = device.encode()
+        out: list = [None] * len(programs)
+        todo: list[int] = []
+        with self._lock:
+            for i, k in enumerate(keys):
+                hit = self._preds.get((k, dev))
+                if hit is None:
+                    todo.append(i)
+                else:
+                    self._preds.move_to_end((k, dev))
+                    out[i] = hit
+            self.stats.prediction_hits += len(programs) - len(todo)
+            self.stats.programs_predicted += len(programs)
+        if not todo:
+            return out
+        feats = self.features([programs[i] for i in todo], [keys[i] for i in todo], todo, len(programs),
+                              tgt, workload, cancel)
+        _check(cancel)
+        t0 = time.perf_counter()
+        preds = p.predict_features(feats, device)
+        with self._lock:
+            self.stats.model_seconds += time.perf_counter() - t0
+            for i, pr in zip(todo, preds):
+                out[i] = pr
+                self._preds[(keys[i], dev)] = pr
+            while len(self._preds) > self.cache_size:
+                self._preds.popitem(last=False)
+        return out
+
+    def features(self, programs: Sequence[Any], keys: list[bytes], indices: list[int], total: int, tgt,
+                 workload: Any = None, cancel: threading.Event | None = None) -> list:
+        """``ProgramFeatures`` per item: from the digest cache, else parsed and featurized (batched).
+
+        ``indices`` are the items' positions in the request (``total`` items), for error messages.
+        """
+        out: list = [None] * len(programs)
+        todo: list[int] = []
+        with self._lock:
+            for j, k in enumerate(keys):
+                f = self._cache.get(k)
+                if f is None:
+                    todo.append(j)
+                else:
+                    self._cache.move_to_end(k)
+                    out[j] = f
+            self.stats.cache_hits += len(programs) - len(todo)
+            self.stats.cache_misses += len(todo)
+        if not todo:
+            return out
+        _check(cancel)
+        t0 = time.perf_counter()
+        parsed, errors = self._parse([programs[j] for j in todo], [indices[j] for j in todo], tgt, workload)
+        t1 = time.perf_counter()
+        if errors:
+            raise BadPrograms(errors, total)
+        _check(cancel)
+        feats, errors = self._featurize(parsed, [indices[j] for j in todo], tgt)
+        t2 = time.perf_counter()
+        if errors:
+            raise BadPrograms(errors, total)
+        with self._lock:
+            self.stats.parse_seconds += t1 - t0
+            self.stats.featurize_seconds += t2 - t1
+            self.stats.programs_featurized += len(todo)
+            for j, f in zip(todo, feats):
+                out[j] = f
+                self._cache[keys[j]] = f
+                self._cache.move_to_end(keys[j])
+            while len(self._cache) > self.cache_size:
+                self._cache.popitem(last=False)
+        return out
+
+    @staticmethod
+    def _key(kind: str, item: Any, shared_workload: bytes) -> bytes:
+        """Digest of an item as sent: equal bytes → equal program, so a hit needs no parsing at all."""
+        if isinstance(item, str):
+            return _digest(kind.encode(), b"s", item.encode())
+        if isinstance(item, dict):
+            if "workload" in item or not shared_workload:
+                return _digest(kind.encode(), b"d", _json_bytes(item))
+            return _digest(kind.encode(), b"w", shared_workload, _json_bytes(item))
+        return _digest(kind.encode(), b"?", repr(item).encode())
+
+    @staticmethod
+    def _parse(items: list, indices: list[int], tgt, workload: Any):
+        """Each item on its own, so a bad one is named. The request's shared workload is parsed once."""
+        from cdmpp.program import load_program
+
+        parsed, errors, shared_mod = [], [], None
+        for i, item in zip(indices, items):
+            try:
+                if workload is not None and isinstance(item, str) and item.lstrip().startswith("{"):
+                    item = _json_item(item)  # a workload+trace object sent as JSON text (see PredictRequest)
+                if isinstance(item, dict) and "workload" not in item and workload is not None:
+                    if shared_mod is None:
+                        shared_mod = _load_workload(workload, tgt)
+                    parsed.append(load_program(_apply_trace(shared_mod, item), tgt))
+                else:
+                    parsed.append(load_program(item, tgt))
+            except SharedWorkloadError:
+                raise
+            except ProgramError as e:
+                errors.append((i, str(e)))
+            except Exception as e:  # anything TVM raises on odd input is still the input's fault
+                errors.append((i, f"program does not load: {_first_line(e)}"))
+        return parsed, errors
+
+    def _featurize(self, parsed: list, indices: list[int], tgt):
+        """Batch extraction; on failure, one by one to name the bad items (and keep the good ones)."""
+        try:
+            return self.predictor.featurize(parsed, tgt), []
+        except Exception:
+            pass
+        feats, errors = [], []
+        for i, prog in zip(indices, parsed):
+            try:
+                feats.append(self.predictor.featurize([prog], tgt)[0])
+            except ProgramError as e:
+                errors.append((i, str(e)))
+            except Exception as e:
+                errors.append((i, f"feature extraction failed: {_first_line(e)}"))
+        return feats, errors
+
+    def cache_len(self) -> int:
+        return len(self._cache)
+
+
+def _json_item(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ProgramError(f"program looks like JSON but does not parse: {e}") from None
+
+
+def _load_workload(workload: Any, tgt):
+    """The shared workload as a one-PrimFunc module (``Workload.as_json()`` or a ``tvm.ir.save_json`` string)."""
+    from cdmpp import tvm_env
+    from cdmpp.program import load_program
+
+    tvm = tvm_env.setup()
+    from tvm.s_tir.meta_schedule.database import Workload
+
+    try:
+        mod = tvm.ir.load_json(workload) if isinstance(workload, str) else Workload.from_json(workload).mod
+        return load_program(mod, tgt).mod
+    except Exception as e:
+        raise SharedWorkloadError(f"shared workload does not load: {_first_line(e)}") from None
+
+
+def _apply_trace(mod, item: dict):
+    """The scheduled module of ``item["trace"]`` replayed on ``mod`` (as ``cdmpp.program`` does per item)."""
+    from tvm.s_tir import Schedule
+    from tvm.s_tir.schedule import Trace
+
+    if "trace" not in item:
+        raise ProgramError("workload+trace program lacks ['trace']")
+    try:
+        sch = Schedule(mod)
+        Trace.apply_json_to_schedule(item["trace"], sch)
+    except Exception as e:
+        raise ProgramError(f"trace does not apply to its workload: {_first_line(e)}") from None
+    return sch.mod
+
+
+def _check(cancel: threading.Event | None) -> None:
+    if cancel is not None and cancel.is_set():
+        raise Cancelled("request timed out")
+
+
+def _first_line(e: BaseException) -> str:
+    lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
+    return (lines[-1] if lines else type(e).__name__)[:300]

@@ -1,0 +1,80 @@
+"""Request and response bodies of the HTTP service (pydantic models, so /docs shows every field)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+ProgramItem = str | dict[str, Any]
+
+
+class PredictRequest(BaseModel):
+    device: str = Field(description="device id, one of GET /v1/devices", examples=["amd-epyc-znver4-2t/llvm-avx512"])
+    programs: list[ProgramItem] = Field(
+        description="scheduled programs: TVMScript text, or MetaSchedule workload+trace objects "
+                    '({"workload": Workload.as_json(), "trace": Trace.as_json()}), as objects or as their JSON '
+                    'text; an object may leave out "workload" when the request gives a shared one. Fastest: '
+                    'JSON text of {"trace": ...} with a shared workload (a trace as JSON values is thousands '
+                    "of tiny objects to parse; as text it is parsed only if the server has not seen it)")
+    target: str | None = Field(None, description='"llvm" or "cuda"; default: the device\'s target kind')
+    workload: Any = Field(None, description="a workload shared by every workload+trace item without its own "
+                                            "(the candidates of one tuning task share it; saves ~50 KB per item)")
+
+
+class PredictionOut(BaseModel):
+    seconds: float = Field(description="predicted latency")
+    lo90: float = Field(description="lower end of the 90 % interval")
+    hi90: float = Field(description="upper end of the 90 % interval")
+
+
+class PredictResponse(BaseModel):
+    model_version: str
+    device: str
+    predictions: list[PredictionOut]
+
+
+class ItemError(BaseModel):
+    index: int = Field(description="position of the program in the request's list")
+    reason: str
+
+
+class ErrorBody(BaseModel):
+    """Every error the service raises itself: ``detail`` says what to fix; the other fields help a program."""
+
+    detail: str
+    errors: list[ItemError] | None = Field(None, description="422: each bad program")
+    known_devices: list[str] | None = Field(None, description="404: the devices this model predicts")
+    limit: float | None = Field(None, description="413/504: the limit that was hit")
+
+
+class DeviceOut(BaseModel):
+    id: str
+    specs: dict[str, float] = Field(description="the spec vector the model sees (clock, cores, caches, "
+                                                "bandwidth, peak)")
+    info: dict[str, Any] = Field(default_factory=dict, description="anything else the checkpoint records")
+
+
+class DevicesResponse(BaseModel):
+    devices: list[DeviceOut]
+
+
+class ModelResponse(BaseModel):
+    model_version: str
+    path: str | None
+    featurizer_version: str = Field(description="featurizer the checkpoint was trained with")
+    runtime_featurizer_version: str = Field(description="featurizer this server runs")
+    devices: list[str]
+    ensemble_members: int
+    calibration: dict[str, Any]
+    training: dict[str, Any] = Field(description="training summary (sizes, validation accuracy, time)")
+
+
+class ModelsResponse(BaseModel):
+    models: list[ModelResponse]
+
+
+class HealthResponse(BaseModel):
+    status: str
+    model_version: str
+    uptime_s: float

@@ -1,0 +1,85 @@
+"""``CDMPPCostModel`` inside a real MetaSchedule search, in process and over HTTP."""
+
+import tempfile
+
+import numpy as np
+import pytest
+
+from cdmpp.predictor import DEFAULT_MODEL
+
+pytestmark = pytest.mark.skipif(not (DEFAULT_MODEL / "predictor.json").exists(),
+                                reason=f"no shipped model at {DEFAULT_MODEL} yet")
+
+
+@pytest.fixture(scope="module")
+def predictor():
+    from cdmpp.predictor import Predictor
+
+    return Predictor.load()
+
+
+@pytest.fixture(scope="module")
+def device(predictor):
+    return next(d for d in predictor.devices() if predictor.target_kind(d) == "llvm")
+
+
+def test_tune_tir_with_cdmpp_cost_model(tvm, predictor, device):
+    """8 measured trials of a small matmul: the search asks cdmpp, the results come back, one fine-tune runs."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from cdmpp import tvm_env, workloads
+    from cdmpp.costmodel import CDMPPCostModel
+
+    target = tvm_env.make_target("llvm", num_cores=1)
+    cm = CDMPPCostModel(predictor=predictor, device=device, finetune_every=4, finetune_steps=3)
+    base = predictor.model
+    with tempfile.TemporaryDirectory() as work_dir:
+        db = ms.tune_tir(
+            workloads.matmul(64, 64, 64), target, work_dir, max_trials_global=8, num_trials_per_iter=8,
+            builder=ms.builder.LocalBuilder(max_workers=1, initializer=tvm_env.worker_initializer),
+            runner=ms.runner.LocalRunner(initializer=tvm_env.worker_initializer,
+                                         evaluator_config=ms.runner.EvaluatorConfig(number=3, repeat=1)),
+            database=ms.database.MemoryDatabase(), cost_model=cm, num_tuning_cores=1,
+            strategy=ms.search_strategy.EvolutionarySearch(population_size=32, init_min_unmeasured=16,
+                                                           genetic_num_iters=1))
+        records = db.get_all_tuning_records()
+    assert len(records) == 8
+    assert cm.n_predict_calls >= 1 and cm.n_predicted >= 8
+    assert cm.n_results + cm.n_failed_results == 8 and cm.n_results >= 4
+    assert len(cm.buffer_) == cm.n_results and all(s.seconds > 0 for s in cm.buffer_)
+    assert cm.n_finetunes >= 1 and cm.model_ is not None
+    assert predictor.model is base  # the caller's predictor is left as it was
+
+
+def _candidates(target, n=12):
+    from tvm.s_tir import meta_schedule as ms
+
+    from cdmpp import workloads
+
+    ctx = ms.TuneContext(mod=workloads.matmul(), target=target, space_generator="post-order-apply",
+                         search_strategy=ms.search_strategy.ReplayTrace(), task_name="t", rand_state=1, num_threads=1)
+    ctx.search_strategy.pre_tuning(max_trials=n, num_trials_per_iter=n, design_spaces=ctx.generate_design_space(),
+                                   database=ms.database.MemoryDatabase(), cost_model=None)
+    cands = ctx.search_strategy.generate_measure_candidates()
+    ctx.search_strategy.post_tuning()
+    return ctx, list(cands)
+
+
+def test_scores_in_process_and_over_http_agree(tvm, predictor, device):
+    """Remote scoring (traces over one shared workload) gives the in-process scores; higher = faster."""
+    from cdmpp import tvm_env
+    from cdmpp.costmodel import CDMPPCostModel
+    from cdmpp.service.app import Settings, create_app
+    from cdmpp.service.background import BackgroundServer
+
+    ctx, cands = _candidates(tvm_env.make_target("llvm", num_cores=2))
+    local = CDMPPCostModel(predictor=predictor, device=device)
+    scores = local.predict(ctx, cands)
+    assert scores.dtype == np.float64 and scores.shape == (len(cands),)
+    assert (scores > 0).all() and np.isclose(scores.max(), 1.0)
+    seconds = np.array([p.seconds for p in predictor.predict([c.sch.mod for c in cands], device)])
+    np.testing.assert_allclose(scores, seconds.min() / seconds, rtol=1e-5)
+    with BackgroundServer(create_app(Settings(), predictor)) as url:
+        remote = CDMPPCostModel(url=url, device=device)
+        np.testing.assert_allclose(remote.predict(ctx, cands), scores, rtol=1e-4)
+        assert not remote.online_finetune

@@ -1,0 +1,26 @@
+"""notebooks/accuracy.ipynb runs top to bottom on a small subset of the shipped data."""
+
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_accuracy_notebook_runs(tmp_path, monkeypatch):
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    data = ROOT / "datasets" / "measurements"
+    if not any(data.glob("*.jsonl*")):
+        pytest.skip("no shipped measurements yet")
+    monkeypatch.setenv("CDMPP_NOTEBOOK_QUICK", "1")
+    monkeypatch.setenv("CDMPP_ROOT", str(ROOT))
+    monkeypatch.setenv("CDMPP_CACHE", str(tmp_path / "cache"))
+    nb = nbformat.read(ROOT / "notebooks" / "accuracy.ipynb", as_version=4)
+    client = nbclient.NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}})
+    monkeypatch.chdir(ROOT)
+    client.execute()
+    outputs = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
+    assert "mape" in outputs and "kmeans" in outputs
+    assert (tmp_path / "accuracy.png").exists() and (tmp_path / "adaptation.png").exists()

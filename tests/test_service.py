@@ -1,0 +1,255 @@
+"""The HTTP service end to end: real uvicorn servers on 127.0.0.1 (ephemeral ports, background threads)
+serving the shipped model, driven over real sockets by httpx and ``cdmpp.client.Client``."""
+
+import json
+
+import numpy as np
+import pytest
+
+from cdmpp.predictor import DEFAULT_MODEL
+
+pytestmark = pytest.mark.skipif(not (DEFAULT_MODEL / "predictor.json").exists(),
+                                reason=f"no shipped model at {DEFAULT_MODEL} yet")
+
+httpx = pytest.importorskip("httpx")
+TOKEN = "s3cret-token"
+
+
+@pytest.fixture(scope="module")
+def predictor():
+    from cdmpp.predictor import Predictor
+
+    return Predictor.load()
+
+
+@pytest.fixture(scope="module")
+def device(predictor):
+    return next(d for d in predictor.devices() if predictor.target_kind(d) == "llvm")
+
+
+def _server(predictor, **settings):
+    from cdmpp.service.app import Settings, create_app
+    from cdmpp.service.background import BackgroundServer
+
+    return BackgroundServer(create_app(Settings(**settings), predictor))
+
+
+@pytest.fixture(scope="module")
+def url(predictor):
+    with _server(predictor) as u:
+        yield u
+
+
+@pytest.fixture(scope="module")
+def strict_url(predictor):
+    """Token required, at most 4 programs and 64 KiB per request."""
+    with _server(predictor, token=TOKEN, max_batch=4, max_body_bytes=64 * 1024) as u:
+        yield u
+
+
+@pytest.fixture(scope="module")
+def texts(sampled):
+    """TVMScript of sampled schedules of every test workload."""
+    return [s.mod.script() for schs in sampled.values() for s in schs[:3]]
+
+
+def test_health_devices_models_docs(url, predictor):
+    h = httpx.get(url + "/healthz").json()
+    assert h["status"] == "ok" and h["model_version"] == predictor.version
+    devs = httpx.get(url + "/v1/devices").json()["devices"]
+    assert [d["id"] for d in devs] == predictor.devices()
+    assert all(d["specs"] for d in devs)
+    m = httpx.get(url + "/v1/models").json()["models"][0]
+    assert m["model_version"] == predictor.version and m["devices"] == predictor.devices()
+    assert m["ensemble_members"] == len(predictor.model.members) and "n_train" in m["training"]
+    assert httpx.get(url + "/docs").status_code == 200
+    assert "/v1/predict" in httpx.get(url + "/openapi.json").json()["paths"]
+
+
+def test_client_round_trip_equals_in_process(url, predictor, device, sampled, texts):
+    from cdmpp import workloads
+    from cdmpp.client import Client
+    from cdmpp.program import workload_trace_json
+
+    with Client(url) as c:
+        assert c.health()["status"] == "ok"
+        assert [d["id"] for d in c.devices()] == predictor.devices()
+        assert c.models()[0]["model_version"] == predictor.version
+        # text in, text in process
+        got = c.predict(texts, device)
+        want = predictor.predict(texts, device)
+        np.testing.assert_allclose([p.seconds for p in got], [p.seconds for p in want], rtol=1e-5)
+        np.testing.assert_allclose([p.hi90 for p in got], [p.hi90 for p in want], rtol=1e-5)
+        # TVM objects: the client sends TVMScript; same answer as the in-process Predictor on the objects
+        schs = sampled["matmul"][:4]
+        np.testing.assert_allclose([p.seconds for p in c.predict(schs, device)],
+                                   [p.seconds for p in predictor.predict(schs, device)], rtol=1e-5)
+        # workload+trace items sharing one workload
+        mod = workloads.matmul()
+        items = [workload_trace_json(mod, s.trace) for s in schs]
+        shared = items[0]["workload"]
+        want_wt = [p.seconds for p in predictor.predict(items, device)]
+        got = c.predict([{"trace": it["trace"]} for it in items], device, workload=shared)
+        np.testing.assert_allclose([p.seconds for p in got], want_wt, rtol=1e-5)
+        as_text = [json.dumps({"trace": it["trace"]}) for it in items]  # the fast form: JSON text per item
+        np.testing.assert_allclose([p.seconds for p in c.predict(as_text, device, workload=shared)], want_wt, rtol=1e-5)
+        # Schedules with their workload module: sent as traces, same answer
+        np.testing.assert_allclose([p.seconds for p in c.predict(schs, device, workload=mod)], want_wt, rtol=1e-5)
+        # batches larger than the client's batch size are split and reassembled in order
+        small = Client(url, batch_size=4)
+        np.testing.assert_allclose([p.seconds for p in small.predict(texts, device)],
+                                   [p.seconds for p in want], rtol=1e-5)
+
+
+def _metric(url, name, headers=None):
+    for line in httpx.get(url + "/metrics", headers=headers).text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            yield line
+
+
+def test_metrics_and_caches(url, predictor, device, texts):
+    def counter(name):
+        return float(next(_metric(url, name)).split()[-1])
+
+    body = {"device": device, "programs": texts[:5]}
+    assert httpx.post(url + "/v1/predict", json=body).status_code == 200
+    preds, feats = counter("cdmpp_prediction_cache_hits_total"), counter("cdmpp_feature_cache_hits_total")
+    first = httpx.post(url + "/v1/predict", json=body).json()["predictions"]
+    assert counter("cdmpp_prediction_cache_hits_total") - preds == 5  # re-asked: no parsing, no model
+    other = [d for d in predictor.devices() if d != device and predictor.target_kind(d) == "llvm"]
+    if other:  # same programs, another device: features reused, model run
+        r = httpx.post(url + "/v1/predict", json={**body, "device": other[0]})
+        assert r.status_code == 200 and counter("cdmpp_feature_cache_hits_total") - feats == 5
+    assert first == httpx.post(url + "/v1/predict", json=body).json()["predictions"]
+    text = httpx.get(url + "/metrics").text
+    assert 'cdmpp_requests_total{endpoint="/v1/predict",status="200"}' in text
+    assert 'cdmpp_request_duration_seconds_bucket{endpoint="/v1/predict",le="+Inf"}' in text
+    assert counter("cdmpp_programs_predicted_total") >= 15
+
+
+def test_bad_programs_422_name_items(url, device, texts):
+    body = {"device": device, "programs": [texts[0], "def nonsense(:", texts[1], {"workload": 1, "trace": []}]}
+    r = httpx.post(url + "/v1/predict", json=body)
+    assert r.status_code == 422
+    errors = {e["index"]: e["reason"] for e in r.json()["errors"]}
+    assert set(errors) == {1, 3} and all(errors.values())
+    assert "program 1" in r.json()["detail"]
+    # a target the service does not know, a malformed body, wrong types: 422, never 500
+    assert httpx.post(url + "/v1/predict", json={**body, "programs": texts[:1], "target": "vulkan"}).status_code == 422
+    assert httpx.post(url + "/v1/predict", content=b"{not json",
+                      headers={"content-type": "application/json"}).status_code == 422
+    assert httpx.post(url + "/v1/predict", json={"programs": texts[:1]}).status_code == 422
+    r = httpx.post(url + "/v1/predict", json={"device": device, "programs": [texts[0], 5]})
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"][:3] == ["body", "programs", 1]
+    r = httpx.post(url + "/v1/predict", json={"device": device, "programs": [{"trace": []}], "workload": "junk"})
+    assert r.status_code == 422 and "shared workload" in r.json()["detail"]
+    # the service is unhurt
+    assert httpx.post(url + "/v1/predict", json={"device": device, "programs": texts[:2]}).status_code == 200
+
+
+def test_client_raises_program_error(url, device, texts):
+    from cdmpp.client import Client
+    from cdmpp.program import ProgramError
+
+    with pytest.raises(ProgramError) as e:
+        Client(url).predict([texts[0], "garbage"], device)
+    assert [x["index"] for x in e.value.errors] == [1]
+
+
+def test_unknown_device_404(url, predictor, texts):
+    from cdmpp.client import Client
+    from cdmpp.predictor import UnknownDeviceError
+
+    r = httpx.post(url + "/v1/predict", json={"device": "no-such-gpu", "programs": texts[:1]})
+    assert r.status_code == 404 and r.json()["known_devices"] == predictor.devices()
+    with pytest.raises(UnknownDeviceError) as e:
+        Client(url).predict(texts[:1], "no-such-gpu")
+    assert e.value.known == predictor.devices() and e.value.device == "no-such-gpu"
+
+
+def test_token_401(strict_url, device, texts):
+    from cdmpp.client import Client, ServiceError
+
+    body = {"device": device, "programs": texts[:1]}
+    assert httpx.post(strict_url + "/v1/predict", json=body).status_code == 401
+    r = httpx.post(strict_url + "/v1/predict", json=body, headers={"Authorization": "Bearer wrong"})
+    assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
+    assert httpx.get(strict_url + "/v1/devices").status_code == 401
+    assert httpx.get(strict_url + "/metrics").status_code == 401
+    assert httpx.get(strict_url + "/healthz").status_code == 200  # load balancers probe without a token
+    with pytest.raises(ServiceError) as e:
+        Client(strict_url, retries=0).predict(texts[:1], device)
+    assert e.value.status == 401
+    assert len(Client(strict_url, token=TOKEN).predict(texts[:1], device)) == 1
+
+
+def test_batch_over_limit_413(strict_url, device, texts):
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    r = httpx.post(strict_url + "/v1/predict", json={"device": device, "programs": texts[:1] * 5}, headers=auth)
+    assert r.status_code == 413 and r.json()["limit"] == 4 and "CDMPP_MAX_BATCH" in r.json()["detail"]
+
+
+def test_body_too_large_413(strict_url, device):
+    auth = {"Authorization": f"Bearer {TOKEN}", "content-type": "application/json"}
+    big = json.dumps({"device": device, "programs": ["x" * (100 * 1024)]}).encode()
+    r = httpx.post(strict_url + "/v1/predict", content=big, headers=auth)  # judged on Content-Length
+    assert r.status_code == 413 and r.json()["limit"] == 64 * 1024
+
+    def chunks():  # no Content-Length: judged on the bytes that arrive
+        yield b'{"device": "x", "programs": ["'
+        for _ in range(20):
+            yield b"y" * 8192
+        yield b'"]}'
+
+    r = httpx.post(strict_url + "/v1/predict", content=chunks(), headers=auth)
+    assert r.status_code == 413
+    assert httpx.get(strict_url + "/healthz").status_code == 200
+    assert 'endpoint="/v1/predict",status="413"' in httpx.get(strict_url + "/metrics", headers=auth).text
+
+
+def test_timeout_504(predictor, device, sampled):
+    from cdmpp.client import Client, ServiceError
+
+    fresh = [s.mod.script() for s in sampled["conv2d"][3:6]]  # not seen by any server yet
+    with _server(predictor, timeout_s=0.001) as u:
+        r = httpx.post(u + "/v1/predict", json={"device": device, "programs": fresh})
+        assert r.status_code == 504 and "CDMPP_TIMEOUT_S" in r.json()["detail"]
+        with pytest.raises(ServiceError) as e:
+            Client(u, retries=0).predict(fresh, device)
+        assert e.value.status == 504
+        assert httpx.get(u + "/healthz").status_code == 200
+
+
+def test_client_retries_5xx_then_succeeds():
+    from cdmpp.client import Client, ServiceError
+
+    calls = []
+
+    def handler(request):
+        calls.append(request.url.path)
+        if len(calls) < 3:
+            return httpx.Response(503, json={"detail": "warming up"})
+        return httpx.Response(200, json={"status": "ok", "model_version": "x", "uptime_s": 1.0})
+
+    c = Client("http://cdmpp.test", retries=3, backoff_s=0.001, transport=httpx.MockTransport(handler))
+    assert c.health()["status"] == "ok" and len(calls) == 3
+    calls.clear()
+    c = Client("http://cdmpp.test", retries=1, backoff_s=0.001, transport=httpx.MockTransport(handler))
+    with pytest.raises(ServiceError) as e:
+        c.health()
+    assert e.value.status == 503 and len(calls) == 2
+
+
+def test_client_retries_connection_errors():
+    from cdmpp.client import Client
+
+    tries = []
+
+    def handler(request):
+        tries.append(1)
+        raise httpx.ConnectError("refused", request=request)
+
+    c = Client("http://cdmpp.test", retries=2, backoff_s=0.001, transport=httpx.MockTransport(handler))
+    with pytest.raises(httpx.ConnectError):
+        c.health()
+    assert len(tries) == 3
