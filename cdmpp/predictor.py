@@ -67,7 +67,8 @@ class Predictor:
     def device_info(self, device: str) -> dict:
         if device not in self.model.device_specs.table:
             raise UnknownDeviceError(device, self.devices())
-        info = dict(self.model.summary.get("devices", {}).get(device, {}))
+        known = self.model.summary.get("devices")
+        info = dict(known.get(device, {})) if isinstance(known, dict) else {}  # fit() stores a plain list
         info.setdefault("specs", self.model.device_specs.table[device])
         return info
 

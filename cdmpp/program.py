@@ -161,6 +161,12 @@ def to_json_value(obj: Any) -> Any:
 
 
 def _first_line(e: BaseException) -> str:
+    """The informative line of an error: TVMScript diagnostics start with ``error: ...`` followed by a
+    source excerpt; TVM's C++ errors end with ``...Error: message``."""
     lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
-    # TVM errors end with the useful line; Python errors start with it.
+    for ln in lines:
+        if ln.lower().startswith("error:"):
+            line = ln[len("error:"):].strip()
+            loc = next((x[3:].strip() for x in lines if x.startswith("-->")), "")
+            return (f"{line} (at {loc})" if loc else line)[:300]
     return (lines[-1] if lines else type(e).__name__)[:300]

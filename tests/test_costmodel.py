@@ -23,7 +23,23 @@ def device(predictor):
     return next(d for d in predictor.devices() if predictor.target_kind(d) == "llvm")
 
 
-def test_tune_tir_with_cdmpp_cost_model(tvm, predictor, device):
+@pytest.fixture
+def restore_logging():
+    """tune_tir attaches file handlers under its work_dir to every MetaSchedule logger; drop them after
+    the run, or later MetaSchedule users (the XGBoost peer) log into a deleted folder."""
+    import logging
+
+    before = {name: list(lg.handlers) for name, lg in logging.Logger.manager.loggerDict.items()
+              if isinstance(lg, logging.Logger)}
+    yield
+    for name, lg in list(logging.Logger.manager.loggerDict.items()):
+        if isinstance(lg, logging.Logger):
+            for h in [h for h in lg.handlers if h not in before.get(name, [])]:
+                lg.removeHandler(h)
+                h.close()
+
+
+def test_tune_tir_with_cdmpp_cost_model(tvm, predictor, device, restore_logging):
     """8 measured trials of a small matmul: the search asks cdmpp, the results come back, one fine-tune runs."""
     from tvm.s_tir import meta_schedule as ms
 

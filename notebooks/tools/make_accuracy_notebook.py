@@ -29,7 +29,8 @@ from cdmpp.train import TrainConfig, fit, finetune
 from cdmpp.zoo.tasks import TaskTable
 
 QUICK = os.environ.get("CDMPP_NOTEBOOK_QUICK") == "1"
-ROOT = os.environ.get("CDMPP_ROOT") or os.path.abspath(os.path.join(os.getcwd(), "..")) if os.path.basename(os.getcwd()) == "notebooks" else os.getcwd()
+HERE = os.getcwd()
+ROOT = os.environ.get("CDMPP_ROOT") or (os.path.dirname(HERE) if os.path.basename(HERE) == "notebooks" else HERE)
 DATASET = os.environ.get("CDMPP_NOTEBOOK_DATASET", os.path.join(ROOT, "datasets", "measurements"))
 torch.set_num_threads(1)
 tasks = TaskTable.load(os.path.join(ROOT, "datasets", "tasks-llvm.json.gz"))
