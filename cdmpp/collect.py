@@ -46,7 +46,7 @@ class MeasureConfig:
     run_timeout_s: float = 30.0
     builders: int = 2
     quiet_share: float = 0.05  # max CPU share (of all cores) other processes may use while we measure
-    max_tries: int = 3
+    max_tries: int = 10
     max_wait_s: float = 1800.0
 
 
@@ -196,10 +196,16 @@ def _short(msg: str) -> str:
     return (" | ".join(lines[-3:]) if lines else "unknown error")[:600]
 
 
+DISTURBED_SHARE = 0.10  # records measured while others used more CPU than this are not labels
+
+
 def label(record: dict) -> float | None:
-    """The latency label of a record: median of its repeats; None for failed records."""
+    """The latency label of a record: median of its repeats; None for failed records and for records
+    measured while other processes used more than ``DISTURBED_SHARE`` of the CPU (kept, not used)."""
     secs = record.get("seconds") or []
-    return statistics.median(secs) if secs and not record.get("error") else None
+    if not secs or record.get("error") or record.get("others_cpu", 0.0) > DISTURBED_SHARE:
+        return None
+    return statistics.median(secs)
 
 
 def collect(tasks, dataset_dir: str, device, target, per_task: int = 32, budget_minutes: float | None = None,

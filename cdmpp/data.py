@@ -37,7 +37,7 @@ class LabeledProgram:
 @dataclass
 class Dataset:
     programs: list[LabeledProgram] = field(default_factory=list)
-    failed: int = 0  # records with a build/run error (never labels)
+    failed: int = 0  # records with a build/run error or measured while others were busy (never labels)
     report: LoadReport = field(default_factory=LoadReport)
 
     def __len__(self) -> int:
@@ -181,19 +181,20 @@ def summarize(dataset_dir: str, task_table=None) -> dict:
     report = LoadReport()
     per_device: Counter = Counter()
     failed: Counter = Counter()
+    disturbed: Counter = Counter()  # measured while other processes were busy: kept, not labels
     tasks: dict[str, set] = defaultdict(set)
     per_network: dict[str, Counter] = defaultdict(Counter)
     for rec in RecordStore(dataset_dir).iter_records(report=report):
         dev = rec.get("device", "?")
         if label(rec) is None:
-            failed[dev] += 1
+            (failed if rec.get("error") or not rec.get("seconds") else disturbed)[dev] += 1
             continue
         per_device[dev] += 1
         tasks[dev].add(rec["task"])
         for net in {o.split("@")[0] for o in rec.get("networks", [])}:
             per_network[dev][net] += 1
     return {
-        "devices": {d: {"programs": per_device[d], "failed": failed[d], "tasks": len(tasks[d]),
+        "devices": {d: {"programs": per_device[d], "failed": failed[d], "disturbed": disturbed[d], "tasks": len(tasks[d]),
                         "networks": dict(sorted(per_network[d].items()))} for d in sorted(set(per_device) | set(failed))},
         "problems": report.problems, "duplicates": report.duplicates,
     }
@@ -202,9 +203,10 @@ def summarize(dataset_dir: str, task_table=None) -> dict:
 def summary_markdown(dataset_dir: str, task_table=None) -> str:
     """Tables for datasets/README.md: programs per device, per network and the tasks covered."""
     s = summarize(dataset_dir, task_table)
-    lines = ["| device | measured programs | failed (kept, never labels) | tasks |", "|---|---:|---:|---:|"]
+    lines = ["| device | measured programs (labels) | failed builds/runs | disturbed (others busy) | tasks |",
+             "|---|---:|---:|---:|---:|"]
     for dev, d in s["devices"].items():
-        lines.append(f"| `{dev}` | {d['programs']:,} | {d['failed']:,} | {d['tasks']} |")
+        lines.append(f"| `{dev}` | {d['programs']:,} | {d['failed']:,} | {d['disturbed']:,} | {d['tasks']} |")
     for dev, d in s["devices"].items():
         lines += ["", f"Programs per network on `{dev}` (a program counts for every network that calls its task):", "",
                   "| network | programs |", "|---|---:|"]
