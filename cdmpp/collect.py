@@ -305,9 +305,8 @@ def remeasure_noise(dataset_dir: str, tasks, device, target, n: int = 120, seed:
     import random
 
     from tqdm import tqdm
-    from tvm.s_tir import Schedule
-    from tvm.s_tir.schedule import Trace
 
+    from cdmpp.program import apply_trace
     from cdmpp.store import slug
     from cdmpp.zoo.tasks import load_task_mod
 
@@ -321,9 +320,7 @@ def remeasure_noise(dataset_dir: str, tasks, device, target, n: int = 120, seed:
         batch = recs[i:i + 24]
         mods = []
         for r in batch:
-            sch = Schedule(load_task_mod(tasks[r["task"]]))
-            Trace.apply_json_to_schedule(r["trace"], sch)
-            mods.append(sch.mod)
+            mods.append(apply_trace(load_task_mod(tasks[r["task"]]), r["trace"]))
         for r, (secs, err, _, _) in zip(batch, measurer.measure(mods)):
             if err or not secs:
                 continue

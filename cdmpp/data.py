@@ -143,7 +143,7 @@ def _featurize_records(records: list[dict], task_table, cache: FeatureCache, pro
     from tqdm import tqdm
 
     from cdmpp.features import Featurizer
-    from cdmpp.program import ProgramError, load_program
+    from cdmpp.program import ProgramError, apply_trace, load_program
     from cdmpp.zoo.tasks import load_task_mod
 
     featurizer = Featurizer()
@@ -157,13 +157,9 @@ def _featurize_records(records: list[dict], task_table, cache: FeatureCache, pro
             print(f"dataset: task {key} of {rec['id']} is not in the task table; skipped", file=sys.stderr)
             continue
         try:
-            from tvm.s_tir import Schedule
-            from tvm.s_tir.schedule import Trace
-
-            sch = Schedule(mods[key])
-            Trace.apply_json_to_schedule(rec["trace"], sch)
-            f = featurizer([load_program(sch.mod, "cuda" if "cuda" in rec["device"] else "llvm")])[0]
-        except (ProgramError, Exception) as e:
+            mod = apply_trace(mods[key], rec["trace"])
+            f = featurizer([load_program(mod, "cuda" if "cuda" in rec["device"] else "llvm")])[0]
+        except ProgramError as e:
             print(f"dataset: {rec['id']}: cannot featurize: {str(e).splitlines()[-1][:200]}", file=sys.stderr)
             continue
         f.program_hash = rec["program_hash"]  # the hash the collector stored (same function)

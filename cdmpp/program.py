@@ -99,9 +99,7 @@ def _from_tvmscript(text: str):
 
 def _from_workload_trace(obj: dict):
     tvm = tvm_env.setup()
-    from tvm.s_tir import Schedule
     from tvm.s_tir.meta_schedule.database import Workload
-    from tvm.s_tir.schedule import Trace
 
     missing = {"workload", "trace"} - set(obj)
     if missing:
@@ -114,10 +112,18 @@ def _from_workload_trace(obj: dict):
             mod = Workload.from_json(workload).mod
     except Exception as e:
         raise ProgramError(f"workload does not load: {_first_line(e)}") from None
-    mod = _single_primfunc_module(mod)
+    return apply_trace(_single_primfunc_module(mod), obj["trace"])
+
+
+def apply_trace(mod, trace_json):
+    """The scheduled module: a MetaSchedule trace (JSON form) replayed on its unscheduled workload."""
+    tvm_env.setup()
+    from tvm.s_tir import Schedule
+    from tvm.s_tir.schedule import Trace
+
     try:
         sch = Schedule(mod)
-        Trace.apply_json_to_schedule(obj["trace"], sch)
+        Trace.apply_json_to_schedule(trace_json, sch)
     except Exception as e:
         raise ProgramError(f"trace does not apply to its workload: {_first_line(e)}") from None
     return sch.mod

@@ -26,3 +26,17 @@ def sampled(cpu_target):
 
     return {name: schedules.sample_schedules(make(), cpu_target, 6, seed=3)
             for name, make in workloads.SAMPLES.items()}
+
+
+@pytest.fixture(scope="session")
+def predictor():
+    """The shipped model (tests that use it skip when it is absent)."""
+    from cdmpp.predictor import Predictor
+
+    return Predictor.load()
+
+
+@pytest.fixture(scope="session")
+def device(predictor):
+    """A CPU device the shipped model knows."""
+    return next(d for d in predictor.devices() if predictor.target_kind(d) == "llvm")

@@ -11,18 +11,6 @@ pytestmark = pytest.mark.skipif(not (DEFAULT_MODEL / "predictor.json").exists(),
                                 reason=f"no shipped model at {DEFAULT_MODEL} yet")
 
 
-@pytest.fixture(scope="module")
-def predictor():
-    from cdmpp.predictor import Predictor
-
-    return Predictor.load()
-
-
-@pytest.fixture(scope="module")
-def device(predictor):
-    return next(d for d in predictor.devices() if predictor.target_kind(d) == "llvm")
-
-
 @pytest.fixture
 def restore_logging():
     """tune_tir attaches file handlers under its work_dir to every MetaSchedule logger; drop them after

@@ -15,18 +15,6 @@ httpx = pytest.importorskip("httpx")
 TOKEN = "s3cret-token"
 
 
-@pytest.fixture(scope="module")
-def predictor():
-    from cdmpp.predictor import Predictor
-
-    return Predictor.load()
-
-
-@pytest.fixture(scope="module")
-def device(predictor):
-    return next(d for d in predictor.devices() if predictor.target_kind(d) == "llvm")
-
-
 def _server(predictor, **settings):
     from cdmpp.service.app import Settings, create_app
     from cdmpp.service.background import BackgroundServer

@@ -259,18 +259,12 @@ def _load_workload(workload: Any, tgt):
 
 
 def _apply_trace(mod, item: dict):
-    """The scheduled module of ``item["trace"]`` replayed on ``mod`` (as ``cdmpp.program`` does per item)."""
-    from tvm.s_tir import Schedule
-    from tvm.s_tir.schedule import Trace
+    """The scheduled module of ``item["trace"]`` replayed on the shared workload ``mod``."""
+    from cdmpp.program import apply_trace
 
     if "trace" not in item:
         raise ProgramError("workload+trace program lacks ['trace']")
-    try:
-        sch = Schedule(mod)
-        Trace.apply_json_to_schedule(item["trace"], sch)
-    except Exception as e:
-        raise ProgramError(f"trace does not apply to its workload: {_first_line(e)}") from None
-    return sch.mod
+    return apply_trace(mod, item["trace"])
 
 
 def _check(cancel: threading.Event | None) -> None:
