@@ -201,9 +201,11 @@ DISTURBED_SHARE = 0.10  # records measured while others used more CPU than this 
 
 def label(record: dict) -> float | None:
     """The latency label of a record: median of its repeats; None for failed records and for records
-    measured while other processes used more than ``DISTURBED_SHARE`` of the CPU (kept, not used)."""
+    measured while other processes were busy (kept, not used): ``disturbed`` is set by the collector
+    (others used at least its ``quiet_share``); older records fall back to ``DISTURBED_SHARE``."""
     secs = record.get("seconds") or []
-    if not secs or record.get("error") or record.get("others_cpu", 0.0) > DISTURBED_SHARE:
+    disturbed = record.get("disturbed", record.get("others_cpu", 0.0) > DISTURBED_SHARE)
+    if not secs or record.get("error") or disturbed:
         return None
     return statistics.median(secs)
 
@@ -249,7 +251,8 @@ def collect(tasks, dataset_dir: str, device, target, per_task: int = 32, budget_
                 "id": record_id(device.id, task.key, phash), "device": device.id, "task": task.key,
                 "task_name": task.name, "networks": sorted(task.occurrences), "program_hash": phash,
                 "trace": to_json_value(sch.trace.as_json()), "seconds": secs, "error": err,
-                "build_s": round(build_s, 3), "others_cpu": round(others, 3), "run": run_id,
+                "build_s": round(build_s, 3), "others_cpu": round(others, 3),
+                "disturbed": others >= cfg.quiet_share, "run": run_id,
             })
             stats["failed" if err else "measured"] += 1
         store.append(device.id, recs)
