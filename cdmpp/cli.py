@@ -142,9 +142,21 @@ def cmd_eval(args) -> int:
     return 0
 
 
+def _refuse_overwrite(out: str, force: bool, command: str) -> bool:
+    """A trained checkpoint is never replaced by accident: the caller must pass --force."""
+    import os
+
+    if os.path.exists(os.path.join(out, "predictor.json")) and not force:
+        print(f"cdmpp {command}: {out} already holds a checkpoint; pass --force to replace it", file=sys.stderr)
+        return True
+    return False
+
+
 def cmd_train(args) -> int:
     from cdmpp.experiments import train_checkpoint
 
+    if _refuse_overwrite(args.out, args.force, "train"):
+        return 2
     try:
         model = train_checkpoint(args.recipe, args.dataset, args.out, args.task_table, args.devices,
                                  args.max_minutes, args.val, args.seed, args.limit)
@@ -174,6 +186,8 @@ def cmd_sample(args) -> int:
 def cmd_finetune(args) -> int:
     from cdmpp.experiments import finetune_checkpoint
 
+    if _refuse_overwrite(args.out, args.force, "finetune"):
+        return 2
     with open(args.ids) as f:
         ids = f.read().split()
     try:
@@ -193,6 +207,7 @@ def _add_eval_commands(sub) -> None:
     data.add_argument("--task-table", default="datasets/tasks-llvm.json.gz")
     data.add_argument("--devices", default="datasets/devices.json", help="device spec table")
     data.add_argument("--seed", type=int, default=0)
+    data.add_argument("--force", action="store_true", help="train/finetune: replace an existing checkpoint")
 
     e = sub.add_parser("eval", parents=[data], help="train cdmpp, ablations and peers on one split; write a report")
     e.add_argument("--name", required=True, help="report name: reports/NAME.json and .md")
