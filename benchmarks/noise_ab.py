@@ -10,7 +10,7 @@ from cdmpp.collect import label, CpuGuard
 from cdmpp.zoo.tasks import TaskTable, load_task_mod
 table = TaskTable.load("datasets/tasks-llvm.json.gz")
 recs = [r for r in RecordStore("datasets/measurements").iter_records() if label(r)]
-random.Random(1).shuffle(recs); recs = recs[:40]
+random.Random(1).shuffle(recs); recs = recs[:int(os.environ.get("N", 40))]
 mods = []
 for r in recs:
     s = Schedule(load_task_mod(table[r["task"]])); Trace.apply_json_to_schedule(r["trace"], s); mods.append(s.mod)
@@ -24,8 +24,12 @@ def run(threads, repeat, mrm, flush=False):
     r = ms.runner.LocalRunner(evaluator_config=ms.runner.EvaluatorConfig(number=1, repeat=repeat, min_repeat_ms=mrm, enable_cpu_cache_flush=flush), f_cleanup=noop, initializer=tvm_env.worker_initializer)
     g = CpuGuard(); g.wait_quiet(0.05, 60)
     res = [f.result() for f in r.run(inputs)]
-    return np.array([statistics.median(float(s) for s in x.run_secs) if x.run_secs else np.nan for x in res])
-for cfg in [(2, 5, 40), (1, 5, 40), (2, 9, 20), (2, 5, 40, True)]:
+    return [sorted(float(s) for s in x.run_secs) if x.run_secs else None for x in res]
+STATS = {"median": statistics.median, "min": min,
+         "trimmed": lambda v: statistics.mean(v[len(v) // 4: len(v) - len(v) // 4] or v)}
+for cfg in [(2, 5, 40), (2, 15, 15), (1, 5, 40), (1, 15, 15)]:
     a = run(*cfg); c = run(*cfg)
-    rel = np.abs(a - c) / np.minimum(a, c)
-    print(cfg, "median %.3f p90 %.3f" % (np.nanmedian(rel), np.nanpercentile(rel, 90)), flush=True)
+    for name, f in STATS.items():
+        x = np.array([f(v) if v else np.nan for v in a]); y = np.array([f(v) if v else np.nan for v in c])
+        rel = np.abs(x - y) / np.minimum(x, y)
+        print(cfg, name, "median %.3f p90 %.3f" % (np.nanmedian(rel), np.nanpercentile(rel, 90)), flush=True)

@@ -27,7 +27,7 @@ class LabeledProgram:
 
     features: ProgramFeatures
     device: str
-    seconds: float  # median of the measured repeats
+    seconds: float  # the fastest measured repeat (collect.label)
     task: str
     task_name: str
     networks: list[str]  # "network@batch" occurrences of its task

@@ -8,6 +8,8 @@ id, so a crash between rename and removal never doubles a record. A truncated la
 the middle of a write) is moved aside to ``*.partial`` on the next open, never silently dropped; any
 other line that does not parse is reported with its file and line number, and the rest still loads.
 ``runs.jsonl`` holds one provenance entry per collection run; records refer to it by ``run`` id.
+A record measured while other processes were busy (``disturbed``) is kept but counts as not done: a
+resumed collection measures the program again and the new record supersedes it when read.
 """
 
 from __future__ import annotations
@@ -146,9 +148,10 @@ class RecordStore:
         return self._parts(device) + active
 
     def iter_records(self, device: str | None = None, report: LoadReport | None = None) -> Iterator[dict]:
-        """Every record once (by id), parts first; bad lines are reported, not fatal."""
+        """Every record once (by id), parts first; bad lines are reported, not fatal. The first record of
+        an id wins, unless it was disturbed and a later one of the same id was not."""
         report = report if report is not None else LoadReport()
-        seen: set[str] = set()
+        kept: dict[str, dict] = {}
         for path in self.files(device):
             opener = gzip.open if path.endswith(".gz") else open
             lineno = 0
@@ -163,14 +166,18 @@ class RecordStore:
                         except (json.JSONDecodeError, KeyError, TypeError) as e:
                             report.problems.append(f"{path}:{lineno}: unreadable record ({e.__class__.__name__})")
                             continue
-                        if rid in seen:
-                            report.duplicates += 1
+                        old = kept.get(rid)
+                        if old is None:
+                            kept[rid] = rec
+                            report.records += 1
                             continue
-                        seen.add(rid)
-                        report.records += 1
-                        yield rec
+                        report.duplicates += 1
+                        if old.get("disturbed") and not rec.get("disturbed"):
+                            kept[rid] = rec
             except (OSError, EOFError, gzip.BadGzipFile) as e:
                 report.problems.append(f"{path}: corrupt or truncated after line {lineno} ({e})")
+        yield from kept.values()
 
     def done_ids(self, device: str) -> set[str]:
-        return {r["id"] for r in self.iter_records(device)}
+        """Ids a resumed collection skips: everything stored except disturbed records."""
+        return {r["id"] for r in self.iter_records(device) if not r.get("disturbed")}
