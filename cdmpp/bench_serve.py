@@ -119,13 +119,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(model: str | None, workers: int, threads: int, port: int, env_extra: dict | None = None):
+def start_server(model: str | None, workers: int, threads: int, port: int, featurize_procs: int = 0,
+                 env_extra: dict | None = None):
     """``cdmpp serve`` in a subprocess; returns (process, base url) once /healthz answers."""
     import httpx
 
     env = {**os.environ, "CDMPP_THREADS": str(threads), **(env_extra or {})}
     cmd = [sys.executable, "-m", "cdmpp.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
-           "--workers", str(workers), "--no-access-log"]
+           "--workers", str(workers), "--featurize-procs", str(featurize_procs), "--no-access-log"]
     if model:
         cmd += ["--model", model]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -210,7 +211,7 @@ def _split(before: dict, after: dict) -> dict:
 
 def bench_serve(model: str | None = None, clients: int = 16, batch: int = 64, batches: int = 160,
                 cold_batches: int = 16, repeat_share: float = 0.9, workers: int = 1, threads: int = 2,
-                form: str = "trace", duration_s: float = 120.0, task_table: str = "datasets/tasks-llvm.json.gz",
+                featurize_procs: int = 0, form: str = "trace", duration_s: float = 120.0, task_table: str = "datasets/tasks-llvm.json.gz",
                 device: str | None = None, seed: int = 0) -> dict:
     rng = random.Random(seed)
     n_tasks = len(BENCH_TASKS)
@@ -223,7 +224,7 @@ def bench_serve(model: str | None = None, clients: int = 16, batch: int = 64, ba
     sent: dict[str, list[int]] = {}
     cold_bodies, _, cold_n = plan_requests(pool, cold_batches, batch, repeat_share, True, sent, rng)
     mixed_bodies, n_rep, n_mixed = plan_requests(pool, batches, batch, repeat_share, False, sent, rng)
-    proc, url = start_server(model, workers, threads, _free_port())
+    proc, url = start_server(model, workers, threads, _free_port(), featurize_procs)
     try:
         import httpx
 
@@ -245,14 +246,14 @@ def bench_serve(model: str | None = None, clients: int = 16, batch: int = 64, ba
     mixed.update(_split(m1, m2))
     mixed["repeat_share_sent"] = round(n_rep / max(n_mixed, 1), 3)
     return {"device": device, "form": form, "clients": clients, "batch": batch, "workers": workers,
-            "threads": threads, "tasks": [t.name for t in pool], "distinct_programs": sum(len(t.items) for t in pool),
+            "threads": threads, "featurize_procs": featurize_procs, "tasks": [t.name for t in pool], "distinct_programs": sum(len(t.items) for t in pool),
             "sampling_s": round(sample_s, 1), "cold": cold, "mixed": mixed, "repeat_share": repeat_share,
             "machine_cpus": os.cpu_count()}
 
 
 def report(r: dict) -> str:
     lines = [f"cdmpp bench serve: {r['clients']} clients x {r['batch']}-program batches, {r['workers']} worker(s) "
-             f"x {r['threads']} thread(s), form={r['form']}, device {r['device']}, {r['distinct_programs']} "
+             f"x {r['threads']} thread(s) + {r['featurize_procs']} featurizer process(es), form={r['form']}, device {r['device']}, {r['distinct_programs']} "
              f"distinct programs of {len(r['tasks'])} tasks, {r['machine_cpus']} cpus"]
     share = r["mixed"].get("repeat_share_sent", 0)
     for phase, label in (("cold", "cold (all new)"), ("mixed", f"mixed ({share:.0%} repeats)")):
@@ -272,7 +273,7 @@ def report(r: dict) -> str:
 def main(args) -> int:
     r = bench_serve(model=args.model, clients=args.clients, batch=args.batch, batches=args.batches,
                     cold_batches=args.cold_batches, repeat_share=args.repeat_share, workers=args.workers,
-                    threads=args.threads, form=args.form, duration_s=args.duration, task_table=args.task_table,
+                    threads=args.threads, featurize_procs=args.featurize_procs, form=args.form, duration_s=args.duration, task_table=args.task_table,
                     device=args.device, seed=args.seed)
     print(report(r))
     if args.json:

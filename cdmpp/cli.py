@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from importlib import resources
 
@@ -144,7 +145,6 @@ def cmd_eval(args) -> int:
 
 def _refuse_overwrite(out: str, force: bool, command: str) -> bool:
     """A trained checkpoint is never replaced by accident: the caller must pass --force."""
-    import os
 
     if os.path.exists(os.path.join(out, "predictor.json")) and not force:
         print(f"cdmpp {command}: {out} already holds a checkpoint; pass --force to replace it", file=sys.stderr)
@@ -257,12 +257,13 @@ def _add_eval_commands(sub) -> None:
 
 def cmd_serve(args) -> int:
     """Run uvicorn with the app factory; settings travel as CDMPP_* variables, so every worker sees them."""
-    import os
 
     import uvicorn
 
     if args.model:
         os.environ["CDMPP_MODEL"] = args.model
+    if args.featurize_procs is not None:
+        os.environ["CDMPP_FEATURIZE_PROCS"] = str(args.featurize_procs)
     if args.token_env:
         token = os.environ.get(args.token_env)
         if not token:
@@ -289,11 +290,15 @@ def cmd_bench_tune(args) -> int:
 def _add_service_commands(sub, bsub) -> None:
     sv = sub.add_parser("serve", help="serve predictions over HTTP (FastAPI + uvicorn)",
                         description="Environment: CDMPP_MODEL, CDMPP_MAX_BATCH, CDMPP_MAX_BODY_BYTES, CDMPP_TIMEOUT_S, "
-                                    "CDMPP_TOKEN, CDMPP_THREADS, CDMPP_TORCH_THREADS, CDMPP_CACHE_SIZE (serve/README.md)")
+                                    "CDMPP_TOKEN, CDMPP_THREADS, CDMPP_TORCH_THREADS, CDMPP_CACHE_SIZE, CDMPP_FEATURIZE_PROCS "
+                                    "(serve/README.md)")
     sv.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; 0.0.0.0 for all)")
     sv.add_argument("--port", type=int, default=8000)
     sv.add_argument("--workers", type=int, default=1, help="worker processes (each loads the model; default 1)")
     sv.add_argument("--model", help="checkpoint folder (default: $CDMPP_MODEL or the shipped model)")
+    sv.add_argument("--featurize-procs", type=int, default=os.cpu_count() or 1,
+                    help="processes per worker that parse and featurize new programs (default: one per CPU; "
+                         "0 = in the worker itself)")
     sv.add_argument("--token-env", help="name of an environment variable holding the bearer token to require")
     sv.add_argument("--no-access-log", action="store_true", help="do not log every request")
     sv.add_argument("--log-level", default="info")
@@ -308,6 +313,8 @@ def _add_service_commands(sub, bsub) -> None:
     bs.add_argument("--repeat-share", type=float, default=0.9, help="share of re-asked programs per batch (0.9)")
     bs.add_argument("--workers", type=int, default=1, help="server worker processes (default 1)")
     bs.add_argument("--threads", type=int, default=2, help="prediction threads per worker (default 2)")
+    bs.add_argument("--featurize-procs", type=int, default=os.cpu_count() or 1,
+                    help="featurizer processes per server worker (default: one per CPU)")
     bs.add_argument("--form", choices=["trace", "tvmscript"], default="trace",
                     help="wire form of programs: workload+trace (shared workload) or TVMScript text")
     bs.add_argument("--duration", type=float, default=120.0, help="time bound per phase in seconds (default 120)")

@@ -241,3 +241,31 @@ def test_client_retries_connection_errors():
     with pytest.raises(httpx.ConnectError):
         c.health()
     assert len(tries) == 3
+
+
+def test_featurizer_processes_answer_like_the_server_process(url, predictor, device, sampled):
+    """With CDMPP_FEATURIZE_PROCS the new programs are parsed and featurized in worker processes: same
+    answers, same 422s; a worker that dies is replaced and the request still answered."""
+    import os
+    import signal
+
+    from cdmpp.service.app import Settings, create_app
+    from cdmpp.service.background import BackgroundServer
+
+    fresh = [s.mod.script() for s in sampled["matmul"][3:6]]
+    app = create_app(Settings(featurize_procs=2), predictor)
+    with BackgroundServer(app) as u:
+        body = {"device": device, "programs": fresh}
+        pooled = httpx.post(u + "/v1/predict", json=body, timeout=60).json()["predictions"]
+        local = httpx.post(url + "/v1/predict", json=body, timeout=60).json()["predictions"]
+        for a, b in zip(pooled, local):  # equal up to float noise of the model's batch arithmetic
+            assert a.keys() == b.keys() and all(np.isclose(a[k], b[k], rtol=1e-5) for k in a)
+        r = httpx.post(u + "/v1/predict", json={"device": device, "programs": [fresh[0], "def nonsense(:"]})
+        assert r.status_code == 422 and [e["index"] for e in r.json()["errors"]] == [1]
+
+        pool = app.state.engine.pool
+        for pid in list(pool._pool._processes):
+            os.kill(pid, signal.SIGKILL)
+        more = [s.mod.script() for s in sampled["layer_norm"][3:5]]
+        r = httpx.post(u + "/v1/predict", json={"device": device, "programs": more}, timeout=120)
+        assert r.status_code == 200 and len(r.json()["predictions"]) == 2

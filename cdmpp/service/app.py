@@ -42,6 +42,7 @@ class Settings:
     threads: int = 2  # prediction threads (CPU-bound work runs here, never on the event loop)
     torch_threads: int = 1  # intra-op threads per prediction; >1 fights the other threads for cores
     cache_size: int = 50_000  # request-level feature cache entries
+    featurize_procs: int = 0  # processes that parse and featurize new programs; 0 = in the server process
 
     @classmethod
     def from_env(cls, env: dict | None = None) -> "Settings":
@@ -56,6 +57,7 @@ class Settings:
             threads=int(env.get("CDMPP_THREADS", d.threads)),
             torch_threads=int(env.get("CDMPP_TORCH_THREADS", d.torch_threads)),
             cache_size=int(env.get("CDMPP_CACHE_SIZE", d.cache_size)),
+            featurize_procs=int(env.get("CDMPP_FEATURIZE_PROCS", d.featurize_procs)),
         )
 
 
@@ -172,14 +174,16 @@ class RecordMetrics:
 
 
 # ---- the app --------------------------------------------------------------------------------------------
-def _warm_up(predictor: Predictor) -> None:
-    """Build the featurizer's TVM context and run the model once, so the first request is not slow."""
+def _warm_up(predictor: Predictor, engine: PredictEngine) -> None:
+    """Build the featurizers' TVM contexts and run the model once, so the first request is not slow."""
     devices = predictor.devices()
     if not devices:
         return
     text = (resources.files("cdmpp") / "samples" / "conv2d.tvmscript").read_text()
     llvm = [d for d in devices if predictor.target_kind(d) == "llvm"]
     predictor.predict([text], (llvm or devices)[0])
+    if engine.pool is not None:
+        engine.pool.warm_up(text, "llvm")
 
 
 def create_app(settings: Settings | None = None, predictor: Predictor | None = None) -> FastAPI:
@@ -194,15 +198,17 @@ def create_app(settings: Settings | None = None, predictor: Predictor | None = N
 
         torch.set_num_threads(max(1, settings.torch_threads))
         pred = predictor or Predictor.load(settings.model)
-        _warm_up(pred)
+        engine = PredictEngine(pred, settings.cache_size, settings.featurize_procs)
+        _warm_up(pred, engine)
         app.state.predictor = pred
-        app.state.engine = PredictEngine(pred, settings.cache_size)
+        app.state.engine = engine
         app.state.executor = ThreadPoolExecutor(max(1, settings.threads), thread_name_prefix="cdmpp-predict")
         app.state.started = time.monotonic()
         try:
             yield
         finally:
             app.state.executor.shutdown(wait=False, cancel_futures=True)
+            engine.close()
 
     app = FastAPI(title="cdmpp", version="1", lifespan=lifespan,
                   description="Latency prediction for TVM tensor programs (CDMPP). Batch endpoint for compilers.")

@@ -76,8 +76,9 @@ class PredictEngine:
     caches share memory.
     """
 
-    def __init__(self, predictor: Predictor, cache_size: int = 50_000):
+    def __init__(self, predictor: Predictor, cache_size: int = 50_000, featurize_procs: int = 0):
         self.predictor = predictor
+        self.pool = FeaturizePool(featurize_procs) if featurize_procs > 0 else None
         self.cache_size = cache_size
         self.stats = EngineStats()
         self._cache: OrderedDict[bytes, object] = OrderedDict()  # item digest -> ProgramFeatures
@@ -106,7 +107,7 @@ class PredictEngine:
         if device not in p.devices():
             raise UnknownDeviceError(device, p.devices())
         kind = target or p.target_kind(device)
-        tgt = self._target(kind)
+        self._target(kind)  # a bad target fails here, before any work
         shared = _digest(_json_bytes(workload)) if workload is not None else b""
         keys = [self._key(kind, item, shared) for item in programs]
         dev = device.encode()
@@ -125,7 +126,7 @@ class PredictEngine:
         if not todo:
             return out
         feats = self.features([programs[i] for i in todo], [keys[i] for i in todo], todo, len(programs),
-                              tgt, workload, cancel)
+                              kind, workload, cancel)
         _check(cancel)
         t0 = time.perf_counter()
         preds = p.predict_features(feats, device)
@@ -138,12 +139,11 @@ class PredictEngine:
                 self._preds.popitem(last=False)
         return out
 
-    def features(self, programs: Sequence[Any], keys: list[bytes], indices: list[int], total: int, tgt,
+    def features(self, programs: Sequence[Any], keys: list[bytes], indices: list[int], total: int, kind: str,
                  workload: Any = None, cancel: threading.Event | None = None) -> list:
-        """``ProgramFeatures`` per item: from the digest cache, else parsed and featurized (batched).
-
-        ``indices`` are the items' positions in the request (``total`` items), for error messages.
-        """
+        """``ProgramFeatures`` per item: from the digest cache, else parsed and featurized (batched, in the
+        worker processes when there are any). ``indices`` are the items' positions in the request
+        (``total`` items), for error messages."""
         out: list = [None] * len(programs)
         todo: list[int] = []
         with self._lock:
@@ -159,19 +159,17 @@ class PredictEngine:
         if not todo:
             return out
         _check(cancel)
-        t0 = time.perf_counter()
-        parsed, errors = self._parse([programs[j] for j in todo], [indices[j] for j in todo], tgt, workload)
-        t1 = time.perf_counter()
+        items, where = [programs[j] for j in todo], [indices[j] for j in todo]
+        if self.pool is not None:
+            feats, errors, parse_s, feat_s = self.pool.run(items, where, kind, workload, cancel)
+        else:
+            feats, errors, parse_s, feat_s = featurize_items(items, where, self._target(kind), workload,
+                                                             featurize=self.predictor.featurize)
         if errors:
-            raise BadPrograms(errors, total)
-        _check(cancel)
-        feats, errors = self._featurize(parsed, [indices[j] for j in todo], tgt)
-        t2 = time.perf_counter()
-        if errors:
-            raise BadPrograms(errors, total)
+            raise BadPrograms(sorted(errors), total)
         with self._lock:
-            self.stats.parse_seconds += t1 - t0
-            self.stats.featurize_seconds += t2 - t1
+            self.stats.parse_seconds += parse_s
+            self.stats.featurize_seconds += feat_s
             self.stats.programs_featurized += len(todo)
             for j, f in zip(todo, feats):
                 out[j] = f
@@ -192,48 +190,173 @@ class PredictEngine:
             return _digest(kind.encode(), b"w", shared_workload, _json_bytes(item))
         return _digest(kind.encode(), b"?", repr(item).encode())
 
-    @staticmethod
-    def _parse(items: list, indices: list[int], tgt, workload: Any):
-        """Each item on its own, so a bad one is named. The request's shared workload is parsed once."""
-        from cdmpp.program import load_program
+    def cache_len(self) -> int:
+        return len(self._cache)
 
-        parsed, errors, shared_mod = [], [], None
-        for i, item in zip(indices, items):
-            try:
-                if workload is not None and isinstance(item, str) and item.lstrip().startswith("{"):
-                    item = _json_item(item)  # a workload+trace object sent as JSON text (see PredictRequest)
-                if isinstance(item, dict) and "workload" not in item and workload is not None:
-                    if shared_mod is None:
-                        shared_mod = _load_workload(workload, tgt)
-                    parsed.append(load_program(_apply_trace(shared_mod, item), tgt))
-                else:
-                    parsed.append(load_program(item, tgt))
-            except SharedWorkloadError:
-                raise
-            except ProgramError as e:
-                errors.append((i, str(e)))
-            except Exception as e:  # anything TVM raises on odd input is still the input's fault
-                errors.append((i, f"program does not load: {_first_line(e)}"))
-        return parsed, errors
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.close()
 
-    def _featurize(self, parsed: list, indices: list[int], tgt):
-        """Batch extraction; on failure, one by one to name the bad items (and keep the good ones)."""
+
+def featurize_items(items: list, indices: list[int], tgt, workload: Any = None, featurize=None):
+    """Parse and featurize request items: ``(features, [(index, reason)], parse s, feature s)``.
+
+    Each item is parsed on its own, so a bad one is named; the request's shared workload is parsed once.
+    Features are extracted for the batch at once, item by item only when the batch fails (to name the
+    bad ones). ``featurize(programs, target)`` defaults to a ``Featurizer`` of this process.
+    """
+    from cdmpp.program import load_program
+
+    featurize = featurize or _process_featurizer()
+    t0 = time.perf_counter()
+    parsed, errors, shared_mod = [], [], None
+    for i, item in zip(indices, items):
         try:
-            return self.predictor.featurize(parsed, tgt), []
-        except Exception:
-            pass
-        feats, errors = [], []
+            if workload is not None and isinstance(item, str) and item.lstrip().startswith("{"):
+                item = _json_item(item)  # a workload+trace object sent as JSON text (see PredictRequest)
+            if isinstance(item, dict) and "workload" not in item and workload is not None:
+                if shared_mod is None:
+                    shared_mod = _load_workload(workload, tgt)
+                parsed.append(load_program(_apply_trace(shared_mod, item), tgt))
+            else:
+                parsed.append(load_program(item, tgt))
+        except SharedWorkloadError:
+            raise
+        except ProgramError as e:
+            errors.append((i, str(e)))
+        except Exception as e:  # anything TVM raises on odd input is still the input's fault
+            errors.append((i, f"program does not load: {_first_line(e)}"))
+    t1 = time.perf_counter()
+    if errors:
+        return [], errors, t1 - t0, 0.0
+    try:
+        feats = featurize(parsed, tgt)
+    except Exception:
+        feats = []
         for i, prog in zip(indices, parsed):
             try:
-                feats.append(self.predictor.featurize([prog], tgt)[0])
+                feats.append(featurize([prog], tgt)[0])
             except ProgramError as e:
                 errors.append((i, str(e)))
             except Exception as e:
                 errors.append((i, f"feature extraction failed: {_first_line(e)}"))
-        return feats, errors
+    return feats, errors, t1 - t0, time.perf_counter() - t1
 
-    def cache_len(self) -> int:
-        return len(self._cache)
+
+class FeaturizePool:
+    """Parsing and feature extraction in worker processes.
+
+    Why processes: TVM's FFI calls hold the GIL, so threads of one process parse and featurize one
+    program at a time (measured: two threads replaying traces take as long as one doing both halves).
+    A batch's new programs are split into one chunk per worker. A worker that dies (a program that
+    crashes TVM) breaks the pool: it is rebuilt and the batch retried item by item, so the culprit is
+    named and the rest still answered.
+    """
+
+    def __init__(self, procs: int):
+        self.procs = procs
+        self._lock = threading.Lock()
+        self._pool = self._new_pool()
+
+    def _new_pool(self):
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        return ProcessPoolExecutor(self.procs, mp_context=multiprocessing.get_context("spawn"),
+                                   initializer=_worker_init)
+
+    def warm_up(self, item: Any, kind: str) -> None:
+        """Start every worker and build its TVM context (the first extraction in a process is slow)."""
+        futs = [self._pool.submit(_worker_run, [item], [0], kind, None) for _ in range(self.procs)]
+        for f in futs:
+            f.result()
+
+    def run(self, items: list, indices: list[int], kind: str, workload: Any, cancel: threading.Event | None):
+        from concurrent.futures.process import BrokenProcessPool
+
+        n = min(self.procs, len(items))
+        bounds = [round(k * len(items) / n) for k in range(n + 1)]
+        chunks = [(items[a:b], indices[a:b]) for a, b in zip(bounds, bounds[1:])]
+        try:
+            return self._gather(chunks, kind, workload, cancel)
+        except BrokenProcessPool:
+            self._rebuild()
+            return self._one_by_one(items, indices, kind, workload, cancel)
+
+    def _gather(self, chunks, kind, workload, cancel):
+        pool = self._pool
+        futs = [pool.submit(_worker_run, it, ix, kind, workload) for it, ix in chunks]
+        feats, errors, parse_s, feat_s = [], [], 0.0, 0.0
+        try:
+            for f in futs:
+                while True:  # wake up now and then to honour a cancelled request
+                    try:
+                        r = f.result(timeout=0.25)
+                        break
+                    except TimeoutError:
+                        _check(cancel)
+                feats += r[0]
+                errors += r[1]
+                parse_s += r[2]
+                feat_s += r[3]
+        finally:
+            for f in futs:
+                f.cancel()
+        return feats, errors, parse_s, feat_s
+
+    def _one_by_one(self, items, indices, kind, workload, cancel):
+        from concurrent.futures.process import BrokenProcessPool
+
+        feats, errors, parse_s, feat_s = [], [], 0.0, 0.0
+        for item, i in zip(items, indices):
+            try:
+                r = self._gather([([item], [i])], kind, workload, cancel)
+            except BrokenProcessPool:
+                self._rebuild()
+                errors.append((i, "program crashed the feature extractor"))
+                continue
+            feats += r[0]
+            errors += r[1]
+            parse_s += r[2]
+            feat_s += r[3]
+        return feats, errors, parse_s, feat_s
+
+    def _rebuild(self) -> None:
+        with self._lock:
+            old, self._pool = self._pool, self._new_pool()
+        old.shutdown(wait=False, cancel_futures=True)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+# ---- worker-process side of FeaturizePool ------------------------------------------------------------
+_FEATURIZER = None
+_TARGETS: dict[str, Any] = {}
+
+
+def _worker_init() -> None:
+    from cdmpp import tvm_env
+
+    tvm_env.setup(1)
+
+
+def _process_featurizer():
+    global _FEATURIZER
+    if _FEATURIZER is None:
+        from cdmpp.features import Featurizer
+
+        _FEATURIZER = Featurizer()
+    return _FEATURIZER
+
+
+def _worker_run(items: list, indices: list[int], kind: str, workload: Any):
+    from cdmpp.program import parse_target
+
+    tgt = _TARGETS.get(kind)
+    if tgt is None:
+        tgt = _TARGETS[kind] = parse_target(kind)
+    return featurize_items(items, indices, tgt, workload)
 
 
 def _json_item(text: str) -> Any:
