@@ -72,6 +72,22 @@ def cmd_collect(args) -> int:
     return 0
 
 
+def cmd_noise(args) -> int:
+    from cdmpp import tvm_env
+    from cdmpp.collect import MeasureConfig, remeasure_noise
+    from cdmpp.devices import DeviceTable
+    from cdmpp.zoo.tasks import TaskTable
+
+    spec = DeviceTable(args.devices).get(args.device)
+    tvm_env.setup(spec.threads)
+
+    cfg = MeasureConfig(repeat=args.repeat, min_repeat_ms=args.min_repeat_ms)
+    r = remeasure_noise(args.dataset, TaskTable.load(args.task_table), spec, spec.make_target(), n=args.n, cfg=cfg)
+    print(f"{r['device']}: {r['programs']} programs re-measured; |new - old| / old median "
+          f"{100 * r['median_rel_diff']:.1f} %, p90 {100 * r['p90_rel_diff']:.1f} %")
+    return 0
+
+
 def cmd_bench(args) -> int:
     from cdmpp import bench
 
@@ -106,6 +122,16 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--rpc-tracker", help="HOST:PORT of a TVM RPC tracker (measure remotely)")
     c.add_argument("--rpc-key", default="", help="device key at the tracker")
     c.set_defaults(func=cmd_collect)
+
+    nz = sub.add_parser("noise", help="re-measure a device's fixed probe set and report run-to-run noise")
+    nz.add_argument("--device", required=True, help="device id (datasets/devices.json) of this machine")
+    nz.add_argument("--n", type=int, default=100, help="probe-set size, when it is first chosen (default 100)")
+    nz.add_argument("--dataset", default="datasets/measurements")
+    nz.add_argument("--task-table", default="datasets/tasks-llvm.json.gz")
+    nz.add_argument("--devices", default="datasets/devices.json")
+    nz.add_argument("--repeat", type=int, default=15)
+    nz.add_argument("--min-repeat-ms", type=int, default=15)
+    nz.set_defaults(func=cmd_noise)
 
     b = sub.add_parser("bench", help="benchmarks (not tests)")
     bsub = b.add_subparsers(dest="bench", required=True)
@@ -341,8 +367,18 @@ def _add_service_commands(sub, bsub) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Bad input (unknown device, missing file, malformed program or dataset) ends with one line that
+    says what is wrong and exit status 2; anything else is a bug and keeps its traceback."""
     args = build_parser().parse_args(argv)
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except (ValueError, KeyError, FileNotFoundError) as e:
+        msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
+        print(f"cdmpp {args.command}: {msg}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"cdmpp {args.command}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

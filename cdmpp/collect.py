@@ -333,12 +333,14 @@ def _wait_while_paused(dataset_dir: str) -> None:
         time.sleep(2)
 
 
-def remeasure_noise(dataset_dir: str, tasks, device, target, n: int = 120, seed: int = 0,
+def remeasure_noise(dataset_dir: str, tasks, device, target, n: int = 100, seed: int = 0,
                     cfg: MeasureConfig | None = None, progress: bool = True) -> dict:
-    """Re-measure ``n`` stored programs of ``device`` now and compare with their stored labels.
+    """Re-measure the device's fixed probe set now and compare with the stored labels.
 
-    Run-to-run noise is |new - old| / old per program (labels: fastest repeats); the median and
-    90th percentile go to ``noise-<device>.json`` in the dataset folder, appended to its history.
+    The probe set is chosen once: ``n`` random labeled records measured with the same repeat settings as
+    ``cfg`` (older settings give other labels), kept in ``probe-<device>.json``; every later check
+    re-measures the same programs. Run-to-run noise is |new - old| / old per program (labels: fastest
+    repeats); the median and 90th percentile go to ``noise-<device>.json``, appended to its history.
     """
     import json
     import random
@@ -349,19 +351,35 @@ def remeasure_noise(dataset_dir: str, tasks, device, target, n: int = 120, seed:
     from cdmpp.store import slug
     from cdmpp.zoo.tasks import load_task_mod
 
+    cfg = cfg or MeasureConfig()
     store = RecordStore(dataset_dir)
-    recs = [r for r in store.iter_records(device.id) if label(r) is not None and r["task"] in tasks.tasks]
-    random.Random(seed).shuffle(recs)
-    recs = recs[:n]
-    measurer = Measurer(target, cfg or MeasureConfig())
+    runs = store.runs()
+    same = {rid for rid, r in runs.items()
+            if (r.get("measure") or {}).get("repeat") == cfg.repeat
+            and (r.get("measure") or {}).get("min_repeat_ms") == cfg.min_repeat_ms}
+    by_id = {r["id"]: r for r in store.iter_records(device.id)
+             if label(r) is not None and r["task"] in tasks.tasks and r.get("run") in same}
+    probe_path = os.path.join(dataset_dir, f"probe-{slug(device.id)}.json")
+    if os.path.exists(probe_path):
+        ids = [i for i in json.load(open(probe_path))["ids"] if i in by_id]
+    else:
+        ids = sorted(by_id)
+        random.Random(seed).shuffle(ids)
+        ids = ids[:n]
+        _write_json(probe_path, {"device": device.id, "measure": dataclasses.asdict(cfg), "ids": ids})
+    recs = [by_id[i] for i in ids]
+    if not recs:
+        raise ValueError(f"no labeled records of {device.id} measured with repeat={cfg.repeat}, "
+                         f"min_repeat_ms={cfg.min_repeat_ms} in {dataset_dir}: nothing to re-measure")
+    measurer = Measurer(target, cfg)
     rel, rows = [], []
     for i in tqdm(range(0, len(recs), 24), desc="re-measure", unit="batch", disable=not progress):
         batch = recs[i:i + 24]
         mods = []
         for r in batch:
             mods.append(apply_trace(load_task_mod(tasks[r["task"]]), r["trace"]))
-        for r, (secs, err, _, _) in zip(batch, measurer.measure(mods)):
-            if err or not secs:
+        for r, (secs, err, _, others) in zip(batch, measurer.measure(mods)):
+            if err or not secs or others >= cfg.quiet_share:
                 continue
             old, new = label(r), min(secs)
             rel.append(abs(new - old) / old)
@@ -371,12 +389,19 @@ def remeasure_noise(dataset_dir: str, tasks, device, target, n: int = 120, seed:
     result = {"device": device.id, "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "programs": len(rel),
               "median_rel_diff": float(np.median(rel)) if rel else None,
               "p90_rel_diff": float(np.percentile(rel, 90)) if rel else None,
-              "measure": dataclasses.asdict(cfg or MeasureConfig()), "pairs": rows}
+              "measure": dataclasses.asdict(cfg), "pairs": rows}
     path = os.path.join(dataset_dir, f"noise-{slug(device.id)}.json")
     history = json.load(open(path)) if os.path.exists(path) else []
     history.append(result)
+    _write_json(path, history)
+    return result
+
+
+def _write_json(path: str, obj) -> None:
+    """Whole or not at all: a temporary file renamed over the old one."""
+    import json
+
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
-        json.dump(history, f, indent=1)
+        json.dump(obj, f, indent=1)
     os.replace(tmp, path)
-    return result

@@ -91,6 +91,24 @@ def test_collect_kill_resume_and_load(tmp_path, monkeypatch):
     monkeypatch.setattr(data, "_featurize_records", no_tvm)
     again = data.load_dataset(ds, table, cache_dir=cache, progress=False)
     assert [p.features.program_hash for p in again.programs] == [p.features.program_hash for p in loaded.programs]
+    monkeypatch.undo()
+
+    # run-to-run noise: a fixed probe set, re-measured the same way each time
+    from types import SimpleNamespace
+
+    from cdmpp import tvm_env
+    from cdmpp.collect import MeasureConfig, remeasure_noise
+
+    dev = SimpleNamespace(id="test-cpu-1t/llvm", threads=1)
+    cfg = MeasureConfig(repeat=3, min_repeat_ms=5, builders=1, quiet_share=1.0)
+    target = tvm_env.make_target("llvm", num_cores=1)
+    first = remeasure_noise(ds, table, dev, target, n=5, cfg=cfg, progress=False)
+    second = remeasure_noise(ds, table, dev, target, n=7, cfg=cfg, progress=False)
+    assert first["programs"] == second["programs"] == 5
+    assert [p["id"] for p in first["pairs"]] == [p["id"] for p in second["pairs"]]
+    assert all(p["old"] == min(after[p["id"]]["seconds"]) and p["new"] > 0 for p in second["pairs"])
+    history = json.load(open(os.path.join(ds, "noise-test-cpu-1t_llvm.json")))
+    assert len(history) == 2 and 0 <= history[-1]["median_rel_diff"] <= history[-1]["p90_rel_diff"]
 
 
 def test_corrupt_lines_are_reported_and_the_rest_loads(tmp_path):
