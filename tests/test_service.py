@@ -269,3 +269,45 @@ def test_featurizer_processes_answer_like_the_server_process(url, predictor, dev
         more = [s.mod.script() for s in sampled["layer_norm"][3:5]]
         r = httpx.post(u + "/v1/predict", json={"device": device, "programs": more}, timeout=120)
         assert r.status_code == 200 and len(r.json()["predictions"]) == 2
+
+
+def _children(pid: int) -> set[int]:
+    """Pids whose parent is ``pid`` (from /proc)."""
+    import os
+
+    out = set()
+    for d in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if int(open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split()[1]) == pid:
+                out.add(int(d))
+        except OSError:
+            pass
+    return out
+
+
+def _running(pid: int) -> bool:
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not __import__("os").path.isdir("/proc"), reason="needs /proc")
+def test_killed_server_leaves_no_featurizer_processes():
+    """``cdmpp serve`` killed with SIGKILL: its featurizer processes notice and exit."""
+    import signal
+    import time
+
+    from cdmpp.bench_serve import _free_port, start_server
+
+    proc, url = start_server(None, workers=1, threads=1, port=_free_port(), featurize_procs=2)
+    try:
+        workers = _children(proc.pid)
+        assert len(workers) >= 2
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and any(map(_running, workers)):
+        time.sleep(0.2)
+    assert not [w for w in workers if _running(w)], "featurizer processes outlived the server"

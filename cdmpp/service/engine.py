@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import threading
 import time
 from collections import OrderedDict
@@ -263,7 +264,7 @@ class FeaturizePool:
         from concurrent.futures import ProcessPoolExecutor
 
         return ProcessPoolExecutor(self.procs, mp_context=multiprocessing.get_context("spawn"),
-                                   initializer=_worker_init)
+                                   initializer=_worker_init, initargs=(os.getpid(),))
 
     def warm_up(self, item: Any, kind: str) -> None:
         """Start every worker and build its TVM context (the first extraction in a process is slow)."""
@@ -327,7 +328,7 @@ class FeaturizePool:
         old.shutdown(wait=False, cancel_futures=True)
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._pool.shutdown(wait=True, cancel_futures=True)
 
 
 # ---- worker-process side of FeaturizePool ------------------------------------------------------------
@@ -335,9 +336,15 @@ _FEATURIZER = None
 _TARGETS: dict[str, Any] = {}
 
 
-def _worker_init() -> None:
+def _worker_init(parent: int) -> None:
     from cdmpp import tvm_env
 
+    def exit_with_parent():  # a server killed with SIGKILL must not leave its workers behind
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(0)
+
+    threading.Thread(target=exit_with_parent, daemon=True, name="cdmpp-parent-watch").start()
     tvm_env.setup(1)
 
 
