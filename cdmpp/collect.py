@@ -166,6 +166,32 @@ def alloc_rpc_arguments(session, device, args_info, alloc_repeat):
     return alloc_argument_common(_fill_for_measure(fill), device, args_info, alloc_repeat)
 
 
+RUN_BUDGET_S = 5.0  # time one program's repeats may take; slower programs get fewer repeats (at least 3)
+
+
+def run_within_budget(rt_mod, device, evaluator_config, repeated_args):
+    """``f_run_evaluator`` of the runners: TVM's evaluator, but a slow program gets fewer repeats.
+
+    One untimed-for-the-label probe run (also a warm-up) gives the program's time ``t``; then
+    ``repeat = clamp(RUN_BUDGET_S / max(t, min_repeat_ms), 3, cfg.repeat)``. Without this a random
+    schedule that runs 2 s needed 15 x 2 s, hit the 30 s run timeout and was lost, and a task full of
+    such schedules stalled the collection for a quarter of an hour per batch.
+    """
+    from tvm.s_tir.meta_schedule.runner.utils import run_evaluator_common
+
+    probe = rt_mod.time_evaluator(rt_mod.entry_name, dev=device, number=1, repeat=1)
+    device.sync()
+    t = float(probe(*repeated_args[0]).results[0])
+    per_repeat = max(t, evaluator_config.min_repeat_ms / 1e3)
+    repeat = max(3, min(evaluator_config.repeat, int(RUN_BUDGET_S / per_repeat)))
+    return run_evaluator_common(rt_mod, device, evaluator_config._replace(repeat=repeat), repeated_args)
+
+
+def run_within_budget_rpc(session, rt_mod, device, evaluator_config, repeated_args):
+    """The same for the RPC runner (its evaluator takes the session first)."""
+    return run_within_budget(rt_mod, device, evaluator_config, repeated_args)
+
+
 class Measurer:
     """Builds in parallel, then runs serially; returns (seconds list, error, build seconds) per program."""
 
@@ -185,11 +211,12 @@ class Measurer:
                 rpc_config=ms.runner.RPCConfig(tracker_host=host, tracker_port=port, tracker_key=key,
                                                session_timeout_sec=int(cfg.run_timeout_s)),
                 evaluator_config=evaluator, max_workers=1, initializer=tvm_env.worker_initializer,
-                f_alloc_argument=alloc_rpc_arguments)
+                f_alloc_argument=alloc_rpc_arguments, f_run_evaluator=run_within_budget_rpc)
         else:
             self.runner = ms.runner.LocalRunner(timeout_sec=cfg.run_timeout_s, evaluator_config=evaluator,
                                                 initializer=tvm_env.worker_initializer,
-                                                f_alloc_argument=alloc_local_arguments)
+                                                f_alloc_argument=alloc_local_arguments,
+                                                f_run_evaluator=run_within_budget)
         self.device_type = "cuda" if "gpu" in [str(k) for k in target.keys] else "cpu"
         self.guard = CpuGuard()
         self.on_wait = None  # callback(seconds waited) while waiting for a quiet machine

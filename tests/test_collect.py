@@ -202,3 +202,19 @@ def test_integer_inputs_are_valid_indices():
                  MeasureConfig(repeat=3, min_repeat_ms=2, builders=1, quiet_share=1.0))
     [(secs, err, _, _)] = m.measure([mod])
     assert err is None and len(secs) == 3 and all(s > 0 for s in secs)
+
+
+def test_a_slow_program_gets_fewer_repeats_instead_of_a_timeout():
+    """A program that runs ~0.5 s gets RUN_BUDGET_S / 0.5 s repeats (at least 3), not 15 x 0.5 s."""
+    from cdmpp import tvm_env, workloads
+
+    tvm_env.setup(1)
+    from cdmpp.collect import RUN_BUDGET_S, MeasureConfig, Measurer
+
+    slow = workloads.matmul(768, 768, 768)  # unscheduled: a naive triple loop, ~0.1-1 s here
+    m = Measurer(tvm_env.make_target("llvm", num_cores=1),
+                 MeasureConfig(repeat=15, min_repeat_ms=15, builders=1, quiet_share=1.0))
+    [(secs, err, _, _)] = m.measure([slow])
+    assert err is None
+    expected = max(3, min(15, int(RUN_BUDGET_S / secs[0])))
+    assert len(secs) < 15 and abs(len(secs) - expected) <= 2, (len(secs), secs[:3])
