@@ -166,24 +166,27 @@ def alloc_rpc_arguments(session, device, args_info, alloc_repeat):
     return alloc_argument_common(_fill_for_measure(fill), device, args_info, alloc_repeat)
 
 
-RUN_BUDGET_S = 5.0  # time one program's repeats may take; slower programs get fewer repeats (at least 3)
+RUN_BUDGET_S = 5.0  # time one program's repeats may take; slower programs get fewer repeats
 
 
 def run_within_budget(rt_mod, device, evaluator_config, repeated_args):
     """``f_run_evaluator`` of the runners: TVM's evaluator, but a slow program gets fewer repeats.
 
-    One untimed-for-the-label probe run (also a warm-up) gives the program's time ``t``; then
-    ``repeat = clamp(RUN_BUDGET_S / max(t, min_repeat_ms), 3, cfg.repeat)``. Without this a random
-    schedule that runs 2 s needed 15 x 2 s, hit the 30 s run timeout and was lost, and a task full of
-    such schedules stalled the collection for a quarter of an hour per batch.
+    A probe run (also the warm-up) gives the program's time ``t``; then it is timed
+    ``RUN_BUDGET_S / max(t, min_repeat_ms)`` times, at most ``cfg.repeat``; a program too slow for two
+    repeats keeps its probe time alone (seconds-long runs vary little). Without this a random schedule
+    that runs 2 s needed 15 x 2 s, hit the 30 s run timeout and was lost, and a task full of such
+    schedules (a 40-GFLOP matmul of gpt2_small at batch 8) stalled the collection for a quarter of an
+    hour per batch.
     """
     from tvm.s_tir.meta_schedule.runner.utils import run_evaluator_common
 
     probe = rt_mod.time_evaluator(rt_mod.entry_name, dev=device, number=1, repeat=1)
     device.sync()
     t = float(probe(*repeated_args[0]).results[0])
-    per_repeat = max(t, evaluator_config.min_repeat_ms / 1e3)
-    repeat = max(3, min(evaluator_config.repeat, int(RUN_BUDGET_S / per_repeat)))
+    repeat = min(evaluator_config.repeat, int(RUN_BUDGET_S / max(t, evaluator_config.min_repeat_ms / 1e3)))
+    if repeat < 2:
+        return [t]
     return run_evaluator_common(rt_mod, device, evaluator_config._replace(repeat=repeat), repeated_args)
 
 

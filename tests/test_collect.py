@@ -205,7 +205,7 @@ def test_integer_inputs_are_valid_indices():
 
 
 def test_a_slow_program_gets_fewer_repeats_instead_of_a_timeout():
-    """A program that runs ~0.5 s gets RUN_BUDGET_S / 0.5 s repeats (at least 3), not 15 x 0.5 s."""
+    """A program that runs ~0.5 s gets RUN_BUDGET_S / 0.5 s repeats, not 15 x 0.5 s."""
     from cdmpp import tvm_env, workloads
 
     tvm_env.setup(1)
@@ -216,5 +216,5 @@ def test_a_slow_program_gets_fewer_repeats_instead_of_a_timeout():
                  MeasureConfig(repeat=15, min_repeat_ms=15, builders=1, quiet_share=1.0))
     [(secs, err, _, _)] = m.measure([slow])
     assert err is None
-    expected = max(3, min(15, int(RUN_BUDGET_S / secs[0])))
+    expected = min(15, int(RUN_BUDGET_S / secs[0]))
     assert len(secs) < 15 and abs(len(secs) - expected) <= 2, (len(secs), secs[:3])
