@@ -224,8 +224,13 @@ class Measurer:
         self.guard = CpuGuard()
         self.on_wait = None  # callback(seconds waited) while waiting for a quiet machine
 
-    def measure(self, mods: list) -> list[tuple[list[float], str | None, float, float]]:
-        """Per program: (seconds of each repeat, error, build seconds, CPU share others used meanwhile)."""
+    def measure(self, mods: list, groups: list | None = None) -> list[tuple[list[float], str | None, float, float]]:
+        """Per program: (seconds of each repeat, error, build seconds, CPU share others used meanwhile).
+
+        ``groups`` (the programs' task keys): once ``SKIP_AFTER_TIMEOUTS`` programs of a group time out,
+        its other programs in the batch are not run (failed, with the reason): each timeout costs the
+        whole run timeout, and a task whose random schedules run for minutes would stall the collection.
+        """
         ms = self.ms
         t0 = time.perf_counter()
         builds = self.builder.build([ms.builder.BuilderInput(m, self.target) for m in mods])
@@ -242,19 +247,36 @@ class Measurer:
         for attempt in range(self.cfg.max_tries):
             self.guard.wait_quiet(self.cfg.quiet_share, self.cfg.max_wait_s, self.on_wait)
             mark = self.guard.start()
-            results = [fut.result() for fut in self.runner.run(inputs)]
+            results = self._run(inputs, [groups[i] for i in where] if groups else [None] * len(inputs))
             others = self.guard.others_share(mark)
             if others < self.cfg.quiet_share:
                 break
-        for i, r in zip(where, results):
-            if r.error_msg:
-                out[i] = ([], "run: " + _short(r.error_msg), build_s, others)
+        for i, (secs, err) in zip(where, results):
+            if err:
+                out[i] = ([], "run: " + _short(err), build_s, others)
             else:
-                out[i] = ([float(s) for s in r.run_secs], None, build_s, others)
+                out[i] = ([float(s) for s in secs], None, build_s, others)
         for i, b in enumerate(out):
             if len(b) == 3:
                 out[i] = (*b, 0.0)
         return out
+
+
+    def _run(self, inputs: list, groups: list) -> list[tuple[list | None, str | None]]:
+        timeouts: dict = {}
+        out = []
+        for inp, g in zip(inputs, groups):
+            if g is not None and timeouts.get(g, 0) >= SKIP_AFTER_TIMEOUTS:
+                out.append((None, f"skipped: {SKIP_AFTER_TIMEOUTS} programs of this task timed out in this batch"))
+                continue
+            r = self.runner.run([inp])[0].result()
+            if r.error_msg and "Timeout" in r.error_msg:
+                timeouts[g] = timeouts.get(g, 0) + 1
+            out.append((r.run_secs, r.error_msg))
+        return out
+
+
+SKIP_AFTER_TIMEOUTS = 2
 
 
 def _short(msg: str) -> str:
@@ -310,7 +332,7 @@ def collect(tasks, dataset_dir: str, device, target, per_task: int = 32, budget_
         if not pending:
             return
         _wait_while_paused(dataset_dir)
-        results = measurer.measure([p[1].mod for p in pending])
+        results = measurer.measure([p[1].mod for p in pending], [p[0].key for p in pending])
         recs = []
         for (task, sch, phash), (secs, err, build_s, others) in zip(pending, results):
             recs.append({

@@ -218,3 +218,18 @@ def test_a_slow_program_gets_fewer_repeats_instead_of_a_timeout():
     assert err is None
     expected = min(15, int(RUN_BUDGET_S / secs[0]))
     assert len(secs) < 15 and abs(len(secs) - expected) <= 2, (len(secs), secs[:3])
+
+
+def test_a_task_whose_programs_time_out_is_skipped_for_the_batch():
+    from cdmpp import tvm_env, workloads
+
+    tvm_env.setup(1)
+    from cdmpp.collect import SKIP_AFTER_TIMEOUTS, MeasureConfig, Measurer
+
+    slow, fast = workloads.matmul(768, 768, 768), workloads.matmul(16, 16, 16)
+    m = Measurer(tvm_env.make_target("llvm", num_cores=1),
+                 MeasureConfig(repeat=3, min_repeat_ms=1, builders=1, quiet_share=1.0, run_timeout_s=0.5))
+    out = m.measure([slow, slow, slow, fast], groups=["big", "big", "big", "small"])
+    errors = [err for _, err, _, _ in out]
+    assert all("Timeout" in e for e in errors[:SKIP_AFTER_TIMEOUTS])
+    assert errors[2].startswith("run: skipped") and errors[3] is None
