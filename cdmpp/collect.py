@@ -33,6 +33,7 @@ import hashlib
 import os
 import platform
 import sys
+import threading
 import time
 from dataclasses import dataclass
 
@@ -48,6 +49,7 @@ class MeasureConfig:
     cache_flush: bool = False
     build_timeout_s: float = 60.0
     run_timeout_s: float = 30.0
+    kill_grace_s: float = 10.0  # past run_timeout_s, the collector kills a runner worker that did not stop
     builders: int = 2
     quiet_share: float = 0.05  # max CPU share (of all cores) other processes may use while we measure
     max_tries: int = 10
@@ -269,11 +271,34 @@ class Measurer:
             if g is not None and timeouts.get(g, 0) >= SKIP_AFTER_TIMEOUTS:
                 out.append((None, f"skipped: {SKIP_AFTER_TIMEOUTS} programs of this task timed out in this batch"))
                 continue
-            r = self.runner.run([inp])[0].result()
-            if r.error_msg and "Timeout" in r.error_msg:
+            secs, err = self._run_one(inp)
+            if err and "Timeout" in err:
                 timeouts[g] = timeouts.get(g, 0) + 1
-            out.append((r.run_secs, r.error_msg))
+            out.append((secs, err))
         return out
+
+    def _run_one(self, inp) -> tuple[list | None, str | None]:
+        """One program, with a timeout that holds: TVM's runner worker times itself out with a Python
+        timer thread, which cannot run while a kernel holds the GIL (a 2-thread kernel ran 80 s past its
+        30 s timeout). So the collector kills the runner's worker from outside after a grace period."""
+        fired = threading.Event()
+        limit = self.cfg.run_timeout_s + self.cfg.kill_grace_s
+
+        def kill_worker():
+            fired.set()
+            for worker in list(getattr(getattr(self.runner, "pool", None), "_worker_map", {}).values()):
+                worker.kill()
+
+        timer = threading.Timer(limit, kill_worker)
+        timer.daemon = True
+        timer.start()
+        try:
+            r = self.runner.run([inp])[0].result()
+        finally:
+            timer.cancel()
+        if fired.is_set():
+            return None, f"Timeout: runner worker killed after {limit:g} s"
+        return r.run_secs, r.error_msg
 
 
 SKIP_AFTER_TIMEOUTS = 2

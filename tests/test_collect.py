@@ -233,3 +233,23 @@ def test_a_task_whose_programs_time_out_is_skipped_for_the_batch():
     errors = [err for _, err, _, _ in out]
     assert all("Timeout" in e for e in errors[:SKIP_AFTER_TIMEOUTS])
     assert errors[2].startswith("run: skipped") and errors[3] is None
+
+
+def test_a_kernel_that_ignores_the_timeout_is_killed():
+    """TVM's runner times out with a Python timer that cannot fire while the kernel runs; the collector
+    kills the worker itself after ``run_timeout_s + kill_grace_s``."""
+    from cdmpp import tvm_env, workloads
+
+    tvm_env.setup(1)
+    from cdmpp.collect import MeasureConfig, Measurer
+
+    endless = workloads.matmul(2048, 2048, 2048)  # unscheduled: one call of many seconds
+    m = Measurer(tvm_env.make_target("llvm", num_cores=1),
+                 MeasureConfig(repeat=3, min_repeat_ms=1, builders=1, quiet_share=1.0, run_timeout_s=0.5,
+                               kill_grace_s=1.0))
+    t = time.time()
+    [(secs, err, _, _)] = m.measure([endless])
+    assert secs == [] and "Timeout" in err and time.time() - t < 30
+    m.cfg.run_timeout_s = 30.0  # a fresh runner worker starts (imports TVM) within the limit
+    [(secs, err, _, _)] = m.measure([workloads.matmul(16, 16, 16)])  # the runner works again
+    assert err is None and secs
