@@ -85,7 +85,8 @@ class CpuGuard:
 
     @staticmethod
     def _tree() -> float:
-        """utime + stime of this process and all its descendants."""
+        """CPU time of this process and all its descendants, including descendants that already exited
+        (cutime + cstime): a runner worker killed after a timeout must not count as another process."""
         me = os.getpid()
         parent, times = {}, {}
         for d in os.listdir("/proc"):
@@ -97,7 +98,7 @@ class CpuGuard:
             except OSError:
                 continue
             parent[int(d)] = int(fields[1])
-            times[int(d)] = float(fields[11]) + float(fields[12])
+            times[int(d)] = sum(float(x) for x in fields[11:15])
         total, ours = 0.0, {me}
         changed = True
         while changed:

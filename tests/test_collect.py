@@ -253,3 +253,18 @@ def test_a_kernel_that_ignores_the_timeout_is_killed():
     m.cfg.run_timeout_s = 30.0  # a fresh runner worker starts (imports TVM) within the limit
     [(secs, err, _, _)] = m.measure([workloads.matmul(16, 16, 16)])  # the runner works again
     assert err is None and secs
+
+
+def test_cpu_guard_counts_exited_children_as_ours():
+    """A child that ran and exited (a killed runner worker) is part of this tree, not another process."""
+    from cdmpp.collect import CpuGuard
+
+    guard = CpuGuard()
+    mark = guard.start()
+    time.sleep(1.0)
+    quiet = guard.others_share(mark)
+    if quiet > 0.1:
+        pytest.skip(f"other processes already use {quiet:.0%} of the CPU: the guard cannot be checked now")
+    mark = guard.start()
+    subprocess.run([sys.executable, "-c", "import time; t=time.time()\nwhile time.time()-t<1.5: pass"], check=True)
+    assert guard.others_share(mark) < quiet + 0.15
