@@ -169,7 +169,7 @@ def alloc_rpc_arguments(session, device, args_info, alloc_repeat):
     return alloc_argument_common(_fill_for_measure(fill), device, args_info, alloc_repeat)
 
 
-RUN_BUDGET_S = 5.0  # time one program's repeats may take; slower programs get fewer repeats
+RUN_BUDGET_S = 2.0  # time one program's repeats may take; slower programs get fewer repeats
 
 
 def run_within_budget(rt_mod, device, evaluator_config, repeated_args):
