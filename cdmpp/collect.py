@@ -29,6 +29,7 @@ Records keep the share of CPU that others used during their run (``others_cpu``)
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import os
 import platform
@@ -50,6 +51,7 @@ class MeasureConfig:
     build_timeout_s: float = 60.0
     run_timeout_s: float = 30.0
     kill_grace_s: float = 10.0  # past run_timeout_s, the collector kills a runner worker that did not stop
+    run_budget_s: float = 2.0  # seconds of repeats per program: slower programs get fewer (run_within_budget)
     builders: int = 2
     quiet_share: float = 0.05  # max CPU share (of all cores) other processes may use while we measure
     max_tries: int = 10
@@ -169,14 +171,11 @@ def alloc_rpc_arguments(session, device, args_info, alloc_repeat):
     return alloc_argument_common(_fill_for_measure(fill), device, args_info, alloc_repeat)
 
 
-RUN_BUDGET_S = 2.0  # time one program's repeats may take; slower programs get fewer repeats
-
-
-def run_within_budget(rt_mod, device, evaluator_config, repeated_args):
+def run_within_budget(rt_mod, device, evaluator_config, repeated_args, budget_s: float = 2.0):
     """``f_run_evaluator`` of the runners: TVM's evaluator, but a slow program gets fewer repeats.
 
     A probe run (also the warm-up) gives the program's time ``t``; then it is timed
-    ``RUN_BUDGET_S / max(t, min_repeat_ms)`` times, at most ``cfg.repeat``; a program too slow for two
+    ``budget_s / max(t, min_repeat_ms)`` times, at most ``cfg.repeat``; a program too slow for two
     repeats keeps its probe time alone (seconds-long runs vary little). Without this a random schedule
     that runs 2 s needed 15 x 2 s, hit the 30 s run timeout and was lost, and a task full of such
     schedules (a 40-GFLOP matmul of gpt2_small at batch 8) stalled the collection for a quarter of an
@@ -187,15 +186,15 @@ def run_within_budget(rt_mod, device, evaluator_config, repeated_args):
     probe = rt_mod.time_evaluator(rt_mod.entry_name, dev=device, number=1, repeat=1)
     device.sync()
     t = float(probe(*repeated_args[0]).results[0])
-    repeat = min(evaluator_config.repeat, int(RUN_BUDGET_S / max(t, evaluator_config.min_repeat_ms / 1e3)))
+    repeat = min(evaluator_config.repeat, int(budget_s / max(t, evaluator_config.min_repeat_ms / 1e3)))
     if repeat < 2:
         return [t]
     return run_evaluator_common(rt_mod, device, evaluator_config._replace(repeat=repeat), repeated_args)
 
 
-def run_within_budget_rpc(session, rt_mod, device, evaluator_config, repeated_args):
+def run_within_budget_rpc(session, rt_mod, device, evaluator_config, repeated_args, budget_s: float = 2.0):
     """The same for the RPC runner (its evaluator takes the session first)."""
-    return run_within_budget(rt_mod, device, evaluator_config, repeated_args)
+    return run_within_budget(rt_mod, device, evaluator_config, repeated_args, budget_s)
 
 
 class Measurer:
@@ -217,12 +216,14 @@ class Measurer:
                 rpc_config=ms.runner.RPCConfig(tracker_host=host, tracker_port=port, tracker_key=key,
                                                session_timeout_sec=int(cfg.run_timeout_s)),
                 evaluator_config=evaluator, max_workers=1, initializer=tvm_env.worker_initializer,
-                f_alloc_argument=alloc_rpc_arguments, f_run_evaluator=run_within_budget_rpc)
+                f_alloc_argument=alloc_rpc_arguments,
+                f_run_evaluator=functools.partial(run_within_budget_rpc, budget_s=cfg.run_budget_s))
         else:
             self.runner = ms.runner.LocalRunner(timeout_sec=cfg.run_timeout_s, evaluator_config=evaluator,
                                                 initializer=tvm_env.worker_initializer,
                                                 f_alloc_argument=alloc_local_arguments,
-                                                f_run_evaluator=run_within_budget)
+                                                f_run_evaluator=functools.partial(run_within_budget,
+                                                                                  budget_s=cfg.run_budget_s))
         self.device_type = "cuda" if "gpu" in [str(k) for k in target.keys] else "cpu"
         self.guard = CpuGuard()
         self.on_wait = None  # callback(seconds waited) while waiting for a quiet machine

@@ -205,18 +205,18 @@ def test_integer_inputs_are_valid_indices():
 
 
 def test_a_slow_program_gets_fewer_repeats_instead_of_a_timeout():
-    """A program that runs ~0.5 s gets RUN_BUDGET_S / 0.5 s repeats, not 15 x 0.5 s."""
+    """A program that runs ~0.5 s gets run_budget_s / 0.5 s repeats, not 15 x 0.5 s."""
     from cdmpp import tvm_env, workloads
 
     tvm_env.setup(1)
-    from cdmpp.collect import RUN_BUDGET_S, MeasureConfig, Measurer
+    from cdmpp.collect import MeasureConfig, Measurer
 
     slow = workloads.matmul(768, 768, 768)  # unscheduled: a naive triple loop, ~0.1-1 s here
-    m = Measurer(tvm_env.make_target("llvm", num_cores=1),
-                 MeasureConfig(repeat=15, min_repeat_ms=15, builders=1, quiet_share=1.0))
+    cfg = MeasureConfig(repeat=15, min_repeat_ms=15, builders=1, quiet_share=1.0, run_budget_s=3.0)
+    m = Measurer(tvm_env.make_target("llvm", num_cores=1), cfg)
     [(secs, err, _, _)] = m.measure([slow])
     assert err is None
-    expected = min(15, int(RUN_BUDGET_S / secs[0]))
+    expected = min(15, int(cfg.run_budget_s / secs[0]))
     assert len(secs) < 15 and abs(len(secs) - expected) <= 2, (len(secs), secs[:3])
 
 
