@@ -198,7 +198,7 @@ def run_within_budget_rpc(session, rt_mod, device, evaluator_config, repeated_ar
 
 
 class Measurer:
-    """Builds in parallel, then runs serially; returns (seconds list, error, build seconds) per program."""
+    """Builds a batch in parallel, then runs it serially, one program at a time, on a quiet machine."""
 
     def __init__(self, target, cfg: MeasureConfig, rpc: tuple[str, int, str] | None = None):
         tvm_env.setup()
@@ -264,7 +264,6 @@ class Measurer:
             if len(b) == 3:
                 out[i] = (*b, 0.0)
         return out
-
 
     def _run(self, inputs: list, groups: list) -> list[tuple[list | None, str | None]]:
         timeouts: dict = {}
