@@ -39,7 +39,7 @@ import time
 from dataclasses import dataclass
 
 from cdmpp import tvm_env
-from cdmpp.store import RecordStore, record_id
+from cdmpp.store import RecordStore, is_disturbed, record_id
 
 
 @dataclass
@@ -310,16 +310,11 @@ def _short(msg: str) -> str:
     return (" | ".join(lines[-3:]) if lines else "unknown error")[:600]
 
 
-DISTURBED_SHARE = 0.10  # records measured while others used more CPU than this are not labels
-
-
 def label(record: dict) -> float | None:
     """The latency label of a record: its fastest repeat; None for failed records and for records
-    measured while other processes were busy (kept, not used): ``disturbed`` is set by the collector
-    (others used at least its ``quiet_share``); older records fall back to ``DISTURBED_SHARE``."""
+    measured while other processes were busy (kept, not used; ``cdmpp.store.is_disturbed``)."""
     secs = record.get("seconds") or []
-    disturbed = record.get("disturbed", record.get("others_cpu", 0.0) > DISTURBED_SHARE)
-    if not secs or record.get("error") or disturbed:
+    if not secs or record.get("error") or is_disturbed(record):
         return None
     return min(secs)
 

@@ -31,6 +31,15 @@ def record_id(device: str, task: str, program_hash: str) -> str:
     return f"{device}|{task}|{program_hash}"
 
 
+DISTURBED_SHARE = 0.10  # older records (no ``disturbed`` field): others used more CPU than this
+
+
+def is_disturbed(rec: dict) -> bool:
+    """Measured while other processes were busy: the collector's ``disturbed`` flag; records from before
+    that flag fall back to the CPU share others used (``others_cpu``)."""
+    return bool(rec.get("disturbed", rec.get("others_cpu", 0.0) > DISTURBED_SHARE))
+
+
 @dataclass
 class LoadReport:
     """What reading a dataset found: records kept, duplicates skipped, and bad lines with locations."""
@@ -172,7 +181,7 @@ class RecordStore:
                             report.records += 1
                             continue
                         report.duplicates += 1
-                        if old.get("disturbed") and not rec.get("disturbed"):
+                        if is_disturbed(old) and not is_disturbed(rec):
                             kept[rid] = rec
             except (OSError, EOFError, gzip.BadGzipFile) as e:
                 report.problems.append(f"{path}: corrupt or truncated after line {lineno} ({e})")
@@ -180,4 +189,4 @@ class RecordStore:
 
     def done_ids(self, device: str) -> set[str]:
         """Ids a resumed collection skips: everything stored except disturbed records."""
-        return {r["id"] for r in self.iter_records(device) if not r.get("disturbed")}
+        return {r["id"] for r in self.iter_records(device) if not is_disturbed(r)}

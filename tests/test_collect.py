@@ -174,13 +174,14 @@ def test_cpu_guard_sees_other_processes():
 def test_a_disturbed_record_is_measured_again_and_superseded(tmp_path):
     store = RecordStore(str(tmp_path))
     store.append("d", [{"id": "d|t|0", "seconds": [9.0], "error": None, "disturbed": True},
-                       {"id": "d|t|1", "seconds": [1.0], "error": None, "disturbed": False}])
-    assert store.done_ids("d") == {"d|t|1"}  # a resumed collection measures d|t|0 again
+                       {"id": "d|t|1", "seconds": [1.0], "error": None, "disturbed": False},
+                       {"id": "d|t|2", "seconds": [1.0], "error": None, "others_cpu": 0.3}])  # older format
+    assert store.done_ids("d") == {"d|t|1"}  # a resumed collection measures d|t|0 and d|t|2 again
     store.append("d", [{"id": "d|t|0", "seconds": [2.0], "error": None, "disturbed": False},
                        {"id": "d|t|1", "seconds": [5.0], "error": None, "disturbed": False}])
     report = LoadReport()
     got = {r["id"]: r["seconds"] for r in store.iter_records(report=report)}
-    assert got == {"d|t|0": [2.0], "d|t|1": [1.0]} and report.duplicates == 2
+    assert got == {"d|t|0": [2.0], "d|t|1": [1.0], "d|t|2": [1.0]} and report.duplicates == 2
     assert store.done_ids("d") == {"d|t|0", "d|t|1"}
 
 
