@@ -80,7 +80,6 @@ def cmd_noise(args) -> int:
 
     spec = DeviceTable(args.devices).get(args.device)
     tvm_env.setup(spec.threads)
-
     cfg = MeasureConfig(repeat=args.repeat, min_repeat_ms=args.min_repeat_ms)
     r = remeasure_noise(args.dataset, TaskTable.load(args.task_table), spec, spec.make_target(), n=args.n, cfg=cfg)
     print(f"{r['device']}: {r['programs']} programs re-measured; |new - old| / old median "
@@ -171,7 +170,6 @@ def cmd_eval(args) -> int:
 
 def _refuse_overwrite(out: str, force: bool, command: str) -> bool:
     """A trained checkpoint is never replaced by accident: the caller must pass --force."""
-
     if os.path.exists(os.path.join(out, "predictor.json")) and not force:
         print(f"cdmpp {command}: {out} already holds a checkpoint; pass --force to replace it", file=sys.stderr)
         return True
@@ -283,13 +281,11 @@ def _add_eval_commands(sub) -> None:
 
 def cmd_serve(args) -> int:
     """Run uvicorn with the app factory; settings travel as CDMPP_* variables, so every worker sees them."""
-
     import uvicorn
 
     if args.model:
         os.environ["CDMPP_MODEL"] = args.model
-    if args.featurize_procs is not None:
-        os.environ["CDMPP_FEATURIZE_PROCS"] = str(args.featurize_procs)
+    os.environ["CDMPP_FEATURIZE_PROCS"] = str(args.featurize_procs)
     if args.token_env:
         token = os.environ.get(args.token_env)
         if not token:
