@@ -147,15 +147,21 @@ def test_sealed_parts_are_gzip_json_lines(tmp_path):
     assert not (tmp_path / "dev_x.active.jsonl").exists()
 
 
-def test_cpu_guard_sees_other_processes():
+def _quiet_guard(max_share: float):
+    """A ``CpuGuard`` and the share others use now; skips the test when the machine is too busy to tell."""
     from cdmpp.collect import CpuGuard
 
     guard = CpuGuard()
     mark = guard.start()
     time.sleep(1.0)
     quiet = guard.others_share(mark)
-    if quiet > 0.3:
+    if quiet > max_share:
         pytest.skip(f"other processes already use {quiet:.0%} of the CPU: the guard cannot be checked now")
+    return guard, quiet
+
+
+def test_cpu_guard_sees_other_processes():
+    guard, quiet = _quiet_guard(0.3)
     # a busy loop outside this process tree (its shell parent exits, so init adopts it)
     subprocess.run(["sh", "-c", f"{sys.executable} -c 'import time; t=time.time()\nwhile time.time()-t<3: pass' &"], check=True)
     time.sleep(0.3)
@@ -258,14 +264,7 @@ def test_a_kernel_that_ignores_the_timeout_is_killed():
 
 def test_cpu_guard_counts_exited_children_as_ours():
     """A child that ran and exited (a killed runner worker) is part of this tree, not another process."""
-    from cdmpp.collect import CpuGuard
-
-    guard = CpuGuard()
-    mark = guard.start()
-    time.sleep(1.0)
-    quiet = guard.others_share(mark)
-    if quiet > 0.1:
-        pytest.skip(f"other processes already use {quiet:.0%} of the CPU: the guard cannot be checked now")
+    guard, quiet = _quiet_guard(0.1)
     mark = guard.start()
     subprocess.run([sys.executable, "-c", "import time; t=time.time()\nwhile time.time()-t<1.5: pass"], check=True)
     assert guard.others_share(mark) < quiet + 0.15
