@@ -216,7 +216,7 @@ def cmd_finetune(args) -> int:
         ids = f.read().split()
     try:
         model = finetune_checkpoint(args.model, args.dataset, args.device, ids, args.out, args.steps,
-                                    args.task_table, args.devices)
+                                    args.task_table, args.devices, scope=args.scope)
     except (ValueError, KeyError) as e:
         print(f"cdmpp finetune: {e}", file=sys.stderr)
         return 2
@@ -274,6 +274,9 @@ def _add_eval_commands(sub) -> None:
     ft.add_argument("--ids", required=True, help="file of record ids (from `cdmpp sample`)")
     ft.add_argument("--out", required=True, help="new checkpoint folder")
     ft.add_argument("--steps", type=int, default=100)
+    ft.add_argument("--scope", choices=["head", "all"], default="head",
+                    help="weights to tune: decoder + device encoder (head, default; better on the cross-device "
+                         "report) or all")
     ft.set_defaults(func=cmd_finetune)
 
 

@@ -400,8 +400,9 @@ def sample_ids(k: int, pool: str, device: str, model_path: str | None = None, sa
 
 def finetune_checkpoint(model_path: str, dataset: str, device: str, ids: Sequence[str], out: str,
                         steps: int = 100, task_table: str = EvalOptions.task_table,
-                        devices: str = EvalOptions.devices):
-    """Fine-tune a checkpoint with the programs ``ids`` (from ``sample_ids``) as measured on ``device``.
+                        devices: str = EvalOptions.devices, scope: str | None = None):
+    """Fine-tune a checkpoint with the programs ``ids`` (from ``sample_ids``) as measured on ``device``;
+    ``scope`` ("head" or "all") overrides the checkpoint's recipe.
 
     An id names a program by its task and program hash (``device|task|hash``), so ids sampled from
     another device's records match this device's measurements of the same programs.
@@ -419,10 +420,13 @@ def finetune_checkpoint(model_path: str, dataset: str, device: str, ids: Sequenc
               file=sys.stderr)
     if not shots:
         raise ValueError(f"none of the {len(keys)} ids is measured on {device} in {dataset}")
+    from cdmpp.train import TrainConfig
+
     trained = TrainedModel.load(model_path)
     table = DeviceTable(devices)
     extra = {} if device in trained.device_specs.table else {device: table.get(device).specs()}
-    new = finetune(trained, shots, steps=steps, device_table=extra)
+    config = TrainConfig.from_dict({**trained.config, **({"finetune_scope": scope} if scope else {})})
+    new = finetune(trained, shots, config, steps=steps, device_table=extra)
     known = dict(new.summary.get("devices", {}))
     if device in table:
         known[device] = table.get(device).to_dict()
