@@ -157,7 +157,8 @@ def cmd_eval(args) -> int:
         name=args.name, split=args.split, dataset=args.dataset, task_table=args.task_table, devices=args.devices,
         held_out=_csv(args.held_out), target_device=args.target_device, ks=[int(k) for k in _csv(args.k)],
         recipe=args.recipe, peers=_csv(args.peers), ablations=_csv(args.ablations), max_minutes=args.max_minutes,
-        reports_dir=args.reports_dir, limit=args.limit, seed=args.seed, progress=args.progress, threads=args.threads)
+        reports_dir=args.reports_dir, limit=args.limit, train_fraction=args.train_fraction, seed=args.seed, progress=args.progress,
+        threads=args.threads)
     try:
         report = run_eval(opts)
     except ValueError as e:
@@ -245,6 +246,9 @@ def _add_eval_commands(sub) -> None:
     e.add_argument("--max-minutes", type=float, default=8.0, help="time budget for all training (default 8)")
     e.add_argument("--reports-dir", default="reports")
     e.add_argument("--limit", type=int, help="use only the first N records (smoke runs)")
+    e.add_argument("--train-fraction", type=float, default=1.0,
+                   help="random/cross-model: train on this share of the training programs, same test set "
+                        "(a learning curve; default 1)")
     e.add_argument("--progress", action="store_true", help="show progress bars")
     e.add_argument("--threads", type=int, default=1, help="torch/XGBoost threads per method (default 1)")
     e.set_defaults(func=cmd_eval)

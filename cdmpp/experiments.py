@@ -44,6 +44,7 @@ class EvalOptions:
     max_minutes: float = 8.0
     reports_dir: str = "reports"
     limit: int | None = None
+    train_fraction: float = 1.0  # random / cross-model: train on this share of the training programs
     seed: int = 0
     device_table: dict | None = None  # {device: spec dict}; default: read from ``devices``
     progress: bool = False
@@ -249,16 +250,19 @@ def run_eval(opts: EvalOptions, ds=None) -> dict:
     clock.pending = n_cdmpp * WEIGHTS["cdmpp"] + sum(WEIGHTS[p] * (2 if p == "xgb" else 1) for p in opts.peers)
     rows: list[dict] = []
     if opts.split == "random":
-        split = splits.random_split(ds, opts.seed)
+        split = splits.subsample_train(splits.random_split(ds, opts.seed), opts.train_fraction, opts.seed)
         _run_same_split(opts, split, device_table, clock, rows)
         info = split.info
     elif opts.split == "cross-model":
-        split = splits.cross_model_split(ds, opts.held_out, seed=opts.seed)
+        split = splits.subsample_train(splits.cross_model_split(ds, opts.held_out, seed=opts.seed),
+                                       opts.train_fraction, opts.seed)
         _run_same_split(opts, split, device_table, clock, rows)
         info = split.info
     elif opts.split == "cross-device":
         if not opts.target_device:
             raise ValueError("cross-device needs --target-device")
+        if opts.train_fraction != 1:
+            raise ValueError("--train-fraction applies to the random and cross-model splits")
         info = _run_cross_device(opts, ds, device_table, clock, rows)
     else:
         raise ValueError(f"unknown split {opts.split!r}: expected random, cross-model or cross-device")

@@ -204,6 +204,21 @@ def cross_device_split(ds, target_device: str, k: int = 0, sampler: str = "kmean
                          [Unlabeled(p.features, p.device, p.task) for p in pool], shots, info))
 
 
+def subsample_train(split: Split, fraction: float, seed: int = 0) -> Split:
+    """Keep a random ``fraction`` of the training programs, validation and test unchanged: a learning
+    curve (error vs training-set size) on one fixed test set says whether more data would help."""
+    if not 0 < fraction <= 1:
+        raise ValueError(f"train fraction must be in (0, 1], got {fraction}")
+    if fraction == 1:
+        return split
+    train = sorted(split.train, key=lambda p: p.record_id)
+    keep = np.sort(_rng(seed, "train-fraction").permutation(len(train))[:max(1, round(fraction * len(train)))])
+    split.train = [train[i] for i in keep]
+    split.info.update(train_fraction=fraction,
+                      description=split.info.get("description", "") + f"; training on {fraction:.0%} of its programs")
+    return _finish(split)
+
+
 def _finish(split: Split) -> Split:
     split.info.update(n_train=len(split.train), n_val=len(split.val), n_test=len(split.test),
                       n_shots=len(split.shots), n_target_pool=len(split.target_pool))

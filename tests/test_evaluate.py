@@ -146,6 +146,18 @@ def test_random_split_is_disjoint_deterministic_and_complete(real):
     assert _ids(splits.random_split(real, seed=1).test) != _ids(a.test)
 
 
+def test_train_fraction_shrinks_only_training(real):
+    full = splits.random_split(real[1], seed=0)
+    half = splits.subsample_train(splits.random_split(real[1], seed=0), 0.5)
+    assert _ids(half.train) < _ids(full.train)
+    assert len(half.train) == round(0.5 * len(full.train)) and half.info["n_train"] == len(half.train)
+    assert _ids(half.test) == _ids(full.test) and _ids(half.val) == _ids(full.val)
+    again = splits.subsample_train(splits.random_split(real[1], seed=0), 0.5)
+    assert _ids(again.train) == _ids(half.train)
+    with pytest.raises(ValueError, match="train fraction"):
+        splits.subsample_train(full, 0)
+
+
 def test_cross_model_split_keeps_held_out_tasks_out_of_training(real, held):
     real = real[1]
     sp = splits.cross_model_split(real, held)
