@@ -145,7 +145,7 @@ def _peer_note(peer) -> str:
         return f"{peer.epochs_run_} epochs, best on val MAPE"
     m = getattr(peer, "model_", None)
     n = getattr(m, "best_iteration", None) if m is not None else None
-    return f"sum-pooled rows -> log latency; {n + 1 if n is not None else '?'} trees (early stopping on val)"
+    return f"sum-pooled rows{" + device specs" if getattr(peer, "specs", None) else ""} -> log latency; {n + 1 if n is not None else '?'} trees (early stopping on val)"
 
 
 def _variants(opts: EvalOptions) -> list[tuple[str, str | None]]:
@@ -177,7 +177,7 @@ def _run_same_split(opts: EvalOptions, split: splits.Split, device_table: dict, 
     if "random-sampler" in opts.ablations:
         rows.append(dict(method="cdmpp random-sampler", metrics={}, skipped=True,
                          note="skipped: shot sampling applies to cross-device k-shot only"))
-    for peer in make_peers(opts.peers, nthread=opts.threads, seed=opts.seed):
+    for peer in make_peers(opts.peers, nthread=opts.threads, seed=opts.seed, device_table=device_table):
         budget = clock.share(WEIGHTS["mlp" if "mlp" in peer.label else "xgb"])
         t = time.monotonic()
         peer.fit(split.train, split.val, budget)
@@ -207,7 +207,7 @@ def _run_cross_device(opts: EvalOptions, ds, device_table: dict, clock: _Clock, 
                 name = f"{label} k={k}" + (f" ({sampler} shots)" if k else " (zero-shot)")
                 rows.append(_cdmpp_row(name, m, sp.test, secs, note, k=k, sampler=sampler if k else None))
                 _log(rows[-1])
-    for peer in make_peers(opts.peers, nthread=opts.threads, seed=opts.seed):
+    for peer in make_peers(opts.peers, nthread=opts.threads, seed=opts.seed, device_table=device_table):
         t = time.monotonic()
         peer.fit(base.train, base.val, clock.share(WEIGHTS["mlp" if "mlp" in peer.label else "xgb"]))
         secs = time.monotonic() - t

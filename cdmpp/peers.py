@@ -6,9 +6,11 @@
   program). Its scores order programs within a task but are not latencies, so it is reported on the
   ranking metrics only.
 * ``XGBRegressorPeer`` — an ``xgboost.XGBRegressor`` on the same rows pooled the way ``XGBModel``
-  pools them (summed over a program's rows), predicting log latency: the XGBoost baseline for MAPE/RMSE.
+  pools them (summed over a program's rows) plus the device's specs (the inputs cdmpp gets),
+  predicting log latency: the XGBoost baseline for MAPE/RMSE.
 * ``TensetMLP`` — Tenset's segment-sum MLP (as ported to ``meta_schedule.cost_model.mlp_model``:
   row MLP → sum over rows → two residual layers → linear), predicting standardized log latency.
+  Device-blind, as in Tenset (one model per device).
 
 Each peer: ``fit(train, val, time_budget_s)`` → self, ``predict(programs)``, ``adapt(shots)`` for
 k-shot transfer; samples are anything with ``features``, ``device``, ``seconds``, ``task``.
@@ -121,23 +123,35 @@ class MetaScheduleXGB:
 class XGBRegressorPeer:
     """``xgboost.XGBRegressor`` on per-program sums of the TVM feature rows → log latency.
 
-    Boosting stops early on validation RMSE (never on test); ``time_budget_s`` caps it.
+    With ``device_table`` ({device: spec dict}) each program also gets its device's specs (log1p, as
+    cdmpp's device encoder sees them): without them a model trained on several devices cannot tell a
+    program's 1-thread latency from its 2-thread one. Boosting stops early on validation RMSE (never
+    on test); ``time_budget_s`` caps it.
     """
 
-    label = "xgb-regressor (TVM features)"
+    label = "xgb-regressor (TVM features + device specs)"
     predicts = "seconds"
 
     def __init__(self, n_estimators: int = 3000, learning_rate: float = 0.05, max_depth: int = 8,
-                 nthread: int = 1, random_state: int = 0):
+                 nthread: int = 1, random_state: int = 0, device_table: dict | None = None):
+        from cdmpp.transforms import DeviceSpecs
+
         self.n_estimators = n_estimators
         self.learning_rate = learning_rate
         self.max_depth = max_depth
         self.nthread = nthread
         self.random_state = random_state
+        self.specs = DeviceSpecs(device_table) if device_table else None
 
-    @staticmethod
-    def pooled(programs: Sequence) -> np.ndarray:
-        return np.stack([_rows(p.features).sum(axis=0) for p in programs])
+    def pooled(self, programs: Sequence) -> np.ndarray:
+        x = np.stack([_rows(p.features).sum(axis=0) for p in programs])
+        if self.specs is None:
+            return x
+        try:
+            dev = np.stack([self.specs.raw_vector(self.specs.table[p.device]) for p in programs])
+        except KeyError as e:
+            raise KeyError(f"device {e.args[0]!r} has no entry in the device table") from None
+        return np.hstack([x, dev])
 
     def fit(self, train: Sequence, val: Sequence | None = None, time_budget_s: float | None = None) -> "XGBRegressorPeer":
         import xgboost as xgb
@@ -304,12 +318,18 @@ def _segment_sum_mlp(input_dim: int, hidden_dim: int):
 PEERS = {"xgb": (MetaScheduleXGB, XGBRegressorPeer), "mlp": (TensetMLP,)}
 
 
-def make_peers(names: Sequence[str], nthread: int = 1, seed: int = 0) -> list:
-    """Peers by short name: ``"xgb"`` gives both XGBoost peers (ranking + regressor), ``"mlp"`` Tenset's MLP."""
+def make_peers(names: Sequence[str], nthread: int = 1, seed: int = 0, device_table: dict | None = None) -> list:
+    """Peers by short name: ``"xgb"`` gives both XGBoost peers (ranking + regressor), ``"mlp"`` Tenset's MLP.
+    ``device_table`` ({device: spec dict}) goes to the peer that can use device specs (the regressor)."""
     out = []
     for name in names:
         if name not in PEERS:
             raise ValueError(f"unknown peer {name!r}: expected one of {sorted(PEERS)}")
         for cls in PEERS[name]:
-            out.append(cls(nthread=nthread) if cls is not TensetMLP else cls(random_state=seed))
+            if cls is TensetMLP:
+                out.append(cls(random_state=seed))
+            elif cls is XGBRegressorPeer:
+                out.append(cls(nthread=nthread, device_table=device_table))
+            else:
+                out.append(cls(nthread=nthread))
     return out

@@ -206,6 +206,22 @@ def test_peers_train_and_predict_finite(real):
         assert adapted.shape == (7,) and np.all(np.isfinite(adapted))
 
 
+def test_xgb_regressor_sees_device_specs(real):
+    """Trained on two devices, the regressor needs to know which one a program runs on (as cdmpp does)."""
+    from cdmpp.devices import DeviceTable
+    from cdmpp.peers import N_FEATURES, XGBRegressorPeer
+    from cdmpp.transforms import DeviceSpecs
+
+    table = DeviceTable(str(ROOT / "datasets" / "devices.json")).spec_table()
+    programs = [p for p in real[1].programs if p.device in table]
+    peer = XGBRegressorPeer(n_estimators=20, device_table=table).fit(programs)
+    x = peer.pooled(programs[:3])
+    assert x.shape == (3, N_FEATURES + DeviceSpecs().dim)
+    assert np.allclose(x[:, N_FEATURES:], DeviceSpecs(table).raw_vector(table[programs[0].device]), equal_nan=True)
+    with pytest.raises(KeyError, match="no-such-device"):
+        peer.predict([dataclasses.replace(programs[0], device="no-such-device")])
+
+
 # ---- end to end -------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -228,7 +244,7 @@ def test_cdmpp_eval_cli_writes_both_reports(real, held, tiny_recipe, tmp_path):
     report = json.loads((tmp_path / "tiny.json").read_text())
     md = (tmp_path / "tiny.md").read_text()
     methods = [r["method"] for r in report["methods"]]
-    assert methods == ["cdmpp", "cdmpp no-da", "xgb (TVM XGBModel, ranking)", "xgb-regressor (TVM features)"]
+    assert methods == ["cdmpp", "cdmpp no-da", "xgb (TVM XGBModel, ranking)", "xgb-regressor (TVM features + device specs)"]
     assert report["split"]["kind"] == "cross-model" and report["split"]["n_test"] > 0
     assert report["methods"][0]["metrics"]["mape"] >= 0 and report["methods"][0]["predict_per_s"] > 0
     assert "DA CMD" in report["methods"][0]["note"] and "no domain adaptation" in report["methods"][1]["note"]
