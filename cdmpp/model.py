@@ -73,6 +73,11 @@ class CDMPPModel(nn.Module):
         self.count_proj = nn.Linear(1, d_model)
 
         self.device_encoder = nn.Sequential(nn.Linear(device_dim, d_model), nn.GELU(), nn.Linear(d_model, d_model))
+        # A spec direction no training device varies along gets no gradient and would keep its random
+        # initial weights: trained on one device (whose specs normalize to 0), a new device's specs
+        # would add a random offset. Zero weights make such a direction count for nothing until
+        # training (or k-shot fine-tuning) sees devices that differ along it.
+        nn.init.zeros_(self.device_encoder[0].weight)
         self.decoder = nn.Sequential(
             nn.Linear(d_model, d_model), nn.GELU(), nn.Dropout(dropout),
             nn.Linear(d_model, d_model // 2), nn.GELU(),

@@ -268,3 +268,17 @@ def test_snapshot_ensemble_takes_members_from_distinct_cycles():
     assert len(model.members) == 3 and len({e // 2 for e in epochs}) == 3
     z = model.predict_z([s.features for s in val], "cpu-a")
     assert z.shape == (3, 100) and np.all(z.std(axis=0) > 0)
+
+
+def test_device_specs_no_training_device_varies_along_do_not_move_predictions():
+    """Trained on one device, a new device's prediction is the training device's until fine-tuned
+    (not a random offset from untrained weights)."""
+    rng = np.random.default_rng(3)
+    train, val = synthetic_samples(300, rng), synthetic_samples(60, rng)
+    model = fit(quick_config(epochs=3, ensemble=1), train, val, device_table={"cpu-a": DEVICES["cpu-a"]})
+    model.add_device("cpu-b", DEVICES["cpu-b"])
+    progs = [s.features for s in val]
+    assert np.allclose(model.predict(progs, "cpu-a")[0], model.predict(progs, "cpu-b")[0])
+    shots = synthetic_samples(30, rng, "cpu-b")
+    tuned = finetune(model, shots, steps=20, device_table={"cpu-b": DEVICES["cpu-b"]})
+    assert not np.allclose(tuned.predict(progs, "cpu-a")[0], tuned.predict(progs, "cpu-b")[0])
