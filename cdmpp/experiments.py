@@ -145,7 +145,8 @@ def _peer_note(peer) -> str:
         return f"{peer.epochs_run_} epochs, best on val MAPE"
     m = getattr(peer, "model_", None)
     n = getattr(m, "best_iteration", None) if m is not None else None
-    return f"sum-pooled rows{" + device specs" if getattr(peer, "specs", None) else ""} -> log latency; {n + 1 if n is not None else '?'} trees (early stopping on val)"
+    specs = " + device specs" if getattr(peer, "specs", None) else ""
+    return f"sum-pooled rows{specs} -> log latency; {n + 1 if n is not None else '?'} trees (early stopping on val)"
 
 
 def _variants(opts: EvalOptions) -> list[tuple[str, str | None]]:
