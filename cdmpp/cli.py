@@ -157,7 +157,7 @@ def cmd_eval(args) -> int:
         name=args.name, split=args.split, dataset=args.dataset, task_table=args.task_table, devices=args.devices,
         held_out=_csv(args.held_out), target_device=args.target_device, ks=[int(k) for k in _csv(args.k)],
         recipe=args.recipe, peers=_csv(args.peers), ablations=_csv(args.ablations), max_minutes=args.max_minutes,
-        reports_dir=args.reports_dir, limit=args.limit, train_fraction=args.train_fraction, seed=args.seed, progress=args.progress,
+        minutes_per_method=args.minutes_per_method, reports_dir=args.reports_dir, limit=args.limit, train_fraction=args.train_fraction, seed=args.seed, progress=args.progress,
         threads=args.threads)
     try:
         report = run_eval(opts)
@@ -244,6 +244,8 @@ def _add_eval_commands(sub) -> None:
     e.add_argument("--peers", default="xgb,mlp", help="peers: xgb, mlp (empty: none)")
     e.add_argument("--ablations", default="no-pe,no-da,random-sampler", help="no-pe, no-da, random-sampler")
     e.add_argument("--max-minutes", type=float, default=8.0, help="time budget for all training (default 8)")
+    e.add_argument("--minutes-per-method", type=float,
+                   help="instead of sharing --max-minutes: every trained model gets this cap (fairer, slower)")
     e.add_argument("--reports-dir", default="reports")
     e.add_argument("--limit", type=int, help="use only the first N records (smoke runs)")
     e.add_argument("--train-fraction", type=float, default=1.0,

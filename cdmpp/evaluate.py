@@ -192,6 +192,12 @@ def markdown_table(rows: list[dict], noise: dict | None) -> str:
     return "\n".join(lines)
 
 
+def _budget_text(report: dict) -> str:
+    if report.get("minutes_per_method"):
+        return f"up to {report['minutes_per_method']} min per trained model"
+    return f"budget {report.get('max_minutes')} min shared by all methods"
+
+
 def markdown_report(report: dict) -> str:
     """The human-readable report: what was split how, the table, and notes per method."""
     noise = report.get("noise_floor")
@@ -200,7 +206,7 @@ def markdown_report(report: dict) -> str:
            f"- split: **{info.get('kind')}** — {info.get('description', '')}",
            f"- data: {report['data']['programs']} programs on {', '.join(report['data']['devices'])} "
            f"(train {info.get('n_train')}, val {info.get('n_val')}, test {info.get('n_test')})",
-           f"- recipe: `{report.get('recipe')}`; budget {report.get('max_minutes')} min, "
+           f"- recipe: `{report.get('recipe')}`; " + _budget_text(report) + ", "
            f"{report.get('threads', '?')} thread(s) per method; "
            f"ran {report.get('elapsed_seconds', 0):.0f} s on {report.get('created')}",
            _noise_line(noise),

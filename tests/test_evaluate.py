@@ -237,7 +237,7 @@ def tiny_recipe(tmp_path_factory):
 def test_cdmpp_eval_cli_writes_both_reports(real, held, tiny_recipe, tmp_path):
     from cdmpp.cli import main
 
-    rc = main(["eval", "--name", "tiny", "--split", "cross-model", "--limit", str(LIMIT), "--max-minutes", "0.5",
+    rc = main(["eval", "--name", "tiny", "--split", "cross-model", "--limit", str(LIMIT), "--minutes-per-method", "0.15",
                "--recipe", tiny_recipe, "--peers", "xgb", "--ablations", "no-da", "--reports-dir", str(tmp_path),
                "--held-out", ",".join(held), "--dataset", str(real[0]), "--task-table", str(TASKS), "--devices", str(ROOT / "datasets" / "devices.json")])
     assert rc == 0
@@ -249,6 +249,21 @@ def test_cdmpp_eval_cli_writes_both_reports(real, held, tiny_recipe, tmp_path):
     assert report["methods"][0]["metrics"]["mape"] >= 0 and report["methods"][0]["predict_per_s"] > 0
     assert "DA CMD" in report["methods"][0]["note"] and "no domain adaptation" in report["methods"][1]["note"]
     assert "| cdmpp |" in md and "noise floor" in md
+    assert report["minutes_per_method"] == 0.15 and "up to 0.15 min per trained model" in md
+
+
+def test_budget_shared_or_per_method():
+    """A shared clock hands out time by weight and shrinks as jobs take theirs; a fixed one gives each the same."""
+    import time
+
+    from cdmpp.experiments import _Clock
+
+    shared = _Clock(time.monotonic() + 100, pending=2.0, reserve=0.0)
+    first = shared.share(1.0)
+    assert 45 < first <= 50 and shared.pending == 1.0
+    assert 90 < shared.share(1.0) <= 100  # the last job gets all that is left
+    fixed = _Clock(time.monotonic() + 100, pending=2.0, fixed=30.0)
+    assert fixed.share(1.0) == fixed.share(0.3) == 30.0
 
 
 def test_cross_device_eval_mechanics(two_devices, tiny_recipe, tmp_path):
