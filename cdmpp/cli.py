@@ -82,8 +82,36 @@ def cmd_noise(args) -> int:
     tvm_env.setup(spec.threads)
     cfg = MeasureConfig(repeat=args.repeat, min_repeat_ms=args.min_repeat_ms)
     r = remeasure_noise(args.dataset, TaskTable.load(args.task_table), spec, spec.make_target(), n=args.n, cfg=cfg)
-    print(f"{r['device']}: {r['programs']} programs re-measured; |new - old| / old median "
-          f"{100 * r['median_rel_diff']:.1f} %, p90 {100 * r['p90_rel_diff']:.1f} %")
+    print(f"{r['device']}: {r['programs']} programs re-measured; |new - label| / label median "
+          f"{100 * r['median_rel_diff']:.1f} %, p90 {100 * r['p90_rel_diff']:.1f} % (labels with 1/2/.. passes: "
+          f"{r['label_passes']}); against first passes only: median {100 * r['first_pass_median_rel_diff']:.1f} %, "
+          f"p90 {100 * r['first_pass_p90_rel_diff']:.1f} %")
+    return 0
+
+
+def cmd_remeasure(args) -> int:
+    from cdmpp import tvm_env
+    from cdmpp.collect import MeasureConfig, remeasure
+    from cdmpp.devices import DeviceTable
+    from cdmpp.zoo.tasks import TaskTable
+
+    try:
+        spec = DeviceTable(args.devices).get(args.device)
+    except KeyError as e:
+        print(f"cdmpp remeasure: {e.args[0]}", file=sys.stderr)
+        return 2
+    tvm_env.setup(spec.threads)
+    cfg = MeasureConfig(repeat=args.repeat, min_repeat_ms=args.min_repeat_ms, builders=args.builders)
+    try:
+        s = remeasure(TaskTable.load(args.task_table), args.dataset, spec, spec.make_target(), passes=args.passes,
+                      min_gap_minutes=args.min_gap_minutes, budget_minutes=args.budget_minutes, cfg=cfg,
+                      batch_size=args.batch_size, probe_only=args.probe_only)
+    except ValueError as e:
+        print(f"cdmpp remeasure: {e}", file=sys.stderr)
+        return 2
+    print(f"done: {s['measured']} re-measured, {s['failed']} failed, {s['too_recent']} measured less than "
+          f"{args.min_gap_minutes:g} min ago (left for later), {s['seconds']} s"
+          + (" (stopped by budget)" if s["stopped_by_budget"] else ""))
     return 0
 
 
@@ -131,6 +159,23 @@ def build_parser() -> argparse.ArgumentParser:
     nz.add_argument("--repeat", type=int, default=15)
     nz.add_argument("--min-repeat-ms", type=int, default=15)
     nz.set_defaults(func=cmd_noise)
+
+    rm = sub.add_parser("remeasure", help="measure stored programs again, later; labels become the fastest "
+                                          "over passes (resumable)")
+    rm.add_argument("--device", required=True, help="device id (datasets/devices.json) of this machine")
+    rm.add_argument("--passes", type=int, default=2, help="passes each label should have (default 2)")
+    rm.add_argument("--min-gap-minutes", type=float, default=30.0,
+                    help="a new pass only this long after the program's last one (default 30)")
+    rm.add_argument("--budget-minutes", type=float, help="stop after this many minutes")
+    rm.add_argument("--probe-only", action="store_true", help="only the device's fixed probe set (cdmpp noise)")
+    rm.add_argument("--dataset", default="datasets/measurements")
+    rm.add_argument("--task-table", default="datasets/tasks-llvm.json.gz")
+    rm.add_argument("--devices", default="datasets/devices.json")
+    rm.add_argument("--batch-size", type=int, default=32)
+    rm.add_argument("--builders", type=int, default=2)
+    rm.add_argument("--repeat", type=int, default=15)
+    rm.add_argument("--min-repeat-ms", type=int, default=15)
+    rm.set_defaults(func=cmd_remeasure)
 
     b = sub.add_parser("bench", help="benchmarks (not tests)")
     bsub = b.add_subparsers(dest="bench", required=True)

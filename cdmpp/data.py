@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from cdmpp.collect import label
+from cdmpp.collect import label, usable
 from cdmpp.features import FEATURIZER_VERSION, ProgramFeatures
 from cdmpp.store import LoadReport, RecordStore
 
@@ -27,7 +27,7 @@ class LabeledProgram:
 
     features: ProgramFeatures
     device: str
-    seconds: float  # the fastest measured repeat (collect.label)
+    seconds: float  # the fastest measured repeat over all passes (collect.label)
     task: str
     task_name: str
     networks: list[str]  # "network@batch" occurrences of its task
@@ -178,6 +178,7 @@ def summarize(dataset_dir: str, task_table=None) -> dict:
     per_device: Counter = Counter()
     failed: Counter = Counter()
     disturbed: Counter = Counter()  # measured while other processes were busy: kept, not labels
+    repassed: Counter = Counter()  # labels with more than one pass (cdmpp remeasure)
     tasks: dict[str, set] = defaultdict(set)
     per_network: dict[str, Counter] = defaultdict(Counter)
     for rec in RecordStore(dataset_dir).iter_records(report=report):
@@ -186,11 +187,13 @@ def summarize(dataset_dir: str, task_table=None) -> dict:
             (failed if rec.get("error") or not rec.get("seconds") else disturbed)[dev] += 1
             continue
         per_device[dev] += 1
+        repassed[dev] += any(usable(p) for p in rec.get("remeasures", []))
         tasks[dev].add(rec["task"])
         for net in {o.split("@")[0] for o in rec.get("networks", [])}:
             per_network[dev][net] += 1
     return {
         "devices": {d: {"programs": per_device[d], "failed": failed[d], "disturbed": disturbed[d], "tasks": len(tasks[d]),
+                        "with_later_passes": repassed[d],
                         "networks": dict(sorted(per_network[d].items()))} for d in sorted(set(per_device) | set(failed))},
         "problems": report.problems, "duplicates": report.duplicates,
     }
@@ -199,10 +202,12 @@ def summarize(dataset_dir: str, task_table=None) -> dict:
 def summary_markdown(dataset_dir: str, task_table=None) -> str:
     """Tables for datasets/README.md: programs per device, per network and the tasks covered."""
     s = summarize(dataset_dir, task_table)
-    lines = ["| device | measured programs (labels) | failed builds/runs | disturbed (others busy) | tasks |",
-             "|---|---:|---:|---:|---:|"]
+    lines = ["| device | measured programs (labels) | of them re-measured later | failed builds/runs "
+             "| disturbed (others busy) | tasks |",
+             "|---|---:|---:|---:|---:|---:|"]
     for dev, d in s["devices"].items():
-        lines.append(f"| `{dev}` | {d['programs']:,} | {d['failed']:,} | {d['disturbed']:,} | {d['tasks']} |")
+        lines.append(f"| `{dev}` | {d['programs']:,} | {d['with_later_passes']:,} | {d['failed']:,} "
+                     f"| {d['disturbed']:,} | {d['tasks']} |")
     for dev, d in s["devices"].items():
         lines += ["", f"Programs per network on `{dev}` (a program counts for every network that calls its task):", "",
                   "| network | programs |", "|---|---:|"]

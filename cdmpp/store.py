@@ -8,6 +8,9 @@ id, so a crash between rename and removal never doubles a record. A truncated la
 the middle of a write) is moved aside to ``*.partial`` on the next open, never silently dropped; any
 other line that does not parse is reported with its file and line number, and the rest still loads.
 ``runs.jsonl`` holds one provenance entry per collection run; records refer to it by ``run`` id.
+A later measurement of a stored program (``cdmpp remeasure``) is a record of its own, with id
+``<record id>|pass<N>`` and ``of`` = the record's id; readers attach it to that record as
+``remeasures`` instead of yielding it as a program.
 A record measured while other processes were busy (``disturbed``) is kept but counts as not done: a
 resumed collection measures the program again and the new record supersedes it when read.
 """
@@ -46,6 +49,7 @@ class LoadReport:
 
     records: int = 0
     duplicates: int = 0
+    remeasures: int = 0  # later passes over stored programs, attached to their records
     problems: list[str] = field(default_factory=list)
 
 
@@ -158,7 +162,8 @@ class RecordStore:
 
     def iter_records(self, device: str | None = None, report: LoadReport | None = None) -> Iterator[dict]:
         """Every record once (by id), parts first; bad lines are reported, not fatal. The first record of
-        an id wins, unless it was disturbed and a later one of the same id was not."""
+        an id wins, unless it was disturbed and a later one of the same id was not. Re-measurements come
+        attached to their record (``remeasures``, in file order), not on their own."""
         report = report if report is not None else LoadReport()
         kept: dict[str, dict] = {}
         for path in self.files(device):
@@ -185,6 +190,12 @@ class RecordStore:
                             kept[rid] = rec
             except (OSError, EOFError, gzip.BadGzipFile) as e:
                 report.problems.append(f"{path}: corrupt or truncated after line {lineno} ({e})")
+        for rid in [rid for rid, rec in kept.items() if "of" in rec]:
+            later = kept.pop(rid)
+            report.records -= 1
+            report.remeasures += 1
+            if later["of"] in kept:
+                kept[later["of"]].setdefault("remeasures", []).append(later)
         yield from kept.values()
 
     def done_ids(self, device: str) -> set[str]:

@@ -110,6 +110,23 @@ def test_collect_kill_resume_and_load(tmp_path, monkeypatch):
     history = json.load(open(os.path.join(ds, "noise-test-cpu-1t_llvm.json")))
     assert len(history) == 2 and 0 <= history[-1]["median_rel_diff"] <= history[-1]["p90_rel_diff"]
 
+    # a later pass over every program: real measurements appended, labels the fastest over both passes
+    from cdmpp.collect import label, remeasure
+
+    assert remeasure(table, ds, dev, target, passes=2, min_gap_minutes=60, cfg=cfg, progress=False)["too_recent"] == 8
+    s = remeasure(table, ds, dev, target, passes=2, min_gap_minutes=0, cfg=cfg, batch_size=3, progress=False)
+    assert s["measured"] == 8 and s["failed"] == 0
+    report = LoadReport()
+    passed = {r["id"]: r for r in store.iter_records(report=report)}
+    assert set(passed) == set(after) and report.remeasures == 8 and report.duplicates == 0
+    for rid, rec in passed.items():
+        (later,) = rec["remeasures"]
+        assert later["id"] == rid + "|pass2" and len(later["seconds"]) == 3 and later["run"] != rec["run"]
+        assert label(rec) == min(rec["seconds"] + later["seconds"]) and label(rec, passes=1) == min(rec["seconds"])
+    assert remeasure(table, ds, dev, target, passes=2, min_gap_minutes=0, cfg=cfg, progress=False)["todo"] == 0
+    third = remeasure_noise(ds, table, dev, target, cfg=cfg, progress=False)
+    assert third["label_passes"] == {"2": 5} and all(p["old"] <= p["first_pass"] for p in third["pairs"])
+
 
 def test_corrupt_lines_are_reported_and_the_rest_loads(tmp_path):
     store = RecordStore(str(tmp_path), seal_every=3)
@@ -189,6 +206,23 @@ def test_a_disturbed_record_is_measured_again_and_superseded(tmp_path):
     got = {r["id"]: r["seconds"] for r in store.iter_records(report=report)}
     assert got == {"d|t|0": [2.0], "d|t|1": [1.0], "d|t|2": [1.0]} and report.duplicates == 2
     assert store.done_ids("d") == {"d|t|0", "d|t|1"}
+
+
+def test_later_passes_attach_to_their_record_and_lower_its_label(tmp_path):
+    from cdmpp.collect import label
+
+    store = RecordStore(str(tmp_path))
+    store.append("d", [{"id": "d|t|0", "seconds": [3.0, 2.0], "error": None, "disturbed": False},
+                       {"id": "d|t|1", "seconds": [], "error": "run: boom", "disturbed": False}])
+    store.append("d", [{"id": "d|t|0|pass2", "of": "d|t|0", "seconds": [1.5], "error": None, "disturbed": False},
+                       {"id": "d|t|0|pass3", "of": "d|t|0", "seconds": [0.1], "error": None, "disturbed": True},
+                       {"id": "d|t|0|pass4", "of": "d|t|0", "seconds": [], "error": "run: x", "disturbed": False},
+                       {"id": "d|t|9|pass2", "of": "d|t|9", "seconds": [1.0], "error": None, "disturbed": False}])
+    report = LoadReport()
+    recs = {r["id"]: r for r in store.iter_records(report=report)}
+    assert set(recs) == {"d|t|0", "d|t|1"} and report.records == 2 and report.remeasures == 4
+    assert label(recs["d|t|0"]) == 1.5 and label(recs["d|t|0"], passes=1) == 2.0  # disturbed/failed passes ignored
+    assert label(recs["d|t|1"]) is None and store.done_ids("d") == {"d|t|0", "d|t|1"}
 
 
 def test_integer_inputs_are_valid_indices():
