@@ -202,8 +202,8 @@ def cmd_eval(args) -> int:
         name=args.name, split=args.split, dataset=args.dataset, task_table=args.task_table, devices=args.devices,
         held_out=_csv(args.held_out), target_device=args.target_device, ks=[int(k) for k in _csv(args.k)],
         recipe=args.recipe, peers=_csv(args.peers), ablations=_csv(args.ablations), max_minutes=args.max_minutes,
-        minutes_per_method=args.minutes_per_method, reports_dir=args.reports_dir, limit=args.limit, train_fraction=args.train_fraction, seed=args.seed, progress=args.progress,
-        threads=args.threads)
+        minutes_per_method=args.minutes_per_method, reports_dir=args.reports_dir, limit=args.limit,
+        train_fraction=args.train_fraction, seed=args.seed, progress=args.progress, threads=args.threads)
     try:
         report = run_eval(opts)
     except ValueError as e:
