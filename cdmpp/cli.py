@@ -81,11 +81,16 @@ def cmd_noise(args) -> int:
     spec = DeviceTable(args.devices).get(args.device)
     tvm_env.setup(spec.threads)
     cfg = MeasureConfig(repeat=args.repeat, min_repeat_ms=args.min_repeat_ms)
-    r = remeasure_noise(args.dataset, TaskTable.load(args.task_table), spec, spec.make_target(), n=args.n, cfg=cfg)
+    r = remeasure_noise(args.dataset, TaskTable.load(args.task_table), spec, spec.make_target(), n=args.n, cfg=cfg,
+                        min_gap_minutes=args.min_gap_minutes)
     print(f"{r['device']}: {r['programs']} programs re-measured; |new - label| / label median "
           f"{100 * r['median_rel_diff']:.1f} %, p90 {100 * r['p90_rel_diff']:.1f} % (labels with 1/2/.. passes: "
           f"{r['label_passes']}); against first passes only: median {100 * r['first_pass_median_rel_diff']:.1f} %, "
           f"p90 {100 * r['first_pass_p90_rel_diff']:.1f} %")
+    if r["same_passes_programs"]:
+        print(f"like for like ({r['same_passes_programs']} labels against checks of as many passes, "
+              f">= {args.min_gap_minutes:g} min apart): median {100 * r['same_passes_median_rel_diff']:.1f} %, "
+              f"p90 {100 * r['same_passes_p90_rel_diff']:.1f} %")
     return 0
 
 
@@ -158,6 +163,8 @@ def build_parser() -> argparse.ArgumentParser:
     nz.add_argument("--devices", default="datasets/devices.json")
     nz.add_argument("--repeat", type=int, default=15)
     nz.add_argument("--min-repeat-ms", type=int, default=15)
+    nz.add_argument("--min-gap-minutes", type=float, default=30.0,
+                    help="earlier checks combined with this one (like-for-like figure) lie at least this far apart")
     nz.set_defaults(func=cmd_noise)
 
     rm = sub.add_parser("remeasure", help="measure stored programs again, later; labels become the fastest "

@@ -493,10 +493,8 @@ def _measured_at(measurement: dict, runs: dict) -> float:
     run's start (earlier than the truth, so a gap can only look longer than it was)."""
     if "measured_at" in measurement:
         return float(measurement["measured_at"])
-    import datetime as dt
-
     date = (runs.get(measurement.get("run")) or {}).get("date")
-    return dt.datetime.strptime(date, "%Y-%m-%dT%H:%M:%S%z").timestamp() if date else 0.0
+    return _parse_date(date) if date else 0.0
 
 
 def _wait_while_paused(dataset_dir: str) -> None:
@@ -510,7 +508,7 @@ def _wait_while_paused(dataset_dir: str) -> None:
 
 
 def remeasure_noise(dataset_dir: str, tasks, device, target, n: int = 100, seed: int = 0,
-                    cfg: MeasureConfig | None = None, progress: bool = True) -> dict:
+                    cfg: MeasureConfig | None = None, min_gap_minutes: float = 30.0, progress: bool = True) -> dict:
     """Re-measure the device's fixed probe set now and compare with the stored labels.
 
     The probe set is chosen once: ``n`` random labeled records measured with the same repeat settings as
@@ -518,6 +516,12 @@ def remeasure_noise(dataset_dir: str, tasks, device, target, n: int = 100, seed:
     re-measures the same programs. Run-to-run noise is |new - old| / old per program (old: the label,
     the fastest repeat over all its passes; also reported against the first pass alone, the label
     before ``cdmpp remeasure``); median and 90th percentile go to ``noise-<device>.json``, appended.
+
+    A label of P passes is also compared with a check of P passes, like for like (``same_passes_*``):
+    this check's measurement combined with the P - 1 latest earlier checks of the program taken with the
+    same settings, each at least ``min_gap_minutes`` before the next, fastest wins. Why: a single check
+    pass that lands in a slow spell shows the check's noise, not the label's; two applications of the
+    same procedure disagreeing is the procedure's noise.
     """
     import json
     import random
@@ -563,21 +567,45 @@ def remeasure_noise(dataset_dir: str, tasks, device, target, n: int = 100, seed:
                          "passes": 1 + sum(usable(p) for p in r.get("remeasures", []))})
     import numpy as np
 
-    def noise(key: str) -> tuple[float | None, float | None]:
-        rel = [abs(p["new"] - p[key]) / p[key] for p in rows]
+    def noise(new: str, old: str) -> tuple[float | None, float | None]:
+        rel = [abs(p[new] - p[old]) / p[old] for p in rows if p[new] is not None]
         return (float(np.median(rel)), float(np.percentile(rel, 90))) if rel else (None, None)
 
-    (med, p90), (med1, p90_1) = noise("old"), noise("first_pass")
-    result = {"device": device.id, "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "programs": len(rows),
-              "median_rel_diff": med, "p90_rel_diff": p90,
-              "first_pass_median_rel_diff": med1, "first_pass_p90_rel_diff": p90_1,
-              "label_passes": {str(k): sum(p["passes"] == k for p in rows) for k in sorted({p["passes"] for p in rows})},
-              "measure": dataclasses.asdict(cfg), "pairs": rows}
     path = os.path.join(dataset_dir, f"noise-{slug(device.id)}.json")
     history = json.load(open(path)) if os.path.exists(path) else []
+    now = time.time()
+    earlier = [(_parse_date(h["date"]), {p["id"]: p["new"] for p in h.get("pairs", [])}) for h in reversed(history)
+               if (h.get("measure") or {}).get("repeat") == cfg.repeat
+               and (h.get("measure") or {}).get("min_repeat_ms") == cfg.min_repeat_ms]
+    for row in rows:
+        passes, last = [row["new"]], now
+        for when, news in earlier:
+            if len(passes) == row["passes"]:
+                break
+            if row["id"] in news and when <= last - 60 * min_gap_minutes:
+                passes.append(news[row["id"]])
+                last = when
+        row["check_passes"] = len(passes)
+        row["new_same_passes"] = min(passes) if len(passes) == row["passes"] else None
+    (med, p90), (med1, p90_1) = noise("new", "old"), noise("new", "first_pass")
+    med_same, p90_same = noise("new_same_passes", "old")
+    result = {"device": device.id, "date": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(now)),
+              "programs": len(rows), "median_rel_diff": med, "p90_rel_diff": p90,
+              "first_pass_median_rel_diff": med1, "first_pass_p90_rel_diff": p90_1,
+              "same_passes_programs": sum(p["new_same_passes"] is not None for p in rows),
+              "same_passes_median_rel_diff": med_same, "same_passes_p90_rel_diff": p90_same,
+              "label_passes": {str(k): sum(p["passes"] == k for p in rows) for k in sorted({p["passes"] for p in rows})},
+              "measure": dataclasses.asdict(cfg), "pairs": rows}
     history.append(result)
     _write_json(path, history)
     return result
+
+
+def _parse_date(text: str) -> float:
+    """Seconds since the epoch of a run's or a noise check's ``%Y-%m-%dT%H:%M:%S%z`` date."""
+    from datetime import datetime
+
+    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S%z").timestamp()
 
 
 def _write_json(path: str, obj) -> None:

@@ -126,6 +126,12 @@ def test_collect_kill_resume_and_load(tmp_path, monkeypatch):
     assert remeasure(table, ds, dev, target, passes=2, min_gap_minutes=0, cfg=cfg, progress=False)["todo"] == 0
     third = remeasure_noise(ds, table, dev, target, cfg=cfg, progress=False)
     assert third["label_passes"] == {"2": 5} and all(p["old"] <= p["first_pass"] for p in third["pairs"])
+    assert third["same_passes_programs"] == 0  # the earlier checks are seconds old, not 30 minutes
+    # like for like: 2-pass labels against this check combined with the one before, fastest wins
+    fourth = remeasure_noise(ds, table, dev, target, cfg=cfg, min_gap_minutes=0, progress=False)
+    before = {p["id"]: p["new"] for p in third["pairs"]}
+    assert fourth["same_passes_programs"] == 5 and fourth["same_passes_median_rel_diff"] >= 0
+    assert all(p["new_same_passes"] == min(p["new"], before[p["id"]]) for p in fourth["pairs"])
 
 
 def test_corrupt_lines_are_reported_and_the_rest_loads(tmp_path):
