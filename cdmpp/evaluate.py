@@ -137,7 +137,10 @@ def noise_floors(dataset_dir: str) -> dict[str, dict]:
             out[device] = dict(file=os.path.basename(path), device=device,
                                median_rel_diff=float(last["median_rel_diff"]),
                                p90_rel_diff=float(last.get("p90_rel_diff", float("nan"))),
-                               programs=last.get("programs", last.get("n")), date=last.get("date"))
+                               programs=last.get("programs", last.get("n")), date=last.get("date"),
+                               **{k: last[k] for k in ("first_pass_median_rel_diff", "first_pass_p90_rel_diff",
+                                                       "same_passes_median_rel_diff", "same_passes_p90_rel_diff")
+                                  if last.get(k) is not None})
     return out
 
 
@@ -223,11 +226,24 @@ def markdown_report(report: dict) -> str:
     return "\n".join(out)
 
 
+def _pass_detail(floor: dict) -> str:
+    """The same check against single-pass labels (what most records are until ``cdmpp remeasure``
+    has run over them) and like for like, where the check file has them."""
+    out = ""
+    if "first_pass_median_rel_diff" in floor:
+        out += (f"; against single-pass labels {100 * floor['first_pass_median_rel_diff']:.1f} % / "
+                f"{100 * floor['first_pass_p90_rel_diff']:.1f} %")
+    if "same_passes_median_rel_diff" in floor:
+        out += (f"; like for like (check of as many passes as the label) {100 * floor['same_passes_median_rel_diff']:.1f} % / "
+                f"{100 * floor['same_passes_p90_rel_diff']:.1f} %")
+    return out
+
+
 def _noise_line(noise: dict | None) -> str:
     if not noise:
         return "- noise floor: not measured yet"
     floors = noise.get("per_device") or {noise["device"]: noise}
     parts = [f"{d}: {100 * f['median_rel_diff']:.1f} % median, {100 * f['p90_rel_diff']:.1f} % p90 "
-             f"({f.get('programs')} programs re-measured, {f['file']})" for d, f in floors.items()]
+             f"({f.get('programs')} programs re-measured, {f['file']}{_pass_detail(f)})" for d, f in floors.items()]
     head = "- noise floor (run-to-run re-measurement, |new - old| / old"
     return head + ("; the table shows the worst device): " if len(parts) > 1 else "): ") + "; ".join(parts)

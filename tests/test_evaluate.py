@@ -86,6 +86,11 @@ def test_noise_floor(tmp_path):
     assert floor["median_rel_diff"] == 0.05 and floor["p90_rel_diff"] == 0.12  # the last run counts
     assert "5.0 %" in ev.markdown_table([{"method": "m", "metrics": {"mape": 0.1}}], floor)
     assert "not measured yet" in ev.markdown_table([{"method": "m", "metrics": {"mape": 0.1}}], None)
+    runs.append({"median_rel_diff": 0.02, "p90_rel_diff": 0.2, "first_pass_median_rel_diff": 0.03,
+                 "first_pass_p90_rel_diff": 0.3, "same_passes_median_rel_diff": 0.01, "same_passes_p90_rel_diff": 0.08})
+    (tmp_path / "noise-dev.json").write_text(json.dumps(runs))
+    line = ev._noise_line(ev.noise_floor(str(tmp_path)))
+    assert "single-pass labels 3.0 % / 30.0 %" in line and "like for like" in line and "1.0 % / 8.0 %" in line
 
 
 # ---- splits on real programs ------------------------------------------------------------------------
