@@ -110,7 +110,8 @@ def cmd_remeasure(args) -> int:
     try:
         s = remeasure(TaskTable.load(args.task_table), args.dataset, spec, spec.make_target(), passes=args.passes,
                       min_gap_minutes=args.min_gap_minutes, budget_minutes=args.budget_minutes, cfg=cfg,
-                      batch_size=args.batch_size, probe_only=args.probe_only)
+                      batch_size=args.batch_size, probe_only=args.probe_only,
+                      runs=set(args.run) if args.run else None)
     except ValueError as e:
         print(f"cdmpp remeasure: {e}", file=sys.stderr)
         return 2
@@ -175,6 +176,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="a new pass only this long after the program's last one (default 30)")
     rm.add_argument("--budget-minutes", type=float, help="stop after this many minutes")
     rm.add_argument("--probe-only", action="store_true", help="only the device's fixed probe set (cdmpp noise)")
+    rm.add_argument("--run", action="append", metavar="RUN_ID",
+                    help="only programs first measured by this collection run (datasets/.../runs.jsonl; repeatable)")
     rm.add_argument("--dataset", default="datasets/measurements")
     rm.add_argument("--task-table", default="datasets/tasks-llvm.json.gz")
     rm.add_argument("--devices", default="datasets/devices.json")

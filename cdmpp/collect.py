@@ -413,9 +413,10 @@ def collect(tasks, dataset_dir: str, device, target, per_task: int = 32, budget_
 
 def remeasure(tasks, dataset_dir: str, device, target, passes: int = 2, min_gap_minutes: float = 30.0,
               budget_minutes: float | None = None, cfg: MeasureConfig | None = None, batch_size: int = 32,
-              probe_only: bool = False, rpc=None, progress: bool = True) -> dict:
+              probe_only: bool = False, runs: set[str] | None = None, rpc=None, progress: bool = True) -> dict:
     """Measure stored programs again until each label has ``passes`` valid passes, each one at least
     ``min_gap_minutes`` after the one before; a label is the fastest repeat over all its passes.
+    ``runs``: only programs first measured by these collection runs (one that hit a slow spell).
 
     Why: on a shared VM a slow spell (a neighbour, the host) lasts minutes and slows every repeat of a
     pass, so one pass's fastest repeat is not enough. On the 2-thread probe set (09:27), 23 % of the
@@ -435,7 +436,7 @@ def remeasure(tasks, dataset_dir: str, device, target, passes: int = 2, min_gap_
 
     cfg = cfg or MeasureConfig()
     store = RecordStore(dataset_dir)
-    runs = store.runs()
+    provenance = store.runs()
     only = None
     if probe_only:
         probe_path = os.path.join(dataset_dir, f"probe-{slug(device.id)}.json")
@@ -446,10 +447,12 @@ def remeasure(tasks, dataset_dir: str, device, target, passes: int = 2, min_gap_
     for r in store.iter_records(device.id):
         if label(r) is None or r["task"] not in tasks.tasks or (only is not None and r["id"] not in only):
             continue
+        if runs is not None and r.get("run") not in runs:
+            continue
         valid = [r] + [p for p in r.get("remeasures", []) if usable(p)]
         if len(valid) >= passes:
             continue
-        if now - max(_measured_at(p, runs) for p in valid) < 60 * min_gap_minutes:
+        if now - max(_measured_at(p, provenance) for p in valid) < 60 * min_gap_minutes:
             waiting += 1
             continue
         todo.append((r, len(r.get("remeasures", [])) + 2))  # a pass number no earlier pass of r used
