@@ -1,0 +1,24 @@
+"""How a later pass moved the labels, per collection run: a run that hit a uniform slow spell would show
+its second passes faster across the board (median well below 1); per-program noise shows as wide tails.
+
+    python benchmarks/pass_shift.py [DEVICE] [DATASET]
+"""
+import sys
+from collections import defaultdict
+
+import numpy as np
+
+from cdmpp.collect import usable
+from cdmpp.store import RecordStore
+
+device = sys.argv[1] if len(sys.argv) > 1 else "amd-epyc-znver4-2t/llvm-avx512"
+dataset = sys.argv[2] if len(sys.argv) > 2 else "datasets/measurements"
+by_run = defaultdict(list)
+for r in RecordStore(dataset).iter_records(device):
+    later = [p for p in r.get("remeasures", []) if usable(p)]
+    if r.get("error") is None and r.get("seconds") and later:
+        by_run[r["run"]].append(min(later[0]["seconds"]) / min(r["seconds"]))
+for run, ratios in sorted(by_run.items()):
+    x = np.array(ratios)
+    print(f"{run}: {len(x)} programs, second / first pass: median {np.median(x):.3f}, p10 {np.percentile(x, 10):.3f}, "
+          f"p90 {np.percentile(x, 90):.3f}; > 10 % faster {np.mean(x < 0.9):.1%}, > 10 % slower {np.mean(x > 1.1):.1%}")
