@@ -249,6 +249,8 @@ def _noise_line(noise: dict | None) -> str:
     parts = [f"{d}: {100 * f['median_rel_diff']:.1f} % median, {100 * f['p90_rel_diff']:.1f} % p90 "
              f"({f.get('programs')} programs re-measured, {f['file']}{_pass_detail(f)})" for d, f in floors.items()]
     head = "- noise floor (run-to-run re-measurement, |new - old| / old"
-    if len(parts) == 1 and "same_passes_median_rel_diff" in noise:
+    if len(parts) > 1:
+        head += "; the table shows the worst device, like for like where measured"
+    elif "same_passes_median_rel_diff" in noise:
         head += "; the table shows the like-for-like median"
-    return head + ("; the table shows the worst device, like for like where measured): " if len(parts) > 1 else "): ") + "; ".join(parts)
+    return head + "): " + "; ".join(parts)
