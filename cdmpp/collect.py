@@ -437,6 +437,9 @@ def remeasure(tasks, dataset_dir: str, device, target, passes: int = 2, min_gap_
     cfg = cfg or MeasureConfig()
     store = RecordStore(dataset_dir)
     provenance = store.runs()
+    unknown = sorted(set(runs or ()) - set(provenance))
+    if unknown:
+        raise ValueError(f"unknown collection run(s) {', '.join(unknown)}: see {dataset_dir}/runs.jsonl")
     only = None
     if probe_only:
         probe_path = os.path.join(dataset_dir, f"probe-{slug(device.id)}.json")

@@ -117,6 +117,8 @@ def test_collect_kill_resume_and_load(tmp_path, monkeypatch):
     killed_run = {r["run"] for r in before.values()}  # only the programs the killed run measured
     assert remeasure(table, ds, dev, target, passes=2, min_gap_minutes=60, cfg=cfg, runs=killed_run,
                      progress=False)["too_recent"] == len(before)
+    with pytest.raises(ValueError, match="no-such-run"):  # a mistyped run id is named, not a silent no-op
+        remeasure(table, ds, dev, target, runs={"no-such-run"}, cfg=cfg, progress=False)
     s = remeasure(table, ds, dev, target, passes=2, min_gap_minutes=0, cfg=cfg, batch_size=3, progress=False)
     assert s["measured"] == 8 and s["failed"] == 0
     report = LoadReport()
