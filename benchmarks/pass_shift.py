@@ -19,8 +19,8 @@ by_run, moved = defaultdict(list), defaultdict(list)
 for r in RecordStore(dataset).iter_records(device):
     later = [p for p in r.get("remeasures", []) if usable(p)]
     if r.get("error") is None and r.get("seconds") and later:
-        by_run[r["run"]].append(min(later[0]["seconds"]) / min(r["seconds"]))
-        fastest = [min(p["seconds"]) for p in [r] + later]
+        fastest = [min(p["seconds"]) for p in [r] + later]  # each pass's fastest repeat, in order
+        by_run[r["run"]].append(fastest[1] / fastest[0])
         moved[len(fastest)].append(1 - min(fastest) / min(fastest[:-1]))
 for run, ratios in sorted(by_run.items()):
     x = np.array(ratios)
