@@ -16,7 +16,8 @@ is the most reproducible statistic. Measured back to back on the same built prog
 to cores. Caches are warm (TVM's default runner); pass ``--cache-flush`` to flush them before each repeat.
 Integer inputs (gather indices of ``take`` and the like) are zero-filled: random integers index out of
 bounds and crash the runner.
-Create the file ``PAUSE`` in the dataset folder to pause between batches (delete it to go on).
+Create the file ``PAUSE`` in the dataset folder to pause (delete it to go on): builds in flight finish,
+no further program runs, and a run phase it interrupted is run again in full once resumed.
 
 Other processes are the main source of noise on a small machine: a 2-thread kernel whose second
 thread is descheduled waits a whole time slice at its barrier (a 10 µs kernel measured 100x slower
@@ -200,7 +201,8 @@ def run_within_budget_rpc(session, rt_mod, device, evaluator_config, repeated_ar
 class Measurer:
     """Builds a batch in parallel, then runs it serially, one program at a time, on a quiet machine."""
 
-    def __init__(self, target, cfg: MeasureConfig, rpc: tuple[str, int, str] | None = None):
+    def __init__(self, target, cfg: MeasureConfig, rpc: tuple[str, int, str] | None = None,
+                 pause_flag: str | None = None):
         tvm_env.setup()
         from tvm.s_tir import meta_schedule as ms
 
@@ -226,6 +228,7 @@ class Measurer:
                                                                                   budget_s=cfg.run_budget_s))
         self.device_type = "cuda" if "gpu" in [str(k) for k in target.keys] else "cpu"
         self.guard = CpuGuard()
+        self.pause_flag = pause_flag  # while this file exists, nothing is built or run
         self.on_wait = None  # callback(seconds waited) while waiting for a quiet machine
 
     def measure(self, mods: list, groups: list | None = None) -> list[tuple[list[float], str | None, float, float]]:
@@ -236,6 +239,7 @@ class Measurer:
         whole run timeout, and a task whose random schedules run for minutes would stall the collection.
         """
         ms = self.ms
+        self._wait_while_paused()
         t0 = time.perf_counter()
         builds = self.builder.build([ms.builder.BuilderInput(m, self.target) for m in mods])
         build_s = (time.perf_counter() - t0) / max(1, len(mods))
@@ -248,12 +252,17 @@ class Measurer:
                 inputs.append(ms.runner.RunnerInput(b.artifact_path, self.device_type,
                                                     ms.arg_info.ArgInfo.from_prim_func(m["main"])))
                 where.append(i)
-        for attempt in range(self.cfg.max_tries):
+        tries = 0
+        while True:
+            self._wait_while_paused()
             self.guard.wait_quiet(self.cfg.quiet_share, self.cfg.max_wait_s, self.on_wait)
             mark = self.guard.start()
             results = self._run(inputs, [groups[i] for i in where] if groups else [None] * len(inputs))
+            if results is None:  # paused midway: whatever ran since (tests, builds) disturbed this phase
+                continue
             others = self.guard.others_share(mark)
-            if others < self.cfg.quiet_share:
+            tries += 1
+            if others < self.cfg.quiet_share or tries >= self.cfg.max_tries:
                 break
         for i, (secs, err) in zip(where, results):
             if err:
@@ -265,10 +274,24 @@ class Measurer:
                 out[i] = (*b, 0.0)
         return out
 
-    def _run(self, inputs: list, groups: list) -> list[tuple[list | None, str | None]]:
+    def _pause_requested(self) -> bool:
+        return self.pause_flag is not None and os.path.exists(self.pause_flag)
+
+    def _wait_while_paused(self) -> None:
+        announced = False
+        while self._pause_requested():
+            if not announced:
+                print(f"\npaused: {self.pause_flag} exists", file=sys.stderr)
+                announced = True
+            time.sleep(2)
+
+    def _run(self, inputs: list, groups: list) -> list[tuple[list | None, str | None]] | None:
+        """Runs the programs one by one; None if a pause was requested before the last one ran."""
         timeouts: dict = {}
         out = []
         for inp, g in zip(inputs, groups):
+            if self._pause_requested():
+                return None
             if g is not None and timeouts.get(g, 0) >= SKIP_AFTER_TIMEOUTS:
                 out.append((None, f"skipped: {SKIP_AFTER_TIMEOUTS} programs of this task timed out in this batch"))
                 continue
@@ -357,7 +380,7 @@ def collect(tasks, dataset_dir: str, device, target, per_task: int = 32, budget_
     store = RecordStore(dataset_dir)
     done = store.done_ids(device.id)
     run_id = store.add_run(_provenance(device, target, cfg, rpc, per_task=per_task, seed=seed))
-    measurer = Measurer(target, cfg, rpc)
+    measurer = Measurer(target, cfg, rpc, pause_flag=os.path.join(dataset_dir, "PAUSE"))
     measurer.on_wait = lambda waited: bar.set_postfix_str(f"waiting {waited:.0f}s for a quiet machine")
     deadline = time.time() + budget_minutes * 60 if budget_minutes else None
     task_list = sorted(tasks, key=lambda t: t.key)
@@ -369,7 +392,6 @@ def collect(tasks, dataset_dir: str, device, target, per_task: int = 32, budget_
     def flush():
         if not pending:
             return
-        _wait_while_paused(dataset_dir)
         results = measurer.measure([p[1].mod for p in pending], [p[0].key for p in pending])
         recs = []
         for (task, sch, phash), (secs, err, build_s, others) in zip(pending, results):
@@ -461,7 +483,7 @@ def remeasure(tasks, dataset_dir: str, device, target, passes: int = 2, min_gap_
         todo.append((r, len(r.get("remeasures", [])) + 2))  # a pass number no earlier pass of r used
     todo.sort(key=lambda t: t[0]["task"])
     run_id = store.add_run(_provenance(device, target, cfg, rpc, mode="remeasure", passes=passes))
-    measurer = Measurer(target, cfg, rpc)
+    measurer = Measurer(target, cfg, rpc, pause_flag=os.path.join(dataset_dir, "PAUSE"))
     bar = tqdm(total=len(todo), unit="prog", desc="remeasure", disable=not progress, dynamic_ncols=True)
     measurer.on_wait = lambda waited: bar.set_postfix_str(f"waiting {waited:.0f}s for a quiet machine")
     deadline = time.time() + budget_minutes * 60 if budget_minutes else None
@@ -472,7 +494,6 @@ def remeasure(tasks, dataset_dir: str, device, target, passes: int = 2, min_gap_
             if deadline and time.time() > deadline:
                 stats["stopped_by_budget"] = True
                 break
-            _wait_while_paused(dataset_dir)
             batch, mods = todo[i:i + batch_size], []
             for r, _ in batch:
                 if task_mod[0] != r["task"]:
@@ -501,16 +522,6 @@ def _measured_at(measurement: dict, runs: dict) -> float:
         return float(measurement["measured_at"])
     date = (runs.get(measurement.get("run")) or {}).get("date")
     return _parse_date(date) if date else 0.0
-
-
-def _wait_while_paused(dataset_dir: str) -> None:
-    flag = os.path.join(dataset_dir, "PAUSE")
-    announced = False
-    while os.path.exists(flag):
-        if not announced:
-            print(f"\npaused: {flag} exists", file=sys.stderr)
-            announced = True
-        time.sleep(2)
 
 
 def remeasure_noise(dataset_dir: str, tasks, device, target, n: int = 100, seed: int = 0,
@@ -558,7 +569,7 @@ def remeasure_noise(dataset_dir: str, tasks, device, target, n: int = 100, seed:
     if not recs:
         raise ValueError(f"no labeled records of {device.id} measured with repeat={cfg.repeat}, "
                          f"min_repeat_ms={cfg.min_repeat_ms} in {dataset_dir}: nothing to re-measure")
-    measurer = Measurer(target, cfg)
+    measurer = Measurer(target, cfg, pause_flag=os.path.join(dataset_dir, "PAUSE"))
     rows = []
     for i in tqdm(range(0, len(recs), 24), desc="re-measure", unit="batch", disable=not progress):
         batch = recs[i:i + 24]

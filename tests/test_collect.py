@@ -307,6 +307,37 @@ def test_a_kernel_that_ignores_the_timeout_is_killed():
     assert err is None and secs
 
 
+def test_pause_stops_a_run_phase_midway_and_reruns_it_once_resumed(tmp_path):
+    """PAUSE created while a batch runs stops it before its next program; whatever ran meanwhile may have
+    disturbed the programs already run, so the whole run phase is run again once PAUSE is gone."""
+    import threading
+
+    from cdmpp import tvm_env, workloads
+
+    tvm_env.setup(1)
+    from cdmpp.collect import MeasureConfig, Measurer
+
+    flag = tmp_path / "PAUSE"
+    m = Measurer(tvm_env.make_target("llvm", num_cores=1),
+                 MeasureConfig(repeat=2, min_repeat_ms=1, builders=1, quiet_share=1.0), pause_flag=str(flag))
+    runs, run_one, paused_at = [], m._run_one, []
+
+    def run_one_then_pause(inp):
+        runs.append(inp.artifact_path)
+        out = run_one(inp)
+        if len(runs) == 1:  # someone pauses while the first program runs, and resumes 3 s later
+            flag.touch()
+            paused_at.append(time.time())
+            threading.Timer(3.0, flag.unlink).start()
+        return out
+
+    m._run_one = run_one_then_pause
+    out = m.measure([workloads.matmul(16, 16, 16), workloads.matmul(32, 32, 32)])
+    assert [err for _, err, _, _ in out] == [None, None] and all(secs for secs, _, _, _ in out)
+    assert len(runs) == 3 and runs[0] == runs[1] != runs[2]  # first program, then the whole phase again
+    assert time.time() - paused_at[0] >= 3.0
+
+
 def test_cpu_guard_counts_exited_children_as_ours():
     """A child that ran and exited (a killed runner worker) is part of this tree, not another process."""
     guard, quiet = _quiet_guard(0.1)
