@@ -34,6 +34,7 @@ import functools
 import hashlib
 import os
 import platform
+import shutil
 import sys
 import threading
 import time
@@ -243,6 +244,16 @@ class Measurer:
         t0 = time.perf_counter()
         builds = self.builder.build([ms.builder.BuilderInput(m, self.target) for m in mods])
         build_s = (time.perf_counter() - t0) / max(1, len(mods))
+        try:
+            return self._run_built(mods, groups, builds, build_s)
+        finally:  # the builder leaves each artifact in a temporary folder of its own, and nothing removes it
+            for b in builds:
+                if b.artifact_path:
+                    shutil.rmtree(os.path.dirname(b.artifact_path), ignore_errors=True)
+
+    def _run_built(self, mods, groups, builds, build_s: float) -> list:
+        """``measure`` once the batch is built."""
+        ms = self.ms
         out: list = [None] * len(mods)
         inputs, where = [], []
         for i, (m, b) in enumerate(zip(mods, builds)):

@@ -307,6 +307,26 @@ def test_a_kernel_that_ignores_the_timeout_is_killed():
     assert err is None and secs
 
 
+def test_measuring_leaves_no_built_artifacts_behind(tmp_path, monkeypatch):
+    """MetaSchedule's builder writes each artifact into a temporary folder that nothing removes: a long
+    collection once left ~15,000 of them (4 GB) in /tmp."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # the builder's worker processes make their folders here
+    from cdmpp import tvm_env, workloads
+
+    tvm_env.setup(1)
+    from cdmpp.collect import MeasureConfig, Measurer
+
+    m = Measurer(tvm_env.make_target("llvm", num_cores=1),
+                 MeasureConfig(repeat=2, min_repeat_ms=1, builders=1, quiet_share=1.0))
+    seen = []
+    run_one = m._run_one
+    m._run_one = lambda inp: (seen.append(inp.artifact_path), run_one(inp))[1]
+    out = m.measure([workloads.matmul(16, 16, 16), workloads.matmul(32, 32, 32)])
+    assert [err for _, err, _, _ in out] == [None, None]
+    assert len(seen) == 2 and all(p.startswith(str(tmp_path)) for p in seen)
+    assert not any(os.path.exists(p) for p in seen) and not os.listdir(tmp_path)
+
+
 def test_pause_stops_a_run_phase_midway_and_reruns_it_once_resumed(tmp_path):
     """PAUSE created while a batch runs stops it before its next program; whatever ran meanwhile may have
     disturbed the programs already run, so the whole run phase is run again once PAUSE is gone."""
