@@ -1,23 +1,25 @@
 """How later passes moved the labels. Per collection run: a run that hit a uniform slow spell would show
 its second passes faster across the board (median well below 1); per-program noise shows as wide tails.
-Per pass count: how far the last pass moved the label (the fastest repeat over all passes); if a third
+How many valid passes the labels have, and per pass count how far the last pass moved the label (the fastest repeat over all passes); if a third
 pass rarely moves it, more passes would not change the data.
 
     python benchmarks/pass_shift.py [DEVICE] [DATASET]
 """
 import sys
-from collections import defaultdict
+from collections import Counter, defaultdict
 
 import numpy as np
 
-from cdmpp.collect import usable
+from cdmpp.collect import label, usable
 from cdmpp.store import RecordStore
 
 device = sys.argv[1] if len(sys.argv) > 1 else "amd-epyc-znver4-2t/llvm-avx512"
 dataset = sys.argv[2] if len(sys.argv) > 2 else "datasets/measurements"
-by_run, moved = defaultdict(list), defaultdict(list)
+by_run, moved, passes = defaultdict(list), defaultdict(list), Counter()
 for r in RecordStore(dataset).iter_records(device):
     later = [p for p in r.get("remeasures", []) if usable(p)]
+    if label(r) is not None:
+        passes[1 + len(later)] += 1
     if r.get("error") is None and r.get("seconds") and later:
         fastest = [min(p["seconds"]) for p in [r] + later]  # each pass's fastest repeat, in order
         by_run[r["run"]].append(fastest[1] / fastest[0])
@@ -30,3 +32,4 @@ for n, shifts in sorted(moved.items()):
     x = np.array(shifts)
     print(f"{len(x)} labels with {n} passes, how much pass {n} lowered each: median {np.median(x):.1%}, p90 {np.percentile(x, 90):.1%}; "
           f"by > 3 % {np.mean(x > 0.03):.1%}, by > 10 % {np.mean(x > 0.10):.1%}")
+print(f"{sum(passes.values())} labels; " + ", ".join(f"{passes[n]} with {n} passes" for n in sorted(passes)))
