@@ -38,6 +38,21 @@ def cmd_featurize(args) -> int:
     return 0
 
 
+def _artifact_dir(args) -> str | None:
+    """Where built programs are kept for later passes: beside the dataset's feature cache."""
+    from cdmpp.data import default_cache_dir
+
+    if args.artifacts == "none":
+        return None
+    return args.artifacts or os.path.join(default_cache_dir(args.dataset), "artifacts")
+
+
+def _add_artifacts_arg(parser) -> None:
+    parser.add_argument("--artifacts", metavar="DIR",
+                        help="keep built programs here so later passes skip the build (default: "
+                             "~/.cache/cdmpp/<dataset>/artifacts, ~10 KB each; 'none' to keep nothing)")
+
+
 def cmd_collect(args) -> int:
     from cdmpp import tvm_env
     from cdmpp.collect import MeasureConfig, collect
@@ -66,7 +81,7 @@ def cmd_collect(args) -> int:
                         builders=args.builders)
     print(f"collecting {len(table)} tasks x {args.per_task} schedules on {device.id} into {args.dataset}", file=sys.stderr)
     s = collect(table, args.dataset, device, target, per_task=args.per_task, budget_minutes=args.budget_minutes,
-                cfg=cfg, batch_size=args.batch_size, seed=args.seed, rpc=rpc)
+                cfg=cfg, batch_size=args.batch_size, seed=args.seed, rpc=rpc, artifact_dir=_artifact_dir(args))
     print(f"done: {s['measured']} measured, {s['failed']} failed, {s['skipped_done']} already stored, "
           f"{s['tasks']} tasks, {s['seconds']} s" + (" (stopped by budget)" if s["stopped_by_budget"] else ""))
     return 0
@@ -82,7 +97,7 @@ def cmd_noise(args) -> int:
     tvm_env.setup(spec.threads)
     cfg = MeasureConfig(repeat=args.repeat, min_repeat_ms=args.min_repeat_ms)
     r = remeasure_noise(args.dataset, TaskTable.load(args.task_table), spec, spec.make_target(), n=args.n, cfg=cfg,
-                        min_gap_minutes=args.min_gap_minutes)
+                        min_gap_minutes=args.min_gap_minutes, artifact_dir=_artifact_dir(args))
     print(f"{r['device']}: {r['programs']} programs re-measured; |new - label| / label median "
           f"{100 * r['median_rel_diff']:.1f} %, p90 {100 * r['p90_rel_diff']:.1f} % (labels with 1/2/.. passes: "
           f"{r['label_passes']}); against first passes only: median {100 * r['first_pass_median_rel_diff']:.1f} %, "
@@ -111,7 +126,7 @@ def cmd_remeasure(args) -> int:
         s = remeasure(TaskTable.load(args.task_table), args.dataset, spec, spec.make_target(), passes=args.passes,
                       min_gap_minutes=args.min_gap_minutes, budget_minutes=args.budget_minutes, cfg=cfg,
                       batch_size=args.batch_size, probe_only=args.probe_only,
-                      runs=set(args.run) if args.run else None)
+                      runs=set(args.run) if args.run else None, artifact_dir=_artifact_dir(args))
     except ValueError as e:
         print(f"cdmpp remeasure: {e}", file=sys.stderr)
         return 2
@@ -154,6 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--rpc-tracker", help="HOST:PORT of a TVM RPC tracker (measure remotely)")
     c.add_argument("--rpc-key", default="", help="device key at the tracker")
+    _add_artifacts_arg(c)
     c.set_defaults(func=cmd_collect)
 
     nz = sub.add_parser("noise", help="re-measure a device's fixed probe set and report run-to-run noise")
@@ -166,6 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
     nz.add_argument("--min-repeat-ms", type=int, default=15)
     nz.add_argument("--min-gap-minutes", type=float, default=30.0,
                     help="earlier checks combined with this one (like-for-like figure) lie at least this far apart")
+    _add_artifacts_arg(nz)
     nz.set_defaults(func=cmd_noise)
 
     rm = sub.add_parser("remeasure", help="measure stored programs again, later; labels become the fastest "
@@ -185,6 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
     rm.add_argument("--builders", type=int, default=2)
     rm.add_argument("--repeat", type=int, default=15)
     rm.add_argument("--min-repeat-ms", type=int, default=15)
+    _add_artifacts_arg(rm)
     rm.set_defaults(func=cmd_remeasure)
 
     b = sub.add_parser("bench", help="benchmarks (not tests)")

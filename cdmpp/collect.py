@@ -36,6 +36,7 @@ import os
 import platform
 import shutil
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -203,7 +204,7 @@ class Measurer:
     """Builds a batch in parallel, then runs it serially, one program at a time, on a quiet machine."""
 
     def __init__(self, target, cfg: MeasureConfig, rpc: tuple[str, int, str] | None = None,
-                 pause_flag: str | None = None):
+                 pause_flag: str | None = None, artifact_dir: str | None = None):
         tvm_env.setup()
         from tvm.s_tir import meta_schedule as ms
 
@@ -230,35 +231,48 @@ class Measurer:
         self.device_type = "cuda" if "gpu" in [str(k) for k in target.keys] else "cpu"
         self.guard = CpuGuard()
         self.pause_flag = pause_flag  # while this file exists, nothing is built or run
+        self.artifact_dir = artifact_dir  # built programs kept for later passes (``measure``'s ``keys``)
         self.on_wait = None  # callback(seconds waited) while waiting for a quiet machine
 
-    def measure(self, mods: list, groups: list | None = None) -> list[tuple[list[float], str | None, float, float]]:
+    def measure(self, mods: list, groups: list | None = None,
+                keys: list | None = None) -> list[tuple[list[float], str | None, float, float]]:
         """Per program: (seconds of each repeat, error, build seconds, CPU share others used meanwhile).
 
         ``groups`` (the programs' task keys): once ``SKIP_AFTER_TIMEOUTS`` programs of a group time out,
         its other programs in the batch are not run (failed, with the reason): each timeout costs the
         whole run timeout, and a task whose random schedules run for minutes would stall the collection.
+        ``keys`` (the programs' record ids): with an ``artifact_dir``, a program is built once and its later
+        passes run the kept artifact (build seconds 0): building is about half of a pass's time here.
         """
         ms = self.ms
         self._wait_while_paused()
-        t0 = time.perf_counter()
-        builds = self.builder.build([ms.builder.BuilderInput(m, self.target) for m in mods])
-        build_s = (time.perf_counter() - t0) / max(1, len(mods))
+        keys = keys if keys and self.artifact_dir else [None] * len(mods)
+        builds, build_s = [None] * len(mods), [0.0] * len(mods)
         try:
+            for i, key in enumerate(keys):
+                builds[i] = self._kept_artifact(key)
+            todo = [i for i, b in enumerate(builds) if b is None]
+            t0 = time.perf_counter()
+            fresh = self.builder.build([ms.builder.BuilderInput(mods[i], self.target) for i in todo]) if todo else []
+            per_build = (time.perf_counter() - t0) / max(1, len(todo))
+            for i, b in zip(todo, fresh):
+                builds[i], build_s[i] = b, per_build
+                if keys[i] is not None and not b.error_msg:
+                    self._keep_artifact(keys[i], b.artifact_path)
             return self._run_built(mods, groups, builds, build_s)
         finally:  # the builder leaves each artifact in a temporary folder of its own, and nothing removes it
             for b in builds:
-                if b.artifact_path:
+                if b is not None and b.artifact_path:
                     shutil.rmtree(os.path.dirname(b.artifact_path), ignore_errors=True)
 
-    def _run_built(self, mods, groups, builds, build_s: float) -> list:
+    def _run_built(self, mods, groups, builds, build_s: list) -> list:
         """``measure`` once the batch is built."""
         ms = self.ms
         out: list = [None] * len(mods)
         inputs, where = [], []
         for i, (m, b) in enumerate(zip(mods, builds)):
             if b.error_msg:
-                out[i] = ([], "build: " + _short(b.error_msg), build_s)
+                out[i] = ([], "build: " + _short(b.error_msg), build_s[i])
             else:
                 inputs.append(ms.runner.RunnerInput(b.artifact_path, self.device_type,
                                                     ms.arg_info.ArgInfo.from_prim_func(m["main"])))
@@ -277,13 +291,36 @@ class Measurer:
                 break
         for i, (secs, err) in zip(where, results):
             if err:
-                out[i] = ([], "run: " + _short(err), build_s, others)
+                out[i] = ([], "run: " + _short(err), build_s[i], others)
             else:
-                out[i] = ([float(s) for s in secs], None, build_s, others)
+                out[i] = ([float(s) for s in secs], None, build_s[i], others)
         for i, b in enumerate(out):
             if len(b) == 3:
                 out[i] = (*b, 0.0)
         return out
+
+    def _artifact_path(self, key: str) -> str:
+        import tvm
+
+        name = hashlib.sha256(f"{tvm.__version__}|{self.target}|{key}".encode()).hexdigest()[:32]
+        return os.path.join(self.artifact_dir, name + ".tar")
+
+    def _kept_artifact(self, key: str | None):
+        """A copy of the kept artifact in a folder of its own (the runner writes its .so beside it, and the
+        folder is removed after the run, like the builder's), or None."""
+        path = key and self._artifact_path(key)
+        if not path or not os.path.exists(path):
+            return None
+        copy = os.path.join(tempfile.mkdtemp(), "tvm_tmp_mod.tar")
+        shutil.copyfile(path, copy)
+        return self.ms.builder.BuilderResult(copy, None)
+
+    def _keep_artifact(self, key: str, artifact_path: str) -> None:
+        path = self._artifact_path(key)
+        os.makedirs(self.artifact_dir, exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"  # a kill mid-copy leaves no truncated artifact
+        shutil.copyfile(artifact_path, tmp)
+        os.replace(tmp, path)
 
     def _pause_requested(self) -> bool:
         return self.pause_flag is not None and os.path.exists(self.pause_flag)
@@ -378,8 +415,9 @@ def _provenance(device, target, cfg: MeasureConfig, rpc, **extra) -> dict:
 
 def collect(tasks, dataset_dir: str, device, target, per_task: int = 32, budget_minutes: float | None = None,
             cfg: MeasureConfig | None = None, batch_size: int = 32, seed: int = 0, rpc=None,
-            progress: bool = True) -> dict:
-    """Measure ``per_task`` schedules of every task in ``tasks``; resumable; returns a summary."""
+            artifact_dir: str | None = None, progress: bool = True) -> dict:
+    """Measure ``per_task`` schedules of every task in ``tasks``; resumable; returns a summary.
+    ``artifact_dir``: keep the built programs there for later passes (``Measurer.measure``)."""
     from tqdm import tqdm
 
     from cdmpp.features import program_hash
@@ -391,7 +429,7 @@ def collect(tasks, dataset_dir: str, device, target, per_task: int = 32, budget_
     store = RecordStore(dataset_dir)
     done = store.done_ids(device.id)
     run_id = store.add_run(_provenance(device, target, cfg, rpc, per_task=per_task, seed=seed))
-    measurer = Measurer(target, cfg, rpc, pause_flag=os.path.join(dataset_dir, "PAUSE"))
+    measurer = Measurer(target, cfg, rpc, pause_flag=os.path.join(dataset_dir, "PAUSE"), artifact_dir=artifact_dir)
     measurer.on_wait = lambda waited: bar.set_postfix_str(f"waiting {waited:.0f}s for a quiet machine")
     deadline = time.time() + budget_minutes * 60 if budget_minutes else None
     task_list = sorted(tasks, key=lambda t: t.key)
@@ -403,7 +441,8 @@ def collect(tasks, dataset_dir: str, device, target, per_task: int = 32, budget_
     def flush():
         if not pending:
             return
-        results = measurer.measure([p[1].mod for p in pending], [p[0].key for p in pending])
+        results = measurer.measure([p[1].mod for p in pending], [p[0].key for p in pending],
+                                   [record_id(device.id, p[0].key, p[2]) for p in pending])
         recs = []
         for (task, sch, phash), (secs, err, build_s, others) in zip(pending, results):
             recs.append({
@@ -446,7 +485,8 @@ def collect(tasks, dataset_dir: str, device, target, per_task: int = 32, budget_
 
 def remeasure(tasks, dataset_dir: str, device, target, passes: int = 2, min_gap_minutes: float = 30.0,
               budget_minutes: float | None = None, cfg: MeasureConfig | None = None, batch_size: int = 32,
-              probe_only: bool = False, runs: set[str] | None = None, rpc=None, progress: bool = True) -> dict:
+              probe_only: bool = False, runs: set[str] | None = None, rpc=None, artifact_dir: str | None = None,
+              progress: bool = True) -> dict:
     """Measure stored programs again until each label has ``passes`` valid passes, each one at least
     ``min_gap_minutes`` after the one before; a label is the fastest repeat over all its passes.
     ``runs``: only programs first measured by these collection runs (one that hit a slow spell).
@@ -494,7 +534,7 @@ def remeasure(tasks, dataset_dir: str, device, target, passes: int = 2, min_gap_
         todo.append((r, len(r.get("remeasures", [])) + 2))  # a pass number no earlier pass of r used
     todo.sort(key=lambda t: t[0]["task"])
     run_id = store.add_run(_provenance(device, target, cfg, rpc, mode="remeasure", passes=passes))
-    measurer = Measurer(target, cfg, rpc, pause_flag=os.path.join(dataset_dir, "PAUSE"))
+    measurer = Measurer(target, cfg, rpc, pause_flag=os.path.join(dataset_dir, "PAUSE"), artifact_dir=artifact_dir)
     bar = tqdm(total=len(todo), unit="prog", desc="remeasure", disable=not progress, dynamic_ncols=True)
     measurer.on_wait = lambda waited: bar.set_postfix_str(f"waiting {waited:.0f}s for a quiet machine")
     deadline = time.time() + budget_minutes * 60 if budget_minutes else None
@@ -510,7 +550,7 @@ def remeasure(tasks, dataset_dir: str, device, target, passes: int = 2, min_gap_
                 if task_mod[0] != r["task"]:
                     task_mod = (r["task"], load_task_mod(tasks[r["task"]]))
                 mods.append(apply_trace(task_mod[1], r["trace"]))
-            results = measurer.measure(mods, [r["task"] for r, _ in batch])
+            results = measurer.measure(mods, [r["task"] for r, _ in batch], [r["id"] for r, _ in batch])
             recs = []
             for (r, n), (secs, err, build_s, others) in zip(batch, results):
                 recs.append({"id": f"{r['id']}|pass{n}", "of": r["id"], "device": device.id, "task": r["task"],
@@ -536,7 +576,8 @@ def _measured_at(measurement: dict, runs: dict) -> float:
 
 
 def remeasure_noise(dataset_dir: str, tasks, device, target, n: int = 100, seed: int = 0,
-                    cfg: MeasureConfig | None = None, min_gap_minutes: float = 30.0, progress: bool = True) -> dict:
+                    cfg: MeasureConfig | None = None, min_gap_minutes: float = 30.0, artifact_dir: str | None = None,
+                    progress: bool = True) -> dict:
     """Re-measure the device's fixed probe set now and compare with the stored labels.
 
     The probe set is chosen once: ``n`` random labeled records measured with the same repeat settings as
@@ -580,14 +621,14 @@ def remeasure_noise(dataset_dir: str, tasks, device, target, n: int = 100, seed:
     if not recs:
         raise ValueError(f"no labeled records of {device.id} measured with repeat={cfg.repeat}, "
                          f"min_repeat_ms={cfg.min_repeat_ms} in {dataset_dir}: nothing to re-measure")
-    measurer = Measurer(target, cfg, pause_flag=os.path.join(dataset_dir, "PAUSE"))
+    measurer = Measurer(target, cfg, pause_flag=os.path.join(dataset_dir, "PAUSE"), artifact_dir=artifact_dir)
     rows = []
     for i in tqdm(range(0, len(recs), 24), desc="re-measure", unit="batch", disable=not progress):
         batch = recs[i:i + 24]
         mods = []
         for r in batch:
             mods.append(apply_trace(load_task_mod(tasks[r["task"]]), r["trace"]))
-        for r, (secs, err, _, others) in zip(batch, measurer.measure(mods)):
+        for r, (secs, err, _, others) in zip(batch, measurer.measure(mods, keys=[r["id"] for r in batch])):
             if err or not secs or others >= cfg.quiet_share:
                 continue
             old, first, new = label(r), label(r, passes=1), min(secs)

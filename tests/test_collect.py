@@ -327,6 +327,36 @@ def test_measuring_leaves_no_built_artifacts_behind(tmp_path, monkeypatch):
     assert not any(os.path.exists(p) for p in seen) and not os.listdir(tmp_path)
 
 
+def test_a_kept_artifact_is_run_again_without_building(tmp_path, monkeypatch):
+    """Later passes of a program run the artifact its first pass built (building is half a pass's time)."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    from cdmpp import tvm_env, workloads
+
+    tvm_env.setup(1)
+    from cdmpp.collect import MeasureConfig, Measurer
+
+    kept = tmp_path / "artifacts"
+    m = Measurer(tvm_env.make_target("llvm", num_cores=1),
+                 MeasureConfig(repeat=2, min_repeat_ms=1, builders=1, quiet_share=1.0), artifact_dir=str(kept))
+    built, builder = [], m.builder
+
+    class CountingBuilder:
+        def build(self, inputs):
+            built.append(len(inputs))
+            return builder.build(inputs)
+
+    m.builder = CountingBuilder()
+    mods = [workloads.matmul(16, 16, 16), workloads.matmul(32, 32, 32)]
+    first = m.measure(mods, keys=["a", "b"])
+    again = m.measure(mods, keys=["a", "b"])
+    third = m.measure(mods, keys=["a", "c"])
+    assert built == [2, 1]  # nothing built the second time, only "c" the third
+    for out in (first, again, third):
+        assert all(err is None and secs and min(secs) > 0 for secs, err, _, _ in out)
+    assert all(b > 0 for _, _, b, _ in first) and [b for _, _, b, _ in again] == [0.0, 0.0]
+    assert len(os.listdir(kept)) == 3 and os.listdir(tmp_path) == ["artifacts"]
+
+
 def test_pause_stops_a_run_phase_midway_and_reruns_it_once_resumed(tmp_path):
     """PAUSE created while a batch runs stops it before its next program; whatever ran meanwhile may have
     disturbed the programs already run, so the whole run phase is run again once PAUSE is gone."""
