@@ -242,7 +242,8 @@ class Measurer:
         its other programs in the batch are not run (failed, with the reason): each timeout costs the
         whole run timeout, and a task whose random schedules run for minutes would stall the collection.
         ``keys`` (the programs' record ids): with an ``artifact_dir``, a program is built once and its later
-        passes run the kept artifact (build seconds 0): building is about half of a pass's time here.
+        passes run the kept artifact (build seconds 0): 1.85 instead of 1.20 programs/s here
+        (``benchmarks/kept_artifacts.py``).
         """
         ms = self.ms
         self._wait_while_paused()

@@ -328,7 +328,7 @@ def test_measuring_leaves_no_built_artifacts_behind(tmp_path, monkeypatch):
 
 
 def test_a_kept_artifact_is_run_again_without_building(tmp_path, monkeypatch):
-    """Later passes of a program run the artifact its first pass built (building is half a pass's time)."""
+    """Later passes of a program run the artifact its first pass built (building is a third of a pass)."""
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     from cdmpp import tvm_env, workloads
 
