@@ -1,7 +1,7 @@
 """How later passes moved the labels. Per collection run: a run that hit a uniform slow spell would show
 its second passes faster across the board (median well below 1); per-program noise shows as wide tails.
-How many valid passes the labels have, and per pass count how far the last pass moved the label (the fastest repeat over all passes); if a third
-pass rarely moves it, more passes would not change the data.
+How many valid passes the labels have, and per pass count how far the last pass moved the label (the
+fastest repeat over all passes); if a third pass rarely moves it, more passes would not change the data.
 
     python benchmarks/pass_shift.py [DEVICE] [DATASET]
 """

@@ -357,6 +357,16 @@ def test_a_kept_artifact_is_run_again_without_building(tmp_path, monkeypatch):
     assert len(os.listdir(kept)) == 3 and os.listdir(tmp_path) == ["artifacts"]
 
 
+def test_cli_keeps_artifacts_beside_the_feature_cache_unless_told(tmp_path, monkeypatch):
+    from cdmpp.cli import _artifact_dir, build_parser
+
+    monkeypatch.setenv("CDMPP_CACHE", str(tmp_path / "cache"))
+    parse = build_parser().parse_args
+    assert _artifact_dir(parse(["remeasure", "--device", "d"])) == str(tmp_path / "cache" / "artifacts")
+    assert _artifact_dir(parse(["collect", "--artifacts", "/x"])) == "/x"
+    assert _artifact_dir(parse(["noise", "--device", "d", "--artifacts", "none"])) is None
+
+
 def test_pause_stops_a_run_phase_midway_and_reruns_it_once_resumed(tmp_path):
     """PAUSE created while a batch runs stops it before its next program; whatever ran meanwhile may have
     disturbed the programs already run, so the whole run phase is run again once PAUSE is gone."""
