@@ -205,7 +205,7 @@ class Measurer:
 
     def __init__(self, target, cfg: MeasureConfig, rpc: tuple[str, int, str] | None = None,
                  pause_flag: str | None = None, artifact_dir: str | None = None):
-        tvm_env.setup()
+        tvm = tvm_env.setup()
         from tvm.s_tir import meta_schedule as ms
 
         self.ms, self.target, self.cfg = ms, target, cfg
@@ -232,6 +232,7 @@ class Measurer:
         self.guard = CpuGuard()
         self.pause_flag = pause_flag  # while this file exists, nothing is built or run
         self.artifact_dir = artifact_dir  # built programs kept for later passes (``measure``'s ``keys``)
+        self._artifact_salt = f"{tvm.__version__}|{target}"  # another TVM or target: another build
         self.on_wait = None  # callback(seconds waited) while waiting for a quiet machine
 
     def measure(self, mods: list, groups: list | None = None,
@@ -301,9 +302,7 @@ class Measurer:
         return out
 
     def _artifact_path(self, key: str) -> str:
-        import tvm
-
-        name = hashlib.sha256(f"{tvm.__version__}|{self.target}|{key}".encode()).hexdigest()[:32]
+        name = hashlib.sha256(f"{self._artifact_salt}|{key}".encode()).hexdigest()[:32]
         return os.path.join(self.artifact_dir, name + ".tar")
 
     def _kept_artifact(self, key: str | None):
