@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
 import sys
 from importlib import resources
 
@@ -444,19 +446,48 @@ def _add_service_commands(sub, bsub) -> None:
     bt.set_defaults(func=cmd_bench_tune)
 
 
+@contextlib.contextmanager
+def stop_signals_interrupt():
+    """SIGTERM (``kill``, process managers) stops a command the way Ctrl-C does, so that its cleanup runs:
+    by default it ends Python at once, and a stopped collection left its batch of build folders behind.
+    While a batch is measured, the Measurer stops at its next build or run instead (``request_stop``).
+    Yields the list of signals received: a KeyboardInterrupt raised while TVM calls back into Python
+    comes back out of TVM as a RuntimeError."""
+    from cdmpp.collect import STOP, request_stop
+
+    received: list[int] = []
+
+    def interrupt(signum, frame):
+        received.append(signum)
+        if not request_stop():
+            raise KeyboardInterrupt
+
+    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield received
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        STOP.clear()
+
+
 def main(argv: list[str] | None = None) -> int:
     """Bad input (unknown device, missing file, malformed program or dataset) ends with one line that
-    says what is wrong and exit status 2; anything else is a bug and keeps its traceback."""
+    says what is wrong and exit status 2; a stop signal with status 130; anything else is a bug and keeps
+    its traceback."""
     args = build_parser().parse_args(argv)
-    try:
-        return int(args.func(args) or 0)
-    except (ValueError, KeyError, FileNotFoundError) as e:
-        msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
-        print(f"cdmpp {args.command}: {msg}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f"cdmpp {args.command}: interrupted", file=sys.stderr)
-        return 130
+    with stop_signals_interrupt() as received:
+        try:
+            return int(args.func(args) or 0)
+        except (ValueError, KeyError, FileNotFoundError) as e:
+            msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
+            print(f"cdmpp {args.command}: {msg}", file=sys.stderr)
+            return 2
+        except (KeyboardInterrupt, RuntimeError) as e:
+            if isinstance(e, RuntimeError) and not received:
+                raise
+            print(f"cdmpp {args.command}: interrupted", file=sys.stderr)
+            return 130
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import glob
 import hashlib
 import os
 import platform
@@ -200,8 +201,52 @@ def run_within_budget_rpc(session, rt_mod, device, evaluator_config, repeated_ar
     return run_within_budget(rt_mod, device, evaluator_config, repeated_args, budget_s)
 
 
+ROOT_PREFIX = "cdmpp-measure-"  # + pid: the Measurer's temporary folder
+STOP = threading.Event()  # a stop signal came (``request_stop``): Measurers stop before their next build or run
+_measuring = threading.Event()  # a Measurer is inside ``measure``
+
+
+def request_stop() -> bool:
+    """For a signal handler. True if a Measurer is measuring: it stops before its next build or run, and
+    the handler should raise nothing (a KeyboardInterrupt raised inside TVM's callbacks was swallowed by
+    TVM, or left a lock of its worker pool held). False: the handler should raise KeyboardInterrupt."""
+    STOP.set()
+    return _measuring.is_set()
+
+
+def _remove_stale_roots() -> None:
+    """Temporary folders of Measurers whose process is gone (killed with SIGKILL, or the machine rebooted
+    with /tmp kept): each holds at most the one batch that was being built and run."""
+    for path in glob.glob(os.path.join(tempfile.gettempdir(), ROOT_PREFIX + "*-*")):
+        pid = os.path.basename(path)[len(ROOT_PREFIX):].split("-")[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def export_into(root: str, mod) -> str:
+    """``f_export`` of the builder: TVM's default export, but into a folder under ``root``, so that the
+    artifacts of a run that is stopped midway go when ``root`` goes (``Measurer.close``)."""
+    from tvm.support.tar import tar
+
+    path = os.path.join(tempfile.mkdtemp(dir=root), "tvm_tmp_mod." + tar.output_format)
+    mod.export_library(path, fcompile=tar)
+    return path
+
+
 class Measurer:
-    """Builds a batch in parallel, then runs it serially, one program at a time, on a quiet machine."""
+    """Builds a batch in parallel, then runs it serially, one program at a time, on a quiet machine.
+
+    Everything it builds lives in a temporary folder of its own, removed by ``close`` (or ``with``)."""
 
     def __init__(self, target, cfg: MeasureConfig, rpc: tuple[str, int, str] | None = None,
                  pause_flag: str | None = None, artifact_dir: str | None = None):
@@ -209,8 +254,11 @@ class Measurer:
         from tvm.s_tir import meta_schedule as ms
 
         self.ms, self.target, self.cfg = ms, target, cfg
+        _remove_stale_roots()
+        self.tmp_root = tempfile.mkdtemp(prefix=f"{ROOT_PREFIX}{os.getpid()}-")
         self.builder = ms.builder.LocalBuilder(max_workers=cfg.builders, timeout_sec=cfg.build_timeout_s,
-                                               initializer=tvm_env.worker_initializer)
+                                               initializer=tvm_env.worker_initializer,
+                                               f_export=functools.partial(export_into, self.tmp_root))
         evaluator = ms.runner.EvaluatorConfig(number=cfg.number, repeat=cfg.repeat,
                                               min_repeat_ms=cfg.min_repeat_ms,
                                               enable_cpu_cache_flush=cfg.cache_flush)
@@ -235,6 +283,18 @@ class Measurer:
         self._artifact_salt = f"{tvm.__version__}|{target}"  # another TVM or target: another build
         self.on_wait = None  # callback(seconds waited) while waiting for a quiet machine
 
+    def close(self) -> None:
+        pool = getattr(self.runner, "pool", None)  # TVM asks for an explicit shutdown: its __del__ can fail
+        if pool is not None:
+            pool.shutdown()
+        shutil.rmtree(self.tmp_root, ignore_errors=True)
+
+    def __enter__(self) -> Measurer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     def measure(self, mods: list, groups: list | None = None,
                 keys: list | None = None) -> list[tuple[list[float], str | None, float, float]]:
         """Per program: (seconds of each repeat, error, build seconds, CPU share others used meanwhile).
@@ -250,6 +310,7 @@ class Measurer:
         self._wait_while_paused()
         keys = keys if keys and self.artifact_dir else [None] * len(mods)
         builds, build_s = [None] * len(mods), [0.0] * len(mods)
+        _measuring.set()
         try:
             for i, key in enumerate(keys):
                 builds[i] = self._kept_artifact(key)
@@ -262,7 +323,8 @@ class Measurer:
                 if keys[i] is not None and not b.error_msg:
                     self._keep_artifact(keys[i], b.artifact_path)
             return self._run_built(mods, groups, builds, build_s)
-        finally:  # the builder leaves each artifact in a temporary folder of its own, and nothing removes it
+        finally:  # each artifact has a folder of its own; a long run would otherwise fill tmp_root
+            _measuring.clear()
             for b in builds:
                 if b is not None and b.artifact_path:
                     shutil.rmtree(os.path.dirname(b.artifact_path), ignore_errors=True)
@@ -311,7 +373,7 @@ class Measurer:
         path = key and self._artifact_path(key)
         if not path or not os.path.exists(path):
             return None
-        copy = os.path.join(tempfile.mkdtemp(), "tvm_tmp_mod.tar")
+        copy = os.path.join(tempfile.mkdtemp(dir=self.tmp_root), "tvm_tmp_mod.tar")
         shutil.copyfile(path, copy)
         return self.ms.builder.BuilderResult(copy, None)
 
@@ -326,6 +388,9 @@ class Measurer:
         return self.pause_flag is not None and os.path.exists(self.pause_flag)
 
     def _wait_while_paused(self) -> None:
+        """Also where a stop signal ends the measuring."""
+        if STOP.is_set():
+            raise KeyboardInterrupt
         announced = False
         while self._pause_requested():
             if not announced:
@@ -338,7 +403,7 @@ class Measurer:
         timeouts: dict = {}
         out = []
         for inp, g in zip(inputs, groups):
-            if self._pause_requested():
+            if self._pause_requested() or STOP.is_set():
                 return None
             if g is not None and timeouts.get(g, 0) >= SKIP_AFTER_TIMEOUTS:
                 out.append((None, f"skipped: {SKIP_AFTER_TIMEOUTS} programs of this task timed out in this batch"))
@@ -478,6 +543,7 @@ def collect(tasks, dataset_dir: str, device, target, per_task: int = 32, budget_
         flush()
     finally:
         bar.close()
+        measurer.close()
     stats["seconds"] = round(time.time() - t_start, 1)
     stats["run"] = run_id
     return stats
@@ -561,6 +627,7 @@ def remeasure(tasks, dataset_dir: str, device, target, passes: int = 2, min_gap_
             bar.set_postfix(ok=stats["measured"], failed=stats["failed"])
     finally:
         bar.close()
+        measurer.close()
     stats["seconds"] = round(time.time() - t_start, 1)
     stats["run"] = run_id
     return stats
@@ -621,19 +688,17 @@ def remeasure_noise(dataset_dir: str, tasks, device, target, n: int = 100, seed:
     if not recs:
         raise ValueError(f"no labeled records of {device.id} measured with repeat={cfg.repeat}, "
                          f"min_repeat_ms={cfg.min_repeat_ms} in {dataset_dir}: nothing to re-measure")
-    measurer = Measurer(target, cfg, pause_flag=os.path.join(dataset_dir, "PAUSE"), artifact_dir=artifact_dir)
     rows = []
-    for i in tqdm(range(0, len(recs), 24), desc="re-measure", unit="batch", disable=not progress):
-        batch = recs[i:i + 24]
-        mods = []
-        for r in batch:
-            mods.append(apply_trace(load_task_mod(tasks[r["task"]]), r["trace"]))
-        for r, (secs, err, _, others) in zip(batch, measurer.measure(mods, keys=[r["id"] for r in batch])):
-            if err or not secs or others >= cfg.quiet_share:
-                continue
-            old, first, new = label(r), label(r, passes=1), min(secs)
-            rows.append({"id": r["id"], "old": old, "new": new, "first_pass": first,
-                         "passes": 1 + sum(usable(p) for p in r.get("remeasures", []))})
+    with Measurer(target, cfg, pause_flag=os.path.join(dataset_dir, "PAUSE"), artifact_dir=artifact_dir) as measurer:
+        for i in tqdm(range(0, len(recs), 24), desc="re-measure", unit="batch", disable=not progress):
+            batch = recs[i:i + 24]
+            mods = [apply_trace(load_task_mod(tasks[r["task"]]), r["trace"]) for r in batch]
+            for r, (secs, err, _, others) in zip(batch, measurer.measure(mods, keys=[r["id"] for r in batch])):
+                if err or not secs or others >= cfg.quiet_share:
+                    continue
+                old, first, new = label(r), label(r, passes=1), min(secs)
+                rows.append({"id": r["id"], "old": old, "new": new, "first_pass": first,
+                             "passes": 1 + sum(usable(p) for p in r.get("remeasures", []))})
     import numpy as np
 
     def noise(new: str, old: str) -> tuple[float | None, float | None]:

@@ -38,7 +38,7 @@ SCRIPT = textwrap.dedent("""
 def _run(dataset, **kw):
     # quiet_share 1.0: the CPU guard would otherwise wait for a quiet machine (tested on its own below)
     return subprocess.Popen([sys.executable, "-c", SCRIPT, dataset, "1.0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=dict(os.environ, TVM_NUM_THREADS="1"), **kw)
+                            text=True, env=dict(os.environ, TVM_NUM_THREADS="1", TMPDIR=os.path.dirname(dataset)), **kw)
 
 
 def test_collect_kill_resume_and_load(tmp_path, monkeypatch):
@@ -54,9 +54,11 @@ def test_collect_kill_resume_and_load(tmp_path, monkeypatch):
     proc.wait()
     before = {r["id"]: r for r in store.iter_records()}
     assert 0 < len(before) < 8
+    assert len(list(tmp_path.glob("cdmpp-measure-*"))) == 1  # the killed run's build folder
 
     out, err = _run(ds).communicate(timeout=300)
     assert "'measured'" in out, err
+    assert not list(tmp_path.glob("cdmpp-measure-*"))  # the resumed run removed it, and its own
     report = LoadReport()
     after = {r["id"]: r for r in store.iter_records(report=report)}
     assert len(after) == 8 and report.duplicates == 0 and not report.problems
@@ -236,7 +238,26 @@ def test_later_passes_attach_to_their_record_and_lower_its_label(tmp_path):
     assert label(recs["d|t|1"]) is None and store.done_ids("d") == {"d|t|0", "d|t|1"}
 
 
-def test_integer_inputs_are_valid_indices():
+@pytest.fixture
+def measurer():
+    """``measurer(cfg, **kw)``: a Measurer for this CPU, 1 thread, closed after the test."""
+    from cdmpp import tvm_env
+
+    tvm_env.setup(1)
+    from cdmpp.collect import Measurer
+
+    made = []
+
+    def make(cfg, **kw):
+        made.append(Measurer(tvm_env.make_target("llvm", num_cores=1), cfg, **kw))
+        return made[-1]
+
+    yield make
+    for m in made:
+        m.close()
+
+
+def test_integer_inputs_are_valid_indices(measurer):
     """A gather (``take``) with random int64 indices reads out of bounds and kills the runner; the
     collector fills integer inputs with zeros, so it measures."""
     from cdmpp import tvm_env
@@ -244,60 +265,57 @@ def test_integer_inputs_are_valid_indices():
     tvm = tvm_env.setup(1)
     from tvm import te
 
-    from cdmpp.collect import MeasureConfig, Measurer
+    from cdmpp.collect import MeasureConfig
 
     table = te.placeholder((100_000, 64), name="table")
     idx = te.placeholder((256,), dtype="int64", name="idx")
     out = te.compute((256, 64), lambda i, j: table[idx[i], j], name="gather")
     mod = tvm.IRModule({"main": te.create_prim_func([table, idx, out])})
-    m = Measurer(tvm_env.make_target("llvm", num_cores=1),
-                 MeasureConfig(repeat=3, min_repeat_ms=2, builders=1, quiet_share=1.0))
+    m = measurer(MeasureConfig(repeat=3, min_repeat_ms=2, builders=1, quiet_share=1.0))
     [(secs, err, _, _)] = m.measure([mod])
     assert err is None and len(secs) == 3 and all(s > 0 for s in secs)
 
 
-def test_a_slow_program_gets_fewer_repeats_instead_of_a_timeout():
+def test_a_slow_program_gets_fewer_repeats_instead_of_a_timeout(measurer):
     """A program that runs ~0.5 s gets run_budget_s / 0.5 s repeats, not 15 x 0.5 s."""
     from cdmpp import tvm_env, workloads
 
     tvm_env.setup(1)
-    from cdmpp.collect import MeasureConfig, Measurer
+    from cdmpp.collect import MeasureConfig
 
     slow = workloads.matmul(768, 768, 768)  # unscheduled: a naive triple loop, ~0.1-1 s here
     cfg = MeasureConfig(repeat=15, min_repeat_ms=15, builders=1, quiet_share=1.0, run_budget_s=3.0)
-    m = Measurer(tvm_env.make_target("llvm", num_cores=1), cfg)
+    m = measurer(cfg)
     [(secs, err, _, _)] = m.measure([slow])
     assert err is None
     expected = min(15, int(cfg.run_budget_s / secs[0]))
     assert len(secs) < 15 and abs(len(secs) - expected) <= 2, (len(secs), secs[:3])
 
 
-def test_a_task_whose_programs_time_out_is_skipped_for_the_batch():
+def test_a_task_whose_programs_time_out_is_skipped_for_the_batch(measurer):
     from cdmpp import tvm_env, workloads
 
     tvm_env.setup(1)
-    from cdmpp.collect import SKIP_AFTER_TIMEOUTS, MeasureConfig, Measurer
+    from cdmpp.collect import SKIP_AFTER_TIMEOUTS, MeasureConfig
 
     slow, fast = workloads.matmul(768, 768, 768), workloads.matmul(16, 16, 16)
-    m = Measurer(tvm_env.make_target("llvm", num_cores=1),
-                 MeasureConfig(repeat=3, min_repeat_ms=1, builders=1, quiet_share=1.0, run_timeout_s=0.5))
+    m = measurer(MeasureConfig(repeat=3, min_repeat_ms=1, builders=1, quiet_share=1.0, run_timeout_s=0.5))
     out = m.measure([slow, slow, slow, fast], groups=["big", "big", "big", "small"])
     errors = [err for _, err, _, _ in out]
     assert all("Timeout" in e for e in errors[:SKIP_AFTER_TIMEOUTS])
     assert errors[2].startswith("run: skipped") and errors[3] is None
 
 
-def test_a_kernel_that_ignores_the_timeout_is_killed():
+def test_a_kernel_that_ignores_the_timeout_is_killed(measurer):
     """TVM's runner times out with a Python timer that cannot fire while the kernel runs; the collector
     kills the worker itself after ``run_timeout_s + kill_grace_s``."""
     from cdmpp import tvm_env, workloads
 
     tvm_env.setup(1)
-    from cdmpp.collect import MeasureConfig, Measurer
+    from cdmpp.collect import MeasureConfig
 
     endless = workloads.matmul(2048, 2048, 2048)  # unscheduled: one call of many seconds
-    m = Measurer(tvm_env.make_target("llvm", num_cores=1),
-                 MeasureConfig(repeat=3, min_repeat_ms=1, builders=1, quiet_share=1.0, run_timeout_s=0.5,
+    m = measurer(MeasureConfig(repeat=3, min_repeat_ms=1, builders=1, quiet_share=1.0, run_timeout_s=0.5,
                                kill_grace_s=1.0))
     t = time.time()
     [(secs, err, _, _)] = m.measure([endless])
@@ -307,37 +325,108 @@ def test_a_kernel_that_ignores_the_timeout_is_killed():
     assert err is None and secs
 
 
-def test_measuring_leaves_no_built_artifacts_behind(tmp_path, monkeypatch):
+def test_measuring_leaves_no_built_artifacts_behind():
     """MetaSchedule's builder writes each artifact into a temporary folder that nothing removes: a long
-    collection once left ~15,000 of them (4 GB) in /tmp."""
-    monkeypatch.setenv("TMPDIR", str(tmp_path))  # the builder's worker processes make their folders here
+    collection once left ~15,000 of them (4 GB) in /tmp. Here they go under the Measurer's own folder,
+    emptied after each batch and removed on close."""
     from cdmpp import tvm_env, workloads
 
     tvm_env.setup(1)
     from cdmpp.collect import MeasureConfig, Measurer
 
-    m = Measurer(tvm_env.make_target("llvm", num_cores=1),
-                 MeasureConfig(repeat=2, min_repeat_ms=1, builders=1, quiet_share=1.0))
-    seen = []
-    run_one = m._run_one
-    m._run_one = lambda inp: (seen.append(inp.artifact_path), run_one(inp))[1]
-    out = m.measure([workloads.matmul(16, 16, 16), workloads.matmul(32, 32, 32)])
-    assert [err for _, err, _, _ in out] == [None, None]
-    assert len(seen) == 2 and all(p.startswith(str(tmp_path)) for p in seen)
-    assert not any(os.path.exists(p) for p in seen) and not os.listdir(tmp_path)
+    with Measurer(tvm_env.make_target("llvm", num_cores=1),
+                  MeasureConfig(repeat=2, min_repeat_ms=1, builders=1, quiet_share=1.0)) as m:
+        seen = []
+        run_one = m._run_one
+        m._run_one = lambda inp: (seen.append(inp.artifact_path), run_one(inp))[1]
+        out = m.measure([workloads.matmul(16, 16, 16), workloads.matmul(32, 32, 32)])
+        assert [err for _, err, _, _ in out] == [None, None]
+        assert len(seen) == 2 and all(p.startswith(m.tmp_root + os.sep) for p in seen)
+        assert not any(os.path.exists(p) for p in seen) and not os.listdir(m.tmp_root)
+    assert not os.path.exists(m.tmp_root)
 
 
-def test_a_kept_artifact_is_run_again_without_building(tmp_path, monkeypatch):
+TERM_SCRIPT = textwrap.dedent("""
+    from cdmpp import tvm_env, workloads
+    tvm_env.setup(1)
+    from cdmpp.cli import stop_signals_interrupt
+    from cdmpp.collect import MeasureConfig, Measurer
+    cfg = MeasureConfig(repeat=3, min_repeat_ms=1, builders=1, quiet_share=1.0)
+    with stop_signals_interrupt(), Measurer(tvm_env.make_target("llvm", num_cores=1), cfg) as m:
+        print(m.tmp_root, flush=True)
+        m.measure([workloads.matmul(1024, 1024, 1024)])  # unscheduled: runs for seconds
+""")
+
+
+def test_sigterm_midway_leaves_no_build_folders():
+    """``kill`` in the middle of a batch (as the CLI runs it) still removes what the batch built."""
+    proc = subprocess.Popen([sys.executable, "-c", TERM_SCRIPT], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=dict(os.environ, TVM_NUM_THREADS="1"))
+    root = proc.stdout.readline().strip()
+    deadline = time.time() + 120
+    while time.time() < deadline and not any(files for _, _, files in os.walk(root)):
+        time.sleep(0.1)  # until the build is written and the run begins
+    assert any(files for _, _, files in os.walk(root)), proc.stderr.read()
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert "KeyboardInterrupt" in err and not os.path.exists(root)
+
+
+def test_a_stop_request_ends_measuring_before_the_next_program(measurer):
+    """TVM may swallow the KeyboardInterrupt of a stop signal; ``STOP`` still ends the batch."""
+    from cdmpp import workloads
+    from cdmpp.collect import STOP, MeasureConfig
+
+    m = measurer(MeasureConfig(repeat=2, min_repeat_ms=1, builders=1, quiet_share=1.0))
+    runs, run_one = [], m._run_one
+    m._run_one = lambda inp: (runs.append(inp), STOP.set(), run_one(inp))[2]
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            m.measure([workloads.matmul(16, 16, 16), workloads.matmul(32, 32, 32)])
+    finally:
+        STOP.clear()
+    assert len(runs) == 1 and not os.listdir(m.tmp_root)
+
+
+def test_a_stop_signal_ends_a_command_as_interrupted(monkeypatch, capsys):
+    """SIGTERM mid-command runs its cleanup and exits 130, also when the interrupt was raised inside a
+    TVM callback and came back out of TVM as a RuntimeError; the handlers are restored afterwards."""
+    from cdmpp import cli
+
+    cleaned, handler = [], signal.getsignal(signal.SIGTERM)
+
+    def noise(args):
+        try:
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(10)
+            except KeyboardInterrupt:
+                raise RuntimeError("KeyboardInterrupt")  # what TVM's FFI turns it into
+        finally:
+            cleaned.append(True)
+
+    monkeypatch.setattr(cli, "cmd_noise", noise)
+    assert cli.main(["noise", "--device", "d"]) == 130
+    assert cleaned == [True] and "cdmpp noise: interrupted" in capsys.readouterr().err
+    assert signal.getsignal(signal.SIGTERM) is handler
+
+    def broken(args):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(cli, "cmd_noise", broken)
+    with pytest.raises(RuntimeError, match="a bug"):  # without a signal a RuntimeError is a bug
+        cli.main(["noise", "--device", "d"])
+
+
+def test_a_kept_artifact_is_run_again_without_building(tmp_path, measurer):
     """Later passes of a program run the artifact its first pass built (building is a third of a pass)."""
-    monkeypatch.setenv("TMPDIR", str(tmp_path))
     from cdmpp import tvm_env, workloads
 
     tvm_env.setup(1)
-    from cdmpp.collect import MeasureConfig, Measurer
+    from cdmpp.collect import MeasureConfig
 
     kept = tmp_path / "artifacts"
-    m = Measurer(tvm_env.make_target("llvm", num_cores=1),
-                 MeasureConfig(repeat=2, min_repeat_ms=1, builders=1, quiet_share=1.0), artifact_dir=str(kept))
+    m = measurer(MeasureConfig(repeat=2, min_repeat_ms=1, builders=1, quiet_share=1.0), artifact_dir=str(kept))
     built, builder = [], m.builder
 
     class CountingBuilder:
@@ -354,7 +443,7 @@ def test_a_kept_artifact_is_run_again_without_building(tmp_path, monkeypatch):
     for out in (first, again, third):
         assert all(err is None and secs and min(secs) > 0 for secs, err, _, _ in out)
     assert all(b > 0 for _, _, b, _ in first) and [b for _, _, b, _ in again] == [0.0, 0.0]
-    assert len(os.listdir(kept)) == 3 and os.listdir(tmp_path) == ["artifacts"]
+    assert len(os.listdir(kept)) == 3 and not os.listdir(m.tmp_root)
 
 
 def test_cli_keeps_artifacts_beside_the_feature_cache_unless_told(tmp_path, monkeypatch):
@@ -367,7 +456,7 @@ def test_cli_keeps_artifacts_beside_the_feature_cache_unless_told(tmp_path, monk
     assert _artifact_dir(parse(["noise", "--device", "d", "--artifacts", "none"])) is None
 
 
-def test_pause_stops_a_run_phase_midway_and_reruns_it_once_resumed(tmp_path):
+def test_pause_stops_a_run_phase_midway_and_reruns_it_once_resumed(tmp_path, measurer):
     """PAUSE created while a batch runs stops it before its next program; whatever ran meanwhile may have
     disturbed the programs already run, so the whole run phase is run again once PAUSE is gone."""
     import threading
@@ -375,11 +464,10 @@ def test_pause_stops_a_run_phase_midway_and_reruns_it_once_resumed(tmp_path):
     from cdmpp import tvm_env, workloads
 
     tvm_env.setup(1)
-    from cdmpp.collect import MeasureConfig, Measurer
+    from cdmpp.collect import MeasureConfig
 
     flag = tmp_path / "PAUSE"
-    m = Measurer(tvm_env.make_target("llvm", num_cores=1),
-                 MeasureConfig(repeat=2, min_repeat_ms=1, builders=1, quiet_share=1.0), pause_flag=str(flag))
+    m = measurer(MeasureConfig(repeat=2, min_repeat_ms=1, builders=1, quiet_share=1.0), pause_flag=str(flag))
     runs, run_one, paused_at = [], m._run_one, []
 
     def run_one_then_pause(inp):
