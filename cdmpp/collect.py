@@ -17,7 +17,9 @@ to cores. Caches are warm (TVM's default runner); pass ``--cache-flush`` to flus
 Integer inputs (gather indices of ``take`` and the like) are zero-filled: random integers index out of
 bounds and crash the runner.
 Create the file ``PAUSE`` in the dataset folder to pause (delete it to go on): builds in flight finish,
-no further program runs, and a run phase it interrupted is run again in full once resumed.
+no further program runs, and a run phase it interrupted is run again in full once resumed. To stop,
+send SIGTERM or press Ctrl-C (``cdmpp.cli``): the run ends after the program in flight, keeps every
+finished batch and removes what it built; ``collect`` or ``remeasure`` run again resumes it.
 
 Other processes are the main source of noise on a small machine: a 2-thread kernel whose second
 thread is descheduled waits a whole time slice at its barrier (a 10 µs kernel measured 100x slower
