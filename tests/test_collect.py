@@ -362,13 +362,16 @@ def test_sigterm_midway_leaves_no_build_folders():
     """``kill`` in the middle of a batch (as the CLI runs it) still removes what the batch built."""
     proc = subprocess.Popen([sys.executable, "-c", TERM_SCRIPT], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=dict(os.environ, TVM_NUM_THREADS="1"))
-    root = proc.stdout.readline().strip()
-    deadline = time.time() + 120
-    while time.time() < deadline and not any(files for _, _, files in os.walk(root)):
-        time.sleep(0.1)  # until the build is written and the run begins
-    assert any(files for _, _, files in os.walk(root)), proc.stderr.read()
-    proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=60)
+    try:
+        root = proc.stdout.readline().strip()
+        deadline = time.time() + 120
+        while time.time() < deadline and not any(files for _, _, files in os.walk(root)):
+            time.sleep(0.1)  # until the build is written and the run begins
+        assert any(files for _, _, files in os.walk(root)), proc.stderr.read()
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()  # a hung run must not outlive the test
     assert "KeyboardInterrupt" in err and not os.path.exists(root)
 
 
