@@ -11,6 +11,7 @@ from __future__ import annotations
 import glob
 import os
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 
@@ -18,7 +19,7 @@ import numpy as np
 
 from cdmpp.collect import label, usable
 from cdmpp.features import FEATURIZER_VERSION, ProgramFeatures
-from cdmpp.store import LoadReport, RecordStore
+from cdmpp.store import LoadReport, RecordStore, publish_numbered
 
 
 @dataclass
@@ -88,15 +89,14 @@ class FeatureCache:
     def flush(self) -> None:
         if not self._new:
             return
-        n = len(glob.glob(os.path.join(self.directory, f"features-v{FEATURIZER_VERSION}-*.npz")))
-        path = os.path.join(self.directory, f"features-v{FEATURIZER_VERSION}-{n:04d}.npz")
         off = np.cumsum([0] + [f.n_leaves for f in self._new])
-        tmp = path + ".tmp.npz"
+        fd, tmp = tempfile.mkstemp(prefix=".features-", suffix=".tmp.npz", dir=self.directory)
+        os.close(fd)
         np.savez_compressed(tmp, rows=np.concatenate([f.leaf_features for f in self._new]),
                             positions=np.concatenate([f.positions for f in self._new]), offsets=off,
                             flops=np.array([f.flops for f in self._new]),
                             hashes=np.array([f.program_hash for f in self._new]))
-        os.replace(tmp, path)
+        publish_numbered(tmp, self.directory, f"features-v{FEATURIZER_VERSION}-", ".npz")
         self._new = []
 
 

@@ -21,6 +21,7 @@ import gzip
 import json
 import os
 import re
+import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Iterator
@@ -59,6 +60,26 @@ def _fsync_dir(path: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def publish_numbered(tmp: str, directory: str, prefix: str, suffix: str) -> str:
+    """Give the finished file ``tmp`` the name ``<prefix>NNNN<suffix>`` with NNNN one past the largest
+    number any file of ``directory`` carries after ``prefix`` (quarantined ``...part-0003.jsonl.gz.bad``
+    included), never replacing a file: ``os.link`` fails if the name exists, and the next one is tried.
+    Why not a count of the files: after one is moved aside the count names an existing file."""
+    pat = re.compile(re.escape(prefix) + r"(\d+)")
+    nums = [int(m.group(1)) for n in os.listdir(directory) if (m := pat.match(n))]
+    n = max(nums) + 1 if nums else 0
+    os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide the data from other users of a shared dataset
+    while True:
+        path = os.path.join(directory, f"{prefix}{n:04d}{suffix}")
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            n += 1
+            continue
+        os.remove(tmp)
+        return path
 
 
 class RecordStore:
@@ -112,15 +133,13 @@ class RecordStore:
         self._repair_tail(path)
         if not os.path.exists(path) or os.path.getsize(path) == 0:
             return None
-        n = len(self._parts(device))
-        part = os.path.join(self.root, f"{slug(device)}.part-{n:04d}.jsonl.gz")
-        tmp = part + ".tmp"
-        with open(path, "rb") as src, open(tmp, "wb") as raw:
+        fd, tmp = tempfile.mkstemp(prefix=f".{slug(device)}.seal-", suffix=".tmp", dir=self.root)
+        with open(path, "rb") as src, os.fdopen(fd, "wb") as raw:
             with gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=9, mtime=0) as gz:
                 gz.write(src.read())
             raw.flush()
             os.fsync(raw.fileno())
-        os.replace(tmp, part)
+        part = publish_numbered(tmp, self.root, f"{slug(device)}.part-", ".jsonl.gz")
         _fsync_dir(self.root)
         os.remove(path)
         return part
