@@ -387,6 +387,21 @@ def cmd_bench_serve(args) -> int:
     return bench_serve.main(args)
 
 
+def cmd_bench_costmodel(args) -> int:
+    import json
+
+    from cdmpp import bench_costmodel
+
+    tasks = _csv(args.tasks) or bench_costmodel.DEFAULT_TASKS
+    r = bench_costmodel.run(tasks, args.n, [int(t) for t in _csv(args.threads)], args.model, args.device,
+                            args.dataset, args.task_table, args.seed)
+    print(json.dumps(r, indent=1))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(r, f, indent=1)
+    return 0
+
+
 def cmd_bench_tune(args) -> int:
     from cdmpp import bench_tune
 
@@ -444,6 +459,21 @@ def _add_service_commands(sub, bsub) -> None:
     bt.add_argument("--seed", type=int, default=0)
     bt.add_argument("--out", default="reports/tune.json")
     bt.set_defaults(func=cmd_bench_tune)
+
+    bc = bsub.add_parser("costmodel", help="programs/s of CDMPPCostModel.predict vs TVM's XGBModel on the same new "
+                                           "candidates, at each tuning thread count")
+    bc.add_argument("--model", help="checkpoint folder (default: the shipped model)")
+    bc.add_argument("--n", type=int, default=512, help="new candidates, spread over the tasks (default 512)")
+    bc.add_argument("--threads", default="1,2", help="comma-separated tuning-context thread counts (default 1,2)")
+    bc.add_argument("--tasks", help="comma-separated network@batch/task_name with measured programs in the dataset "
+                                    "(default: a conv2d, a dense, a softmax, a depthwise conv2d)")
+    bc.add_argument("--device", default="amd-epyc-znver4-2t/llvm-avx512",
+                    help="device id: its stored programs train XGBModel (default amd-epyc-znver4-2t/llvm-avx512)")
+    bc.add_argument("--dataset", default="datasets/measurements")
+    bc.add_argument("--task-table", default="datasets/tasks-llvm.json.gz")
+    bc.add_argument("--seed", type=int, default=0)
+    bc.add_argument("--json", help="also write the result here")
+    bc.set_defaults(func=cmd_bench_costmodel)
 
 
 @contextlib.contextmanager

@@ -61,6 +61,7 @@ class CDMPPCostModel(PyCostModel):
         self.model_ = None  # the fine-tuned TrainedModel, once there is one
         self.buffer_: list = []  # cdmpp.train.Sample of every measured candidate (newest last)
         self.since_finetune_ = 0
+        self._featurizer = None  # cdmpp.features.Featurizer, made on first use
         self.reference_: dict[int, float] = {}  # task (workload hash) -> reference seconds of its scores
         self.n_predict_calls = self.n_predicted = self.n_results = self.n_failed_results = self.n_finetunes = 0
 
@@ -133,15 +134,18 @@ class CDMPPCostModel(PyCostModel):
         return {d: self.predictor.device_info(d).get("target") or {} for d in self.predictor.devices()}
 
     def _features(self, context, candidates) -> list:
-        """Features per candidate (cached by program hash in the Predictor); None for one that fails."""
-        mods = [c.sch.mod for c in candidates]
+        """Features per candidate, extracted on the tuning context's threads; None for one that fails."""
+        from cdmpp.features import Featurizer
+
+        if self._featurizer is None:
+            self._featurizer = Featurizer()
         try:
-            return self.predictor.featurize(mods, context.target)
+            return self._featurizer.from_candidates(context, candidates)
         except Exception:
             out = []
-            for m in mods:
+            for c in candidates:
                 try:
-                    out.append(self.predictor.featurize([m], context.target)[0])
+                    out.append(self._featurizer.from_candidates(context, [c])[0])
                 except Exception:
                     out.append(None)
             return out

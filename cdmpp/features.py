@@ -109,6 +109,16 @@ class Featurizer:
         out.extend(result)  # type: ignore[arg-type]
         return out
 
+    def from_candidates(self, context, candidates) -> list[ProgramFeatures]:
+        """Features of MetaSchedule ``MeasureCandidate``s inside a tuner: the candidates' own schedules
+        (none rebuilt) and the tuning context's thread count, as MetaSchedule's own cost models do."""
+        try:
+            tensors = self._extractor.extract_from(context, candidates)
+        except Exception as e:
+            raise ProgramError(f"feature extraction failed: {str(e).strip().splitlines()[-1][:300]}") from None
+        return [self._assemble(Program(c.sch.mod, context.target), t.numpy().astype(np.float32))
+                for c, t in zip(candidates, tensors)]
+
     def _extract(self, progs: list[Program]) -> list[np.ndarray]:
         ms = self._ms
         from tvm.s_tir import Schedule

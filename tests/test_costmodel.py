@@ -87,3 +87,37 @@ def test_scores_in_process_and_over_http_agree(tvm, predictor, device):
         remote = CDMPPCostModel(url=url, device=device)
         np.testing.assert_allclose(remote.predict(ctx, cands), scores, rtol=1e-4)
         assert not remote.online_finetune
+
+
+def test_candidates_score_as_their_programs_do(tvm, predictor, device):
+    """The tuner path (features straight from MeasureCandidates, on the context's threads) gives the
+    same latencies as predicting the candidates' modules through the Predictor."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from cdmpp import tvm_env, workloads
+    from cdmpp.bench_costmodel import _candidates
+    from cdmpp.costmodel import CDMPPCostModel
+
+    mod = workloads.matmul(64, 64, 64)
+    target = tvm_env.make_target("llvm", num_cores=2)
+    cands = _candidates(mod, target, 6, seed=1)
+    context = ms.TuneContext(mod, target=target, num_threads=2)
+    cm = CDMPPCostModel(predictor=predictor, device=device, online_finetune=False)
+    via_candidates = cm._local(context, cands, device)
+    via_programs = predictor.predict_seconds([c.sch.mod for c in cands], device)
+    np.testing.assert_allclose(via_candidates, via_programs, rtol=1e-5)
+
+
+def test_bench_costmodel_reports_both_models(tvm):
+    """A short ``cdmpp bench costmodel``: XGBModel trained on stored measurements, both models timed."""
+    from pathlib import Path
+
+    from cdmpp import bench_costmodel
+
+    data = Path(__file__).resolve().parent.parent / "datasets"
+    r = bench_costmodel.run(["bert_tiny@1/fused_softmax_broadcast_to2"], 8, [1], None,
+                            "amd-epyc-znver4-2t/llvm-avx512", str(data / "measurements"),
+                            str(data / "tasks-llvm.json.gz"), seed=0)
+    one = r["threads"]["1"]
+    assert r["candidates"] == 8 and one["cdmpp_per_s"] > 0 and one["xgb_per_s"] > 0
+    assert one["ratio"] == pytest.approx(one["cdmpp_per_s"] / one["xgb_per_s"], rel=1e-2)
