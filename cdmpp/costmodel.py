@@ -16,6 +16,7 @@ there is no in-process model to fine-tune.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from typing import Any
@@ -156,10 +157,11 @@ class CDMPPCostModel(PyCostModel):
         seconds = np.full(len(candidates), np.nan)
         if good:
             fs = [feats[i] for i in good]
-            if self.model_ is not None:
-                seconds[good] = self.model_.predict(fs, device)[0]
-            else:
-                seconds[good] = [p.seconds for p in self.predictor.predict_features(fs, device)]
+            with _torch_threads(1):
+                if self.model_ is not None:
+                    seconds[good] = self.model_.predict(fs, device)[0]
+                else:
+                    seconds[good] = [p.seconds for p in self.predictor.predict_features(fs, device)]
         return seconds
 
     def _remote(self, context, candidates, device: str) -> np.ndarray:
@@ -182,6 +184,20 @@ class CDMPPCostModel(PyCostModel):
                                             workload=workload)
                 seconds[keep] = [p.seconds for p in preds]
         return seconds
+
+
+@contextlib.contextmanager
+def _torch_threads(n: int):
+    """Run torch on ``n`` intra-op threads meanwhile: a batch of candidates is small work, and torch's
+    default (one thread per core) spins against the tuner's own threads (20-70x slower when they are busy)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def _workload_key(mod) -> int:
