@@ -40,8 +40,12 @@ class TrainedModel:
 
     def __init__(self, members: list[CDMPPModel], feature_normalizer: FeatureNormalizer, label_transform: BoxCox,
                  device_specs: DeviceSpecs, config: dict, calibration: dict | None = None,
-                 featurizer_version: str = "unknown", summary: dict | None = None):
+                 featurizer_version: str = "unknown", summary: dict | None = None,
+                 program_inputs: dict | None = None):
         self.members = members
+        # {"mean": [3], "std": [3]} of the training programs' log2 FLOPs/bytes/unique bytes, when the
+        # recipe feeds them (config "program_inputs") or predicts relative to the roofline ("roofline")
+        self.program_inputs = program_inputs
         self.feature_normalizer = feature_normalizer
         self.label_transform = label_transform
         self.device_specs = device_specs
@@ -65,6 +69,30 @@ class TrainedModel:
         rows = np.fromiter((index[d] for d in names), dtype=np.int64, count=n)
         return torch.from_numpy(matrix), rows
 
+    def model_inputs(self, packed: PackedPrograms, devices: Sequence[str] | None = None
+                     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Program-level inputs ``[n, 3]`` (standardized log2 FLOPs, bytes, unique bytes) and the output
+        offset ``[n]``: the device's roofline bound max(FLOPs / peak, unique bytes / bandwidth) in label
+        space, so the network predicts log(latency / roofline), an efficiency. None where not used
+        (the offset also without ``devices``)."""
+        extra = offset = None
+        if self.program_inputs is None or packed.stats is None:
+            return None, None
+        if self.config.get("program_inputs"):
+            extra = torch.from_numpy(((packed.stats - np.asarray(self.program_inputs["mean"]))
+                                      / np.asarray(self.program_inputs["std"])).astype(np.float32))
+        if self.config.get("roofline") and devices is not None:
+            offset = torch.from_numpy(self.label_transform.transform(self.roofline(packed, devices)).astype(np.float32))
+        return extra, offset
+
+    def roofline(self, packed: PackedPrograms, devices: Sequence[str]) -> np.ndarray:
+        """Seconds of the roofline bound of each program on its device (at least 1 ns)."""
+        table = self.device_specs.table
+        peak = np.array([float(table[d].get("peak_gflops", 1.0)) for d in devices]) * 1e9
+        bw = np.array([float(table[d].get("mem_bw_gbs", 1.0)) for d in devices]) * 1e9
+        flops, unique = np.exp2(packed.stats[:, 0]) - 1.0, np.exp2(packed.stats[:, 2]) - 1.0
+        return np.maximum(np.maximum(flops / peak, unique / bw), 1e-9)
+
     def add_device(self, name: str, spec: dict[str, float]) -> None:
         """Make a new device predictable (zero-shot) from its spec; normalization stays as trained."""
         self.device_specs.add(name, spec)
@@ -78,11 +106,15 @@ class TrainedModel:
         out = np.empty((len(self.members), len(packed)), dtype=np.float32)
         for m in self.members:
             m.eval()
+        names = [devices] * len(packed) if isinstance(devices, str) else list(devices)
+        extra, offset = self.model_inputs(packed, names)
         for idx in length_sorted_batches(packed.lengths, batch_size):
             x, pos, mask = packed.batch(idx)
             dev = dev_matrix[dev_rows[idx]]
+            e = None if extra is None else extra[idx]
+            o = None if offset is None else offset[idx]
             for i, m in enumerate(self.members):
-                out[i, idx] = m(x, pos, mask, dev).numpy()
+                out[i, idx] = m(x, pos, mask, dev, e, o).numpy()
         return out
 
     def interval_z(self, z: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -109,8 +141,9 @@ class TrainedModel:
         packed = self.pack(programs)
         m = self.members[member].eval()
         out = np.empty((len(packed), m.d_model), dtype=np.float32)
+        extra, _ = self.model_inputs(packed)
         for idx in length_sorted_batches(packed.lengths, batch_size):
-            out[idx] = m.embed(*packed.batch(idx)).numpy()
+            out[idx] = m.embed(*packed.batch(idx), None if extra is None else extra[idx]).numpy()
         return out
 
     def calibrate(self, z_members: np.ndarray, z_true: np.ndarray, level: float = 0.9) -> dict:
@@ -141,7 +174,8 @@ class TrainedModel:
                     model=self.members[0].hparams, config=self.config,
                     feature_normalizer=self.feature_normalizer.to_dict(),
                     label_transform=self.label_transform.to_dict(), device_specs=self.device_specs.to_dict(),
-                    calibration=self.calibration, featurizer_version=self.featurizer_version, summary=self.summary)
+                    calibration=self.calibration, featurizer_version=self.featurizer_version, summary=self.summary,
+                    program_inputs=self.program_inputs)
         (directory / "predictor.json").write_text(json.dumps(meta, indent=1, default=_json_default))
         return directory
 
@@ -163,7 +197,8 @@ class TrainedModel:
             warnings.warn(f"checkpoint was trained on featurizer {meta['featurizer_version']}, this process runs {here}")
         return cls(members, FeatureNormalizer.from_dict(meta["feature_normalizer"]),
                    BoxCox.from_dict(meta["label_transform"]), DeviceSpecs.from_dict(meta["device_specs"]),
-                   meta["config"], meta["calibration"], meta["featurizer_version"], meta["summary"])
+                   meta["config"], meta["calibration"], meta["featurizer_version"], meta["summary"],
+                   meta.get("program_inputs"))
 
 
 def _json_default(obj):

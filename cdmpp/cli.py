@@ -244,6 +244,24 @@ def cmd_eval(args) -> int:
     return 0
 
 
+def cmd_protocol(args) -> int:
+    import shlex
+    import tomllib
+
+    from cdmpp.protocol import ProtocolOptions, markdown, run_protocol
+
+    overrides = tomllib.loads("\n".join(args.set)) if args.set else {}
+    opts = ProtocolOptions(dataset=args.dataset, task_table=args.task_table, devices=args.devices,
+                           device_ids=_csv(args.device_ids), target_device=args.target_device,
+                           settings=_csv(args.settings), seeds=[int(s) for s in _csv(args.seeds)], ks=_csv(args.k),
+                           samplers=_csv(args.samplers), methods=_csv(args.methods), recipe=args.recipe,
+                           overrides=overrides, label=args.label, minutes=args.minutes, runs=args.runs)
+    summary = run_protocol(opts, jobs=args.jobs, command="cdmpp " + shlex.join(sys.argv[1:]),
+                           summary_path=args.summary or None)
+    print(markdown(summary))
+    return 0
+
+
 def _refuse_overwrite(out: str, force: bool, command: str) -> bool:
     """A trained checkpoint is never replaced by accident: the caller must pass --force."""
     if os.path.exists(os.path.join(out, "predictor.json")) and not force:
@@ -329,6 +347,26 @@ def _add_eval_commands(sub) -> None:
     e.add_argument("--progress", action="store_true", help="show progress bars")
     e.add_argument("--threads", type=int, default=1, help="torch/XGBoost threads per method (default 1)")
     e.set_defaults(func=cmd_eval)
+
+    pr = sub.add_parser("protocol", parents=[data], help="the evaluation protocol (docs/evaluation.md): every "
+                                                         "setting and seed, cdmpp vs peers; writes a summary JSON")
+    pr.add_argument("--settings", default=",".join(("random-new", "cross-model", "cross-device-new", "cross-device-seen")))
+    pr.add_argument("--seeds", default="0,1,2", help="split and model seeds (default 0,1,2)")
+    pr.add_argument("--k", default="0,16,64,5%%", help="cross-device shot counts; N%% = share of the target's programs")
+    pr.add_argument("--samplers", default="kmeans,random")
+    pr.add_argument("--methods", default="cdmpp,pooled-gbt", help="cdmpp, pooled-gbt (with the twin-ratio baseline)")
+    pr.add_argument("--recipe", default="default")
+    pr.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a training setting on top of the recipe (TOML value; repeatable), e.g. pooling=\"sum\"")
+    pr.add_argument("--label", default="cdmpp", help="row name of the cdmpp model (ablations)")
+    pr.add_argument("--minutes", type=float, default=4.0, help="cap on each cdmpp training run (default 4)")
+    pr.add_argument("--device-ids", default="amd-epyc-znver4-2t/llvm-avx512,amd-epyc-znver4-1t/llvm-avx512",
+                    help="devices whose programs are used (pinned, so added data does not move the numbers)")
+    pr.add_argument("--target-device", default="amd-epyc-znver4-1t/llvm-avx512")
+    pr.add_argument("--runs", default="reports/protocol-runs.jsonl", help="every scored row is appended here")
+    pr.add_argument("--summary", default="reports/summary.json", help="summary of --runs (empty: none)")
+    pr.add_argument("--jobs", type=int, default=1, help="seeds run in parallel processes (1 thread each)")
+    pr.set_defaults(func=cmd_protocol)
 
     t = sub.add_parser("train", parents=[data], help="train on a whole dataset (all devices) and save a checkpoint")
     t.add_argument("--recipe", default="default")

@@ -29,15 +29,17 @@ TOP_K = (1, 5)
 
 
 def regression_metrics(seconds: Sequence[float], predicted: Sequence[float]) -> dict:
-    """MAPE, RMSE (seconds), share within ±10 % / ±25 % of the measured latency; also the median APE,
-    because a few tiny programs predicted 100x too slow can dominate the MAPE."""
+    """MAPE, RMSE (seconds), share within ±10 % / ±25 % of the measured latency; also the median APE
+    and the MAPE with each APE capped at 100 % (``mape_capped``), because a few tiny programs predicted
+    100x too slow can dominate the MAPE."""
     y = np.asarray(seconds, dtype=np.float64)
     p = np.asarray(predicted, dtype=np.float64)
     if len(y) == 0:
         return dict(n=0, mape=float("nan"), rmse=float("nan"), within_10=float("nan"), within_25=float("nan"),
-                    median_ape=float("nan"))
+                    median_ape=float("nan"), mape_capped=float("nan"))
     rel = np.abs(p - y) / y
     return dict(n=int(len(y)), mape=float(rel.mean()), median_ape=float(np.median(rel)),
+                mape_capped=float(np.minimum(rel, 1.0).mean()),
                 rmse=float(np.sqrt(np.mean((p - y) ** 2))),
                 within_10=float((rel <= 0.10).mean()), within_25=float((rel <= 0.25).mean()))
 

@@ -13,6 +13,12 @@ in the pre-order serialization of the compact AST. The network
 5. adds a device embedding computed from the device's spec vector, and decodes one scalar: the
    latency in standardized Box-Cox space (see ``cdmpp.transforms.BoxCox``).
 
+Options studied in issue 19 (defaults keep the original network, so old checkpoints load):
+``pooling="sum"`` or ``"attention"`` keep magnitude; ``n_program_inputs`` adds program-level inputs
+(log FLOPs, bytes, the device's roofline bound) to the embedding; ``film`` lets the device scale and
+shift the embedding (an interaction, not only an offset); and ``forward``'s ``offset`` is added to the
+output, so a model can predict latency *relative to* a roofline bound.
+
 ``PackedPrograms`` and ``collate`` turn ``ProgramFeatures`` objects into padded tensors with one
 gather, without a Python loop per leaf, because prediction must handle thousands of programs a second.
 """
@@ -55,14 +61,27 @@ class CDMPPModel(nn.Module):
     """
 
     def __init__(self, n_features: int, device_dim: int, d_model: int = 128, n_heads: int = 4,
-                 n_layers: int = 2, d_ff: int | None = None, dropout: float = 0.1, use_pe: bool = True):
+                 n_layers: int = 2, d_ff: int | None = None, dropout: float = 0.1, use_pe: bool = True,
+                 pooling: str = "mean", n_program_inputs: int = 0, film: bool = False):
         super().__init__()
         d_ff = d_ff or 2 * d_model
         # Stored as given so a checkpoint can rebuild the module from JSON alone.
         self.hparams = dict(n_features=n_features, device_dim=device_dim, d_model=d_model, n_heads=n_heads,
-                            n_layers=n_layers, d_ff=d_ff, dropout=dropout, use_pe=use_pe)
+                            n_layers=n_layers, d_ff=d_ff, dropout=dropout, use_pe=use_pe, pooling=pooling,
+                            n_program_inputs=n_program_inputs, film=film)
         self.d_model = d_model
         self.use_pe = use_pe
+        if pooling not in ("mean", "sum", "attention"):
+            raise ValueError(f"pooling = {pooling!r}: expected mean, sum or attention")
+        self.pooling = pooling
+        if pooling == "attention":
+            self.attn_score = nn.Linear(d_model, 1)
+        self.program_proj = (nn.Sequential(nn.Linear(n_program_inputs, d_model), nn.GELU(), nn.Linear(d_model, d_model))
+                             if n_program_inputs else None)
+        self.film = nn.Linear(d_model, 2 * d_model) if film else None
+        if film:  # starts as the identity: scale 1, shift 0
+            nn.init.zeros_(self.film.weight)
+            nn.init.zeros_(self.film.bias)
 
         self.input_proj = nn.Linear(n_features, d_model)
         layer = nn.TransformerEncoderLayer(d_model, n_heads, d_ff, dropout, activation="gelu",
@@ -84,8 +103,10 @@ class CDMPPModel(nn.Module):
             nn.Linear(d_model // 2, 1),
         )
 
-    def embed(self, x: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """Program embedding ``[B, d_model]``: what domain adaptation aligns and KMeans clusters."""
+    def embed(self, x: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor,
+              extra: torch.Tensor | None = None) -> torch.Tensor:
+        """Program embedding ``[B, d_model]``: what domain adaptation aligns and KMeans clusters.
+        ``extra [B, n_program_inputs]``: program-level inputs (required when the model has them)."""
         h = self.input_proj(x)
         if self.use_pe:
             h = h + sinusoidal_encoding(pos, self.d_model)
@@ -93,15 +114,44 @@ class CDMPPModel(nn.Module):
         h = self.final_norm(h)
         m = mask.unsqueeze(-1).to(h.dtype)
         count = m.sum(dim=1).clamp_min(1.0)
-        pooled = (h * m).sum(dim=1) / count
-        return pooled + self.count_proj(torch.log(count))
+        if self.pooling == "mean":
+            pooled = (h * m).sum(dim=1) / count
+        elif self.pooling == "sum":  # scaled so a typical program (~8 leaves) starts near unit size
+            pooled = (h * m).sum(dim=1) / 8.0
+        else:  # attention weights, times the count so the total work is not averaged away
+            score = self.attn_score(h).masked_fill(~mask.unsqueeze(-1), -1e9)
+            pooled = (torch.softmax(score, dim=1) * h).sum(dim=1) * torch.log1p(count)
+        out = pooled + self.count_proj(torch.log(count))
+        if self.program_proj is not None:
+            out = out + self.program_proj(extra)
+        return out
 
     def head(self, program_embedding: torch.Tensor, device: torch.Tensor) -> torch.Tensor:
         """Latency (standardized Box-Cox) from a program embedding and a device spec vector."""
-        return self.decoder(program_embedding + self.device_encoder(device)).squeeze(-1)
+        d = self.device_encoder(device)
+        if self.film is not None:
+            scale, shift = self.film(d).chunk(2, dim=-1)
+            program_embedding = program_embedding * (1.0 + scale) + shift
+        return self.decoder(program_embedding + d).squeeze(-1)
 
-    def forward(self, x: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor, device: torch.Tensor) -> torch.Tensor:
-        return self.head(self.embed(x, pos, mask), device)
+    def forward(self, x: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor, device: torch.Tensor,
+                extra: torch.Tensor | None = None, offset: torch.Tensor | None = None) -> torch.Tensor:
+        out = self.head(self.embed(x, pos, mask, extra), device)
+        return out if offset is None else out + offset
+
+
+_N_TVM_FEATURES = 164
+_BYTES_COLS = [60 + 18 * b for b in range(5)]  # B{b}_bytes of TVM's PerStoreFeature (log2(x+1)-scaled)
+_UNIQUE_BYTES_COLS = [61 + 18 * b for b in range(5)]  # B{b}_unique_bytes
+
+
+def program_stats(raw_leaves: np.ndarray, offsets: np.ndarray, flops: np.ndarray) -> np.ndarray:
+    """Per program ``[n, 3]``: log2(1 + FLOPs), log2(1 + bytes accessed), log2(1 + unique bytes),
+    summed over its leaves from the raw (unnormalized) TVM rows: the inputs of a roofline bound."""
+    x = raw_leaves.astype(np.float64)
+    total = np.add.reduceat(np.exp2(x[:, _BYTES_COLS]) - 1.0, offsets[:-1], axis=0).sum(axis=1)
+    unique = np.add.reduceat(np.exp2(x[:, _UNIQUE_BYTES_COLS]) - 1.0, offsets[:-1], axis=0).sum(axis=1)
+    return np.log2(1.0 + np.stack([np.maximum(flops, 0.0), np.maximum(total, 0.0), np.maximum(unique, 0.0)], axis=1))
 
 
 class PackedPrograms:
@@ -112,11 +162,12 @@ class PackedPrograms:
     leaves gets one all-zero leaf at position 0 so attention always has a key to look at.
     """
 
-    def __init__(self, leaves: np.ndarray, positions: np.ndarray, offsets: np.ndarray):
+    def __init__(self, leaves: np.ndarray, positions: np.ndarray, offsets: np.ndarray, stats: np.ndarray | None = None):
         self.leaves = np.ascontiguousarray(leaves, dtype=np.float32)
         self.positions = np.ascontiguousarray(positions, dtype=np.int64)
         self.offsets = np.ascontiguousarray(offsets, dtype=np.int64)
         self.lengths = np.diff(self.offsets)
+        self.stats = stats  # [n, 3] log2 of FLOPs, bytes, unique bytes (program_stats), from raw features
 
     @classmethod
     def from_programs(cls, programs: Sequence["ProgramFeatures"],
@@ -139,9 +190,11 @@ class PackedPrograms:
         offsets = np.zeros(len(feats) + 1, np.int64)
         np.cumsum(lengths, out=offsets[1:])
         leaves = np.concatenate(feats).astype(np.float32, copy=False)
+        flops = np.array([float(getattr(p, "flops", 0.0) or 0.0) for p in programs])
+        stats = program_stats(leaves, offsets, flops) if n_features == _N_TVM_FEATURES else None
         if normalize is not None:
             leaves = normalize(leaves)
-        return cls(leaves, np.concatenate(poss), offsets)
+        return cls(leaves, np.concatenate(poss), offsets, stats)
 
     def __len__(self) -> int:
         return len(self.lengths)
@@ -153,7 +206,8 @@ class PackedPrograms:
         offsets = np.zeros(len(idx) + 1, np.int64)
         np.cumsum(lengths, out=offsets[1:])
         rows = np.repeat(self.offsets[idx] - offsets[:-1], lengths) + np.arange(offsets[-1])
-        return PackedPrograms(self.leaves[rows], self.positions[rows], offsets)
+        return PackedPrograms(self.leaves[rows], self.positions[rows], offsets,
+                              None if self.stats is None else self.stats[idx])
 
     def program_means(self) -> np.ndarray:
         """Mean leaf vector per program ``[n, F]``: a model-free embedding for KMeans sampling."""

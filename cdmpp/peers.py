@@ -12,6 +12,12 @@
   row MLP → sum over rows → two residual layers → linear), predicting standardized log latency.
   Device-blind, as in Tenset (one model per device).
 
+* ``PooledGBT`` — the strongest peer (issue 19): XGBoost on leaves pooled by sum, max and
+  log-sum-exp, plus leaf count, log FLOPs, threads and device specs, predicting log(latency / FLOPs)
+  with early stopping on validation.
+* ``TwinRatio`` — the seen-programs baseline: the source twin's measured latency times a small GBT of
+  the log target/source ratio, fitted on the k measured target programs.
+
 Each peer: ``fit(train, val, time_budget_s)`` → self, ``predict(programs)``, ``adapt(shots)`` for
 k-shot transfer; samples are anything with ``features``, ``device``, ``seconds``, ``task``.
 
@@ -313,6 +319,120 @@ def _segment_sum_mlp(input_dim: int, hidden_dim: int):
             return self.decoder(out)
 
     return SegmentSumMLP()
+
+
+def pooled_features(programs: Sequence) -> np.ndarray:
+    """Per program: sum, max and log-sum-exp of its leaf rows, leaf count and log2 FLOPs (device-free)."""
+    out = []
+    for p in programs:
+        r = _rows(p.features).astype(np.float64)
+        m = r.max(axis=0)
+        lse = m + np.log(np.exp(r - m).sum(axis=0))
+        out.append(np.concatenate([r.sum(axis=0), m, lse, [len(r), np.log2(p.features.flops + 1.0)]]))
+    return np.asarray(out, dtype=np.float32)
+
+
+class PooledGBT:
+    """XGBoost on pooled leaves + program size + device specs → log(latency / FLOPs) (issue 19's peer).
+
+    The FLOP-normalized target lets the trees learn efficiency instead of size; the device specs
+    (raw, log1p) include the thread count, so one model serves every device.
+    """
+
+    label = "pooled GBT"
+    predicts = "seconds"
+
+    def __init__(self, device_table: dict, max_depth: int = 8, learning_rate: float = 0.05, n_estimators: int = 4000,
+                 nthread: int = 1, random_state: int = 0):
+        from cdmpp.transforms import DeviceSpecs
+
+        self.specs = DeviceSpecs(device_table)
+        self.max_depth, self.learning_rate, self.n_estimators = max_depth, learning_rate, n_estimators
+        self.nthread, self.random_state = nthread, random_state
+
+    def inputs(self, programs: Sequence) -> np.ndarray:
+        dev = np.stack([self.specs.raw_vector(self.specs.table[p.device]) for p in programs])
+        return np.hstack([pooled_features(programs), dev.astype(np.float32)])
+
+    @staticmethod
+    def _target(programs) -> np.ndarray:
+        return np.log([p.seconds / (p.features.flops + 1.0) for p in programs])
+
+    def fit(self, train: Sequence, val: Sequence | None = None, time_budget_s: float | None = None) -> "PooledGBT":
+        import xgboost as xgb
+
+        deadline = time.monotonic() + (time_budget_s if time_budget_s else 1e9)
+        evals = [(self.inputs(val), self._target(val))] if val else None
+        self.model_ = xgb.XGBRegressor(
+            n_estimators=self.n_estimators, learning_rate=self.learning_rate, max_depth=self.max_depth,
+            subsample=0.9, colsample_bytree=0.7, min_child_weight=2, tree_method="hist", n_jobs=self.nthread,
+            random_state=self.random_state, early_stopping_rounds=100 if evals else None,
+            callbacks=[_deadline_callback(deadline)])
+        self.model_.fit(self.inputs(train), self._target(train), eval_set=evals, verbose=False)
+        best = getattr(self.model_, "best_iteration", None)
+        booster = self.model_.get_booster()
+        # keep only the trees up to the best validation round, so trees added by ``adapt`` count
+        self.booster_ = booster[: best + 1] if best is not None else booster
+        return self
+
+    def predict(self, programs: Sequence) -> np.ndarray:
+        import xgboost as xgb
+
+        flops = np.array([p.features.flops + 1.0 for p in programs])
+        return flops * np.exp(self.booster_.predict(xgb.DMatrix(self.inputs(programs))).astype(np.float64))
+
+    def adapt(self, shots: Sequence, rounds: int = 50) -> "PooledGBT":
+        """k-shot: ``rounds`` more shallow trees on the measured target programs, on top of the source model."""
+        import xgboost as xgb
+
+        new = copy.copy(self)
+        params = dict(eta=self.learning_rate, max_depth=3, nthread=self.nthread, seed=self.random_state,
+                      tree_method="hist")
+        new.booster_ = xgb.train(params, xgb.DMatrix(self.inputs(shots), label=self._target(shots)), rounds,
+                                 xgb_model=self.booster_.copy())
+        return new
+
+
+class TwinRatio:
+    """Seen programs: target latency = source twin's label × exp(GBT of the log ratio on k target shots).
+
+    With no shots the ratio is 1 (the twin's label as is). The GBT is small (depth 3) and starts from
+    the shots' median log ratio, so 16 shots give a sane constant and more shots a program-dependent ratio.
+    """
+
+    label = "twin-ratio"
+    predicts = "seconds"
+
+    def __init__(self, twins: dict, nthread: int = 1, random_state: int = 0, rounds: int = 100, embed=None):
+        self.twins, self.nthread, self.random_state, self.rounds = twins, nthread, random_state, rounds
+        self.embed = embed  # optional programs -> [n, d] extra inputs (e.g. a cdmpp model's embeddings)
+
+    def _twin(self, programs) -> np.ndarray:
+        return np.array([self.twins[p.features.program_hash] for p in programs])
+
+    def _x(self, programs) -> np.ndarray:
+        x = pooled_features(programs)
+        return x if self.embed is None else np.hstack([x, self.embed(programs)])
+
+    def fit(self, shots: Sequence, val=None, time_budget_s=None) -> "TwinRatio":
+        import xgboost as xgb
+
+        self.model_ = None
+        self.base_ = 0.0
+        if shots:
+            r = np.log([p.seconds for p in shots]) - np.log(self._twin(shots))
+            self.base_ = float(np.median(r))
+            if len(shots) >= 8:
+                self.model_ = xgb.XGBRegressor(n_estimators=self.rounds, learning_rate=0.1, max_depth=3,
+                                               subsample=0.8, min_child_weight=2, tree_method="hist",
+                                               n_jobs=self.nthread, random_state=self.random_state,
+                                               base_score=self.base_)
+                self.model_.fit(self._x(shots), r)
+        return self
+
+    def predict(self, programs: Sequence) -> np.ndarray:
+        r = self.model_.predict(self._x(programs)).astype(np.float64) if self.model_ is not None else self.base_
+        return self._twin(programs) * np.exp(r)
 
 
 PEERS = {"xgb": (MetaScheduleXGB, XGBRegressorPeer), "mlp": (TensetMLP,)}

@@ -64,6 +64,12 @@ class TrainConfig:
     d_ff: int = 256
     dropout: float = 0.1
     use_pe: bool = True
+    pooling: str = "mean"  # "mean" | "sum" | "attention" (see CDMPPModel)
+    film: bool = False  # device FiLM on the program embedding
+    program_inputs: bool = False  # log FLOPs / bytes / unique bytes into the embedding
+    roofline: bool = False  # predict log(latency / roofline bound); needs label = "log"
+    label: str = "boxcox"  # "boxcox" (lambda by ML) | "log"
+    loss: str = "paper"  # "paper": mse_weight·MSE + mape_weight·MAPE | "l1": L1 in label space
     # optimization: loss = mse_weight·MSE + mape_weight·MAPE (Box-Cox space), Adam, triangular CyclicLR
     lr: float = 1e-4  # CyclicLR base_lr
     max_lr: float = 1e-3
@@ -97,7 +103,10 @@ class TrainConfig:
     progress: bool = True
 
     def __post_init__(self):
-        choices = dict(da=("cmd", "mmd", "none"), da_space=("program", "joint"), ensemble_mode=("snapshots", "seeds"),
+        if self.roofline and self.label != "log":
+            raise ValueError("roofline = true predicts log(latency / bound): it needs label = \"log\"")
+        choices = dict(pooling=("mean", "sum", "attention"), label=("boxcox", "log"), loss=("paper", "l1"),
+                       da=("cmd", "mmd", "none"), da_space=("program", "joint"), ensemble_mode=("snapshots", "seeds"),
                        feature_scaling=("standard", "robust"), finetune_scope=("all", "head"))
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
@@ -154,23 +163,39 @@ def cdmpp_loss(pred: torch.Tensor, target: torch.Tensor, mse_weight: float = 100
     return mse_weight * err.pow(2).mean() + mape_weight * mape
 
 
+def _loss(config: "TrainConfig", pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """The recipe's loss: the paper's, or L1 in label space (with a log label, an L1 on log latency,
+    which aims at relative error without the MSE's pull toward a few far-off programs)."""
+    if config.loss == "l1":
+        return (pred - target).abs().mean()
+    return cdmpp_loss(pred, target, config.mse_weight, config.mape_weight, config.mape_floor)
+
+
 @dataclass
 class _Split:
-    """Training-ready data: packed normalized programs, device row per program, Box-Cox labels."""
+    """Training-ready data: packed normalized programs, device row per program, Box-Cox labels, and
+    the program-level inputs / roofline offsets (``TrainedModel.model_inputs``) when the recipe uses them."""
 
     pack: PackedPrograms
     dev_rows: np.ndarray
     z: np.ndarray | None = None
     seconds: np.ndarray | None = None
+    extra: torch.Tensor | None = None
+    offset: torch.Tensor | None = None
+
+    def inputs(self, idx) -> tuple:
+        """``(extra, offset)`` rows of the batch ``idx`` (None where unused)."""
+        return (None if self.extra is None else self.extra[idx], None if self.offset is None else self.offset[idx])
 
 
 def _prepare(samples: Sequence[Sample], trained: TrainedModel, dev_index: dict[str, int], labeled: bool = True) -> _Split:
     pack = trained.pack([s.features for s in samples])
     rows = np.array([dev_index[s.device] for s in samples], dtype=np.int64)
+    extra, offset = trained.model_inputs(pack, [s.device for s in samples])
     if not labeled:
-        return _Split(pack, rows)
+        return _Split(pack, rows, extra=extra, offset=offset)
     seconds = np.array([s.seconds for s in samples], dtype=np.float64)
-    return _Split(pack, rows, trained.label_transform.transform(seconds).astype(np.float32), seconds)
+    return _Split(pack, rows, trained.label_transform.transform(seconds).astype(np.float32), seconds, extra, offset)
 
 
 def fit(config: TrainConfig, train_set: Sequence[Sample], val_set: Sequence[Sample] | None = None,
@@ -201,16 +226,21 @@ def fit(config: TrainConfig, train_set: Sequence[Sample], val_set: Sequence[Samp
     specs.fit([s.device for s in train_set])
     raw = PackedPrograms.from_programs([s.features for s in train_set])
     normalizer = FeatureNormalizer(config.feature_scaling).fit(raw.leaves)
-    labels = BoxCox().fit([s.seconds for s in train_set])
+    labels = BoxCox().fit([s.seconds for s in train_set], 0.0 if config.label == "log" else None)
+    program_inputs = None
+    if (config.program_inputs or config.roofline) and raw.stats is not None:
+        program_inputs = dict(mean=raw.stats.mean(axis=0).tolist(), std=np.maximum(raw.stats.std(axis=0), 1e-6).tolist())
     trained = TrainedModel([], normalizer, labels, specs, config.to_dict(),
-                           featurizer_version=featurizer_version or current_featurizer_version())
+                           featurizer_version=featurizer_version or current_featurizer_version(),
+                           program_inputs=program_inputs)
 
     dev_matrix, dev_index = specs.matrix(all_devices)
     dev_matrix = torch.from_numpy(dev_matrix)
-    train = _Split(PackedPrograms(normalizer.transform(raw.leaves), raw.positions, raw.offsets),
+    train = _Split(PackedPrograms(normalizer.transform(raw.leaves), raw.positions, raw.offsets, raw.stats),
                    np.array([dev_index[s.device] for s in train_set]), None,
                    np.array([s.seconds for s in train_set]))
     train.z = labels.transform(train.seconds).astype(np.float32)
+    train.extra, train.offset = trained.model_inputs(train.pack, [s.device for s in train_set])
     val = _prepare(val_set, trained, dev_index)
     target = _prepare(target_pool, trained, dev_index, labeled=False) if target_pool else None
 
@@ -243,7 +273,8 @@ def fit(config: TrainConfig, train_set: Sequence[Sample], val_set: Sequence[Samp
 
 def _model_with(config: TrainConfig, train: _Split, dev_matrix: torch.Tensor, state: dict | None = None) -> CDMPPModel:
     model = CDMPPModel(train.pack.leaves.shape[1], dev_matrix.shape[1], config.d_model, config.n_heads,
-                       config.n_layers, config.d_ff, config.dropout, config.use_pe)
+                       config.n_layers, config.d_ff, config.dropout, config.use_pe, config.pooling,
+                       3 if config.program_inputs else 0, config.film)
     if state is not None:
         model.load_state_dict(state)
         model.eval()
@@ -260,7 +291,8 @@ def _train_run(config: TrainConfig, seed: int, train: _Split, val: _Split, targe
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
     model = _model_with(config, train, dev_matrix)
-    opt = torch.optim.Adam(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    opt = (torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay) if config.weight_decay
+           else torch.optim.Adam(model.parameters(), lr=config.lr))
     steps_per_epoch = math.ceil(len(train.pack) / config.batch_size)
     sched = torch.optim.lr_scheduler.CyclicLR(
         opt, base_lr=config.lr, max_lr=config.max_lr, mode="triangular", cycle_momentum=False,
@@ -280,11 +312,13 @@ def _train_run(config: TrainConfig, seed: int, train: _Split, val: _Split, targe
         for idx in bucketed_batches(train.pack.lengths, config.batch_size, rng):
             x, pos, mask = train.pack.batch(idx)
             dev = dev_matrix[train.dev_rows[idx]]
-            emb = model.embed(x, pos, mask)
-            loss = cdmpp_loss(model.head(emb, dev), z_all[idx], config.mse_weight, config.mape_weight, config.mape_floor)
+            extra, offset = train.inputs(idx)
+            emb = model.embed(x, pos, mask, extra)
+            pred = model.head(emb, dev)
+            loss = _loss(config, pred if offset is None else pred + offset, z_all[idx])
             if target is not None:
                 t_idx = matcher.sample(train.pack.lengths[idx], rng)
-                t_emb = model.embed(*target.pack.batch(t_idx))
+                t_emb = model.embed(*target.pack.batch(t_idx), target.inputs(t_idx)[0])
                 if config.da_space == "joint":
                     emb = emb + model.device_encoder(dev)
                     t_emb = t_emb + model.device_encoder(dev_matrix[target.dev_rows[t_idx]])
@@ -346,7 +380,7 @@ def _val_mape(model: CDMPPModel, val: _Split, dev_matrix: torch.Tensor, trained:
     model.eval()
     z = np.empty(len(val.pack), np.float32)
     for idx in length_sorted_batches(val.pack.lengths, 256):
-        z[idx] = model(*val.pack.batch(idx), dev_matrix[val.dev_rows[idx]]).numpy()
+        z[idx] = model(*val.pack.batch(idx), dev_matrix[val.dev_rows[idx]], *val.inputs(idx)).numpy()
     pred = trained.label_transform.inverse_transform(z)
     return float(np.mean(np.abs(pred - val.seconds) / val.seconds))
 
@@ -372,15 +406,16 @@ def finetune(trained: TrainedModel, labeled_set: Sequence[Sample], config: Train
         torch.manual_seed(config.seed + 1000 + i)
         rng = np.random.default_rng(config.seed + 1000 + i)
         if config.finetune_scope == "head":
-            params = [*model.decoder.parameters(), *model.device_encoder.parameters()]
+            params = [*model.decoder.parameters(), *model.device_encoder.parameters(),
+                      *(model.film.parameters() if model.film is not None else [])]
         else:
             params = list(model.parameters())
         opt = torch.optim.Adam(params, lr=config.finetune_lr)
         model.train()
         for _ in range(steps):
             idx = rng.choice(len(labeled_set), size=batch, replace=False)
-            pred = model(*data.pack.batch(idx), dev_matrix[data.dev_rows[idx]])
-            loss = cdmpp_loss(pred, z_all[idx], config.mse_weight, config.mape_weight, config.mape_floor)
+            pred = model(*data.pack.batch(idx), dev_matrix[data.dev_rows[idx]], *data.inputs(idx))
+            loss = _loss(config, pred, z_all[idx])
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, config.grad_clip)

@@ -30,12 +30,16 @@ class BoxCox:
     there anyway.
     """
 
-    def fit(self, seconds) -> "BoxCox":
+    def fit(self, seconds, lmbda: float | None = None) -> "BoxCox":
+        """``lmbda=0`` fixes a plain log (then the label space is additive in log latency)."""
         y = np.asarray(seconds, dtype=np.float64)
         if len(y) < 2 or np.any(~np.isfinite(y)) or np.any(y <= 0):
             raise ValueError("BoxCox needs at least two finite positive latencies")
         self.scale_ = float(np.exp(np.mean(np.log(y))))
-        t, lmbda = stats.boxcox(y / self.scale_)
+        if lmbda is None:
+            t, lmbda = stats.boxcox(y / self.scale_)
+        else:
+            t = stats.boxcox(y / self.scale_, lmbda=lmbda)
         self.lambda_ = float(lmbda)
         self.mean_, self.std_ = float(t.mean()), float(max(t.std(), 1e-12))
         self.min_, self.max_ = float(y.min()), float(y.max())

@@ -176,10 +176,9 @@ def test_cross_model_split_keeps_held_out_tasks_out_of_training(real, held):
     assert not {p.task for p in sp.train} & {p.task for p in sp.val}  # val is carved by task
     assert all(nets(p) & set(held) for p in sp.test)
     assert all(not nets(p) & set(held) for p in sp.train + sp.val)
-    assert _ids(sp.train) | _ids(sp.val) | _ids(sp.test) == _ids(real.programs)
-    shared = {p.task for p in sp.test if nets(p) - set(held)}
-    assert sp.info["shared_tasks_excluded"] == len(shared)
-    assert [u.features for u in sp.target_pool] == [p.features for p in sp.test]  # features only
+    pool_hashes = {u.features.program_hash for u in sp.target_pool}
+    assert sp.target_pool and not pool_hashes & {p.features.program_hash for p in sp.test}  # DA pool is never tested
+    assert len(_ids(sp.train) | _ids(sp.val) | _ids(sp.test)) + len(sp.target_pool) == len(real.programs)
     assert all(math.isnan(u.seconds) for u in sp.target_pool)
 
 
@@ -190,13 +189,29 @@ def test_cross_device_k_shot_picks_k_distinct_programs_excluded_from_test(two_de
     assert len(sp.shots) == 8 and len(_ids(sp.shots)) == 8
     assert all(p.device == FAKE_DEVICE for p in sp.shots + sp.test)
     assert not _ids(sp.shots) & _ids(sp.test)
-    assert _ids(sp.shots) | _ids(sp.test) == _ids(pool)
+    test_hashes = {p.features.program_hash for p in sp.test}
+    assert not test_hashes & {u.features.program_hash for u in sp.target_pool}  # DA pool: never a test program
+    assert not test_hashes & {p.features.program_hash for p in sp.train + sp.val}  # "new": no twin in training
     assert all(p.device != FAKE_DEVICE for p in sp.train + sp.val)
     assert set(sp.overlaps().values()) == {0}
     zero = splits.cross_device_split(two_devices, FAKE_DEVICE, k=0)
-    assert not zero.shots and _ids(zero.test) == _ids(pool)
+    assert not zero.shots and _ids(zero.test) == _ids(sp.test)  # the test half depends on the seed only
     again = splits.cross_device_split(two_devices, FAKE_DEVICE, k=8, sampler=sampler)
     assert _ids(again.shots) == _ids(sp.shots)
+    seen = splits.cross_device_split(two_devices, FAKE_DEVICE, k=0, programs="seen")
+    assert all(seen.twins[p.features.program_hash] > 0 for p in seen.test)
+    assert _ids(seen.test) <= _ids(sp.test)
+
+
+def test_random_split_keeps_twins_on_one_side(two_devices):
+    sp = splits.random_split(two_devices, seed=0)
+    side = lambda part: {p.features.program_hash for p in part}  # noqa: E731
+    assert not side(sp.train) & side(sp.test) and not side(sp.val) & side(sp.test) and not side(sp.train) & side(sp.val)
+
+
+def test_mape_capped_limits_each_error_to_100_percent():
+    m = ev.regression_metrics([1.0, 1.0], [1.5, 101.0])  # 50 % and 10,000 %
+    assert m["mape_capped"] == pytest.approx(0.75) and m["mape"] == pytest.approx(50.25)
 
 
 # ---- peers ------------------------------------------------------------------------------------------
