@@ -119,7 +119,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(model: str | None, workers: int, threads: int, port: int, featurize_procs: int = 0,
+def start_server(model: str | None, workers: int, threads: int, port: int, featurize_procs: int = 1,
                  env_extra: dict | None = None):
     """``cdmpp serve`` in a subprocess; returns (process, base url) once /healthz answers."""
     import httpx
@@ -211,7 +211,7 @@ def _split(before: dict, after: dict) -> dict:
 
 def bench_serve(model: str | None = None, clients: int = 16, batch: int = 64, batches: int = 160,
                 cold_batches: int = 16, repeat_share: float = 0.9, workers: int = 1, threads: int = 2,
-                featurize_procs: int = 0, form: str = "trace", duration_s: float = 120.0, task_table: str = "datasets/tasks-llvm.json.gz",
+                featurize_procs: int = 1, form: str = "trace", duration_s: float = 120.0, task_table: str = "datasets/tasks-llvm.json.gz",
                 device: str | None = None, seed: int = 0) -> dict:
     rng = random.Random(seed)
     n_tasks = len(BENCH_TASKS)
@@ -224,7 +224,8 @@ def bench_serve(model: str | None = None, clients: int = 16, batch: int = 64, ba
     sent: dict[str, list[int]] = {}
     cold_bodies, _, cold_n = plan_requests(pool, cold_batches, batch, repeat_share, True, sent, rng)
     mixed_bodies, n_rep, n_mixed = plan_requests(pool, batches, batch, repeat_share, False, sent, rng)
-    proc, url = start_server(model, workers, threads, _free_port(), featurize_procs)
+    proc, url = start_server(model, workers, threads, _free_port(), featurize_procs,
+                             {"CDMPP_ALLOW_TVMSCRIPT": "1"} if form == "tvmscript" else None)
     try:
         import httpx
 

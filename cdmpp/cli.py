@@ -407,7 +407,13 @@ def cmd_serve(args) -> int:
 
     if args.model:
         os.environ["CDMPP_MODEL"] = args.model
+    if args.featurize_procs < 1:
+        print("cdmpp serve: --featurize-procs must be at least 1 (programs are never parsed in the server "
+              "process)", file=sys.stderr)
+        return 2
     os.environ["CDMPP_FEATURIZE_PROCS"] = str(args.featurize_procs)
+    if args.allow_tvmscript:
+        os.environ["CDMPP_ALLOW_TVMSCRIPT"] = "1"
     if args.token_env:
         token = os.environ.get(args.token_env)
         if not token:
@@ -449,15 +455,19 @@ def cmd_bench_tune(args) -> int:
 def _add_service_commands(sub, bsub) -> None:
     sv = sub.add_parser("serve", help="serve predictions over HTTP (FastAPI + uvicorn)",
                         description="Environment: CDMPP_MODEL, CDMPP_MAX_BATCH, CDMPP_MAX_BODY_BYTES, CDMPP_TIMEOUT_S, "
-                                    "CDMPP_TOKEN, CDMPP_THREADS, CDMPP_TORCH_THREADS, CDMPP_CACHE_SIZE, CDMPP_FEATURIZE_PROCS "
-                                    "(serve/README.md)")
+                                    "CDMPP_TOKEN, CDMPP_THREADS, CDMPP_TORCH_THREADS, CDMPP_CACHE_SIZE, CDMPP_FEATURIZE_PROCS, "
+                                    "CDMPP_ALLOW_TVMSCRIPT, CDMPP_ITEM_CPU_S, CDMPP_WORKER_MEM_MB, CDMPP_WORKER_USER "
+                                    "(serve/README.md, with the threat model)")
     sv.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; 0.0.0.0 for all)")
     sv.add_argument("--port", type=int, default=8000)
     sv.add_argument("--workers", type=int, default=1, help="worker processes (each loads the model; default 1)")
     sv.add_argument("--model", help="checkpoint folder (default: $CDMPP_MODEL or the shipped model)")
     sv.add_argument("--featurize-procs", type=int, default=os.cpu_count() or 1,
-                    help="processes per worker that parse and featurize new programs (default: one per CPU; "
-                         "0 = in the worker itself)")
+                    help="sandbox processes per worker that parse and featurize new programs (default: one per "
+                         "CPU; at least 1: request content is never parsed in the server process)")
+    sv.add_argument("--allow-tvmscript", action="store_true",
+                    help="accept TVMScript text over HTTP (off by default: it is parsed by running Python, so "
+                         "turn it on only when every caller is trusted); workload+trace is always accepted")
     sv.add_argument("--token-env", help="name of an environment variable holding the bearer token to require")
     sv.add_argument("--no-access-log", action="store_true", help="do not log every request")
     sv.add_argument("--log-level", default="info")

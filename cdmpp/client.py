@@ -2,7 +2,8 @@
 
 Code written against ``Predictor.predict(programs, device)`` runs unchanged against a server: the same
 return type (``Prediction``), the same errors (``UnknownDeviceError`` with ``.known``, ``ProgramError``).
-TVM objects are sent as TVMScript text, converted here; ``str``/``dict`` items go as they are. Big
+TVM objects are sent as MetaSchedule workload + trace (the scheduled module with an empty trace; servers
+accept TVMScript only when their operator allows it); ``str``/``dict`` items go as they are. Big
 batches are split to stay under the server's limits; connection errors and 5xx answers are retried
 with exponential backoff, since a restarting worker behind a load balancer is routine. Importing this
 module does not import TVM or torch.
@@ -31,7 +32,8 @@ class ServiceError(RuntimeError):
 
 
 def to_wire(program: Any, traces: bool = False) -> str | dict:
-    """A program as the service takes it: text and workload+trace dicts as is, TVM objects as TVMScript.
+    """A program as the service takes it: text and workload+trace dicts as is, TVM objects as the JSON text
+    of ``{"workload": <the scheduled module>, "trace": [[], []]}`` (what is featurized is the scheduled module).
 
     ``traces``: send a ``Schedule`` as the JSON text of ``{"trace": ...}`` (for a request with a shared
     workload): ~10 ms for the server to parse a new one, against ~60-140 ms for TVMScript.
@@ -45,7 +47,14 @@ def to_wire(program: Any, traces: bool = False) -> str | dict:
     mod = getattr(program, "mod", None)  # tvm.s_tir.Schedule, cdmpp.program.Program
     obj = mod if mod is not None and hasattr(mod, "script") else program
     if hasattr(obj, "script"):  # IRModule, PrimFunc
-        return obj.script()
+        from cdmpp import tvm_env
+
+        tvm = tvm_env.setup()
+        from tvm.s_tir.meta_schedule.database import Workload
+
+        if isinstance(obj, tvm.tirx.PrimFunc):
+            obj = tvm.IRModule({"main": obj})
+        return json.dumps({"workload": Workload(obj).as_json(), "trace": [[], []]}, separators=(",", ":"))
     raise TypeError(f"cannot send a {type(program).__name__}: expected TVMScript text, a workload+trace dict, "
                     "or a TVM PrimFunc / IRModule / Schedule")
 

@@ -1,7 +1,12 @@
 """``Predictor``: programs in any accepted form + a device id → latency with a 90 % interval.
 
 The one object that the CLI, the HTTP service, the MetaSchedule cost model and notebooks call. It
-featurizes (with an in-memory cache keyed by program hash), then runs the trained ensemble.
+featurizes (with an in-memory cache keyed by program hash), then runs the trained ensemble, and says
+for each prediction whether it lies outside what the model was trained on (``Prediction.ood``).
+
+Text and JSON (TVMScript, workload+trace) may come from anywhere and TVMScript is parsed by running
+Python, so ``predict`` parses them in a sandbox worker (``cdmpp.sandbox``) unless the caller passes
+``trusted=True``; TVM objects (PrimFunc, IRModule, Schedule) were built in this process and stay here.
 """
 
 from __future__ import annotations
@@ -27,11 +32,23 @@ class UnknownDeviceError(KeyError):
         return f"unknown device {self.device!r}; known devices: {', '.join(self.known)}"
 
 
+# Out-of-distribution flags (``Prediction.ood``): why a prediction deserves less trust than the model's
+# validation error suggests.
+DEVICE_UNTRAINED = "device_untrained"  # the device had no training data (predicted from its specs only)
+TARGET_MISMATCH = "target_kind_mismatch"  # the program's target kind is not the one the device runs
+FEATURES_OUT_OF_RANGE = "features_out_of_range"  # a leaf feature lies far outside the training values
+
+
 @dataclass
 class Prediction:
     seconds: float
     lo90: float
     hi90: float
+    ood: tuple[str, ...] = ()  # empty: program and device lie inside what the model was trained on
+
+    @property
+    def in_distribution(self) -> bool:
+        return not self.ood
 
 
 class Predictor:
@@ -76,25 +93,62 @@ class Predictor:
         target = self.device_info(device).get("target") or {}
         return "cuda" if (target.get("kind") == "cuda" or "/cuda" in device) else "llvm"
 
-    # ---- featurization with a cache ---------------------------------------------------------------
-    def featurize(self, programs: Sequence, target: str = "llvm") -> list:
-        """ProgramFeatures for each program; repeated programs (same structural hash) are featurized once."""
-        from cdmpp.features import Featurizer, program_hash
-        from cdmpp.program import Program, load_program
+    def trained_on(self, device: str) -> bool:
+        """Whether the model saw measurements of ``device`` (else its predictions rest on specs alone)."""
+        train = self.model.summary.get("train_devices")
+        return True if train is None else device in train
 
-        progs = [p if isinstance(p, Program) else load_program(p, target) for p in programs]
-        hashes = [program_hash(p.mod) for p in progs]
-        out: list = [None] * len(progs)
+    def ood_flags(self, features: Sequence, device: str, target_kind: str | None = None) -> list[tuple[str, ...]]:
+        """Out-of-distribution flags per program. Features count as out of range when, after the model's
+        own normalization, a value lies beyond its clip (``clip`` training standard deviations) or differs
+        from a column that was constant in training: the model never saw anything like it."""
+        common = []
+        if not self.trained_on(device):
+            common.append(DEVICE_UNTRAINED)
+        if target_kind is not None and target_kind != self.target_kind(device):
+            common.append(TARGET_MISMATCH)
+        norm = self.model.feature_normalizer
+        center, inv, clip = norm.center_.astype(np.float64), norm.inv_scale_.astype(np.float64), norm.clip
+        out = []
+        for f in features:
+            x = np.asarray(f.leaf_features, dtype=np.float64)
+            with np.errstate(all="ignore"):
+                x = np.where(norm.log_cols_, np.copysign(np.log1p(np.abs(x)), x), x) - center
+                far = ~np.isfinite(x) | np.where(inv > 0, np.abs(x * inv) > clip, np.abs(x) > 1e-3)
+            out.append(tuple(common + ([FEATURES_OUT_OF_RANGE] if far.any() else [])))
+        return out
+
+    # ---- featurization with a cache ---------------------------------------------------------------
+    def featurize(self, programs: Sequence, target: str = "llvm", trusted: bool = False) -> list:
+        """ProgramFeatures for each program; repeated programs (same structural hash) are featurized once.
+
+        Text and dict items are parsed in a sandbox worker unless ``trusted``; a bad one raises
+        ``ProgramError`` with ``errors`` = ``[{"index", "reason"}]``.
+        """
+        from cdmpp.program import Program
+
+        tvm_objects = [i for i, p in enumerate(programs) if trusted or not isinstance(p, (str, dict))]
+        out: list = [None] * len(programs)
+        if len(tvm_objects) < len(programs):
+            out = self._featurize_untrusted(programs, target, set(tvm_objects))
+        if not tvm_objects:
+            return out
+        from cdmpp.features import Featurizer, program_hash
+        from cdmpp.program import load_program
+
+        progs = {i: programs[i] if isinstance(programs[i], Program) else load_program(programs[i], target)
+                 for i in tvm_objects}
+        hashes = {i: program_hash(p.mod) for i, p in progs.items()}
         todo = []
         with self._lock:
-            for i, h in enumerate(hashes):
+            for i, h in hashes.items():
                 f = self._cache.get(h)
                 if f is not None:
                     self._cache.move_to_end(h)
                     out[i] = f
                 else:
                     todo.append(i)
-            if self._featurizer is None:
+            if self._featurizer is None and todo:
                 self._featurizer = Featurizer()
         if todo:
             feats = self._featurizer([progs[i] for i in todo])
@@ -106,24 +160,47 @@ class Predictor:
                     self._cache.popitem(last=False)
         return out
 
+    def _featurize_untrusted(self, programs: Sequence, target, skip: set[int]) -> list:
+        from cdmpp.program import TARGET_KINDS, ProgramError
+        from cdmpp.sandbox import default_sandbox
+
+        kind = target.strip() if isinstance(target, str) else str(target.kind.name)  # a str or a tvm Target
+        if kind not in TARGET_KINDS:
+            raise ProgramError(f"unknown target {target!r}: expected one of {', '.join(TARGET_KINDS)}")
+        idx = [i for i in range(len(programs)) if i not in skip]
+        feats, errors, _, _ = default_sandbox(kind).run([programs[i] for i in idx], idx, kind, tvmscript=True)
+        if errors:
+            err = ProgramError("; ".join(f"program {i}: {r}" for i, r in errors[:5]))
+            err.errors = [{"index": i, "reason": r} for i, r in errors]
+            raise err
+        out: list = [None] * len(programs)
+        for i, f in zip(idx, feats):
+            out[i] = f
+        return out
+
     # ---- prediction -----------------------------------------------------------------------------
-    def predict_features(self, features: Sequence, device: str) -> list[Prediction]:
+    def predict_features(self, features: Sequence, device: str, target_kind: str | None = None) -> list[Prediction]:
+        """Predictions for featurized programs; ``target_kind`` (the programs' target) feeds the OOD flags."""
         if device not in self.model.device_specs.table:
             raise UnknownDeviceError(device, self.devices())
         if not features:
             return []
         mean, lo, hi = self.model.predict(list(features), device)
-        return [Prediction(float(m), float(a), float(b)) for m, a, b in zip(mean, lo, hi)]
+        flags = self.ood_flags(features, device, target_kind)
+        return [Prediction(float(m), float(a), float(b), f) for m, a, b, f in zip(mean, lo, hi, flags)]
 
-    def predict(self, programs: Sequence, device: str) -> list[Prediction]:
-        """Latency (seconds) with a 90 % interval for each program on ``device``.
+    def predict(self, programs: Sequence, device: str, trusted: bool = False, target: str | None = None) -> list[Prediction]:
+        """Latency (seconds) with a 90 % interval and OOD flags for each program on ``device``.
 
         Programs: PrimFunc, IRModule, Schedule, TVMScript text or workload+trace JSON (see
-        ``cdmpp.program``). Raises ``UnknownDeviceError`` or ``cdmpp.program.ProgramError``.
+        ``cdmpp.program``); text and JSON are parsed in a sandbox worker unless ``trusted=True`` (say so
+        only for text you wrote or generated yourself). ``target``: "llvm"/"cuda", default the device's.
+        Raises ``UnknownDeviceError`` or ``cdmpp.program.ProgramError``.
         """
         if device not in self.model.device_specs.table:
             raise UnknownDeviceError(device, self.devices())
-        return self.predict_features(self.featurize(programs, self.target_kind(device)), device)
+        kind = target or self.target_kind(device)
+        return self.predict_features(self.featurize(programs, kind, trusted), device, kind)
 
-    def predict_seconds(self, programs: Sequence, device: str) -> np.ndarray:
-        return np.array([p.seconds for p in self.predict(programs, device)])
+    def predict_seconds(self, programs: Sequence, device: str, trusted: bool = False) -> np.ndarray:
+        return np.array([p.seconds for p in self.predict(programs, device, trusted)])

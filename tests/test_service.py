@@ -24,14 +24,15 @@ def _server(predictor, **settings):
 
 @pytest.fixture(scope="module")
 def url(predictor):
-    with _server(predictor) as u:
+    """A server for trusted callers: TVMScript allowed (the tests' programs are TVMScript text)."""
+    with _server(predictor, allow_tvmscript=True) as u:
         yield u
 
 
 @pytest.fixture(scope="module")
 def strict_url(predictor):
     """Token required, at most 4 programs and 64 KiB per request."""
-    with _server(predictor, token=TOKEN, max_batch=4, max_body_bytes=64 * 1024) as u:
+    with _server(predictor, token=TOKEN, max_batch=4, max_body_bytes=64 * 1024, allow_tvmscript=True) as u:
         yield u
 
 
@@ -128,7 +129,7 @@ def test_bad_programs_422_name_items(url, device, texts):
                       headers={"content-type": "application/json"}).status_code == 422
     assert httpx.post(url + "/v1/predict", json={"programs": texts[:1]}).status_code == 422
     r = httpx.post(url + "/v1/predict", json={"device": device, "programs": [texts[0], 5]})
-    assert r.status_code == 422 and r.json()["detail"][0]["loc"][:3] == ["body", "programs", 1]
+    assert r.status_code == 422 and [e["index"] for e in r.json()["errors"]] == [1]
     r = httpx.post(url + "/v1/predict", json={"device": device, "programs": [{"trace": []}], "workload": "junk"})
     assert r.status_code == 422 and "shared workload" in r.json()["detail"]
     # the service is unhurt
@@ -199,7 +200,7 @@ def test_timeout_504(predictor, device, sampled):
     from cdmpp.client import Client, ServiceError
 
     fresh = [s.mod.script() for s in sampled["conv2d"][3:6]]  # not seen by any server yet
-    with _server(predictor, timeout_s=0.001) as u:
+    with _server(predictor, timeout_s=0.001, allow_tvmscript=True) as u:
         r = httpx.post(u + "/v1/predict", json={"device": device, "programs": fresh})
         assert r.status_code == 504 and "CDMPP_TIMEOUT_S" in r.json()["detail"]
         with pytest.raises(ServiceError) as e:
@@ -243,32 +244,50 @@ def test_client_retries_connection_errors():
     assert len(tries) == 3
 
 
-def test_featurizer_processes_answer_like_the_server_process(url, predictor, device, sampled):
-    """With CDMPP_FEATURIZE_PROCS the new programs are parsed and featurized in worker processes: same
-    answers, same 422s; a worker that dies is replaced and the request still answered."""
+def test_tvmscript_off_by_default_workload_trace_on(predictor, device, sampled, texts):
+    """Over HTTP TVMScript is refused unless the operator allows it (422 naming the flag); the
+    MetaSchedule workload+trace form always works, and TVM objects sent by Client travel in it."""
+    from cdmpp import workloads
+    from cdmpp.client import Client
+    from cdmpp.program import workload_trace_json
+
+    schs = sampled["matmul"][:3]
+    items = [workload_trace_json(workloads.matmul(), s.trace) for s in schs]
+    with _server(predictor) as u:
+        r = httpx.post(u + "/v1/predict", json={"device": device, "programs": [items[0], texts[0]]})
+        assert r.status_code == 422 and [e["index"] for e in r.json()["errors"]] == [1]
+        assert "--allow-tvmscript" in r.json()["errors"][0]["reason"]
+        r = httpx.post(u + "/v1/predict", json={"device": device, "programs": items})
+        assert r.status_code == 200 and all(p["in_distribution"] in (True, False) for p in r.json()["predictions"])
+        want = [p.seconds for p in predictor.predict(schs, device)]
+        np.testing.assert_allclose([p.seconds for p in Client(u).predict(schs, device)], want, rtol=1e-5)
+
+
+def test_killed_workers_are_replaced_and_healthz_says_degraded(predictor, device, sampled):
+    """Workers killed from outside (as the deadline or a crash kills them): /healthz reports the pool
+    short, the next request is still answered, and the pool is whole again within seconds."""
     import os
     import signal
+    import time
 
     from cdmpp.service.app import Settings, create_app
     from cdmpp.service.background import BackgroundServer
 
-    fresh = [s.mod.script() for s in sampled["matmul"][3:6]]
-    app = create_app(Settings(featurize_procs=2), predictor)
+    fresh = [s.mod.script() for s in sampled["layer_norm"][3:5]]
+    app = create_app(Settings(featurize_procs=2, allow_tvmscript=True), predictor)
     with BackgroundServer(app) as u:
-        body = {"device": device, "programs": fresh}
-        pooled = httpx.post(u + "/v1/predict", json=body, timeout=60).json()["predictions"]
-        local = httpx.post(url + "/v1/predict", json=body, timeout=60).json()["predictions"]
-        for a, b in zip(pooled, local):  # equal up to float noise of the model's batch arithmetic
-            assert a.keys() == b.keys() and all(np.isclose(a[k], b[k], rtol=1e-5) for k in a)
-        r = httpx.post(u + "/v1/predict", json={"device": device, "programs": [fresh[0], "def nonsense(:"]})
-        assert r.status_code == 422 and [e["index"] for e in r.json()["errors"]] == [1]
-
-        pool = app.state.engine.pool
-        for pid in list(pool._pool._processes):
-            os.kill(pid, signal.SIGKILL)
-        more = [s.mod.script() for s in sampled["layer_norm"][3:5]]
-        r = httpx.post(u + "/v1/predict", json={"device": device, "programs": more}, timeout=120)
+        sandbox = app.state.engine.sandbox
+        for w in list(sandbox._all):
+            os.kill(w.proc.pid, signal.SIGKILL)
+        r = httpx.post(u + "/v1/predict", json={"device": device, "programs": fresh}, timeout=120)
         assert r.status_code == 200 and len(r.json()["predictions"]) == 2
+        assert sandbox.restarts >= 1
+        deadline = time.monotonic() + 10
+        while httpx.get(u + "/healthz").json()["status"] != "ok":
+            assert time.monotonic() < deadline, "pool not whole again within 10 s"
+            time.sleep(0.1)
+        h = httpx.get(u + "/healthz").json()
+        assert h["workers_ready"] == h["workers"] == 2
 
 
 def _children(pid: int) -> set[int]:
@@ -292,9 +311,18 @@ def _running(pid: int) -> bool:
         return False
 
 
+def _descendants(pid: int) -> set[int]:
+    out, todo = set(), [pid]
+    while todo:
+        kids = _children(todo.pop())
+        out |= kids
+        todo += kids
+    return out
+
+
 @pytest.mark.skipif(not __import__("os").path.isdir("/proc"), reason="needs /proc")
 def test_killed_server_leaves_no_featurizer_processes():
-    """``cdmpp serve`` killed with SIGKILL: its featurizer processes notice and exit."""
+    """``cdmpp serve`` killed with SIGKILL: its forkserver and sandbox workers notice and exit."""
     import signal
     import time
 
@@ -302,8 +330,8 @@ def test_killed_server_leaves_no_featurizer_processes():
 
     proc, url = start_server(None, workers=1, threads=1, port=_free_port(), featurize_procs=2)
     try:
-        workers = _children(proc.pid)
-        assert len(workers) >= 2
+        workers = _descendants(proc.pid)
+        assert len(workers) >= 3  # the forkserver and two workers
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()

@@ -2,14 +2,17 @@
 
 Run it with ``cdmpp serve`` (or ``uvicorn --factory cdmpp.service.app:create_app``); configure it with
 environment variables (see ``Settings``). Bad input never costs more than a 4xx: bodies are size-checked
-before parsing, batches are capped, bad programs are named by index, and every prediction runs in a
-bounded thread pool under a deadline, so the event loop keeps answering health checks.
+before parsing, bodies are parsed strictly here (UTF-8, finite numbers, no lone surrogates, bounded
+nesting), batches are capped, bad programs are named by index, and every prediction runs in a bounded
+thread pool under a deadline, so the event loop keeps answering health checks. Program text and JSON
+are parsed and featurized only in sandbox workers (``cdmpp.sandbox``; threat model in serve/README.md).
 """
 
 from __future__ import annotations
 
 import asyncio
 import hmac
+import json
 import os
 import threading
 import time
@@ -19,11 +22,14 @@ from dataclasses import dataclass
 from importlib import resources
 
 from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
+from pydantic import ValidationError
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from cdmpp.predictor import Predictor, UnknownDeviceError
 from cdmpp.program import ProgramError
+from cdmpp.sandbox import Sandbox
 from cdmpp.service.engine import BadPrograms, Cancelled, PredictEngine
 from cdmpp.service.metrics import Metrics
 from cdmpp.service.schemas import (DeviceOut, DevicesResponse, ErrorBody, HealthResponse, ItemError, ModelResponse,
@@ -42,7 +48,11 @@ class Settings:
     threads: int = 2  # prediction threads (CPU-bound work runs here, never on the event loop)
     torch_threads: int = 1  # intra-op threads per prediction; >1 fights the other threads for cores
     cache_size: int = 50_000  # request-level feature cache entries
-    featurize_procs: int = 0  # processes that parse and featurize new programs; 0 = in the server process
+    featurize_procs: int = 1  # sandbox workers that parse and featurize new programs (at least 1)
+    allow_tvmscript: bool = False  # TVMScript is Python: accept it only when every caller is trusted
+    item_cpu_s: float = 10.0  # CPU seconds a worker may spend on one program before it is killed
+    worker_mem_mb: int = 4096  # address-space limit of a worker (TVM + featurizer use ~1.1 GB)
+    worker_user: str = "nobody"  # who the workers run as when the server runs as root
 
     @classmethod
     def from_env(cls, env: dict | None = None) -> "Settings":
@@ -58,6 +68,10 @@ class Settings:
             torch_threads=int(env.get("CDMPP_TORCH_THREADS", d.torch_threads)),
             cache_size=int(env.get("CDMPP_CACHE_SIZE", d.cache_size)),
             featurize_procs=int(env.get("CDMPP_FEATURIZE_PROCS", d.featurize_procs)),
+            allow_tvmscript=env.get("CDMPP_ALLOW_TVMSCRIPT", "").strip().lower() in ("1", "true", "yes", "on"),
+            item_cpu_s=float(env.get("CDMPP_ITEM_CPU_S", d.item_cpu_s)),
+            worker_mem_mb=int(env.get("CDMPP_WORKER_MEM_MB", d.worker_mem_mb)),
+            worker_user=env.get("CDMPP_WORKER_USER") or d.worker_user,
         )
 
 
@@ -152,7 +166,8 @@ class BodyLimit:
 
 
 class RecordMetrics:
-    """Counts every response (including the 413s of ``BodyLimit``) by endpoint and status, with its latency."""
+    """Counts every response (including the 413s of ``BodyLimit``) by endpoint and status, with its latency.
+    A client that went away before any answer counts as 499 (nginx's "client closed request"), not 500."""
 
     def __init__(self, app, metrics: Metrics):
         self.app, self.metrics = app, metrics
@@ -160,7 +175,13 @@ class RecordMetrics:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        t0, status = time.perf_counter(), [500]
+        t0, status, gone = time.perf_counter(), [None], [False]
+
+        async def receive_wrapper():
+            msg = await receive()
+            if msg["type"] == "http.disconnect":
+                gone[0] = True
+            return msg
 
         async def send_wrapper(msg):
             if msg["type"] == "http.response.start":
@@ -168,22 +189,100 @@ class RecordMetrics:
             await send(msg)
 
         try:
-            await self.app(scope, receive, send_wrapper)
+            await self.app(scope, receive_wrapper, send_wrapper)
         finally:
-            self.metrics.observe(scope["path"], status[0], time.perf_counter() - t0)
+            code = status[0] if status[0] is not None else (499 if gone[0] else 500)
+            self.metrics.observe(scope["path"], code, time.perf_counter() - t0)
+
+
+# ---- strict request bodies ------------------------------------------------------------------------------
+MAX_DEPTH = 64  # nesting of a request body (a workload+trace item needs ~8)
+
+
+class BadBody(ValueError):
+    """A request body that is not strict JSON; the message says where and why."""
+
+
+def _no_constant(name: str):
+    raise BadBody(f"{name} is not a JSON number (NaN and Infinity are not allowed)")
+
+
+def _finite_float(text: str) -> float:
+    x = float(text)
+    if x != x or x in (float("inf"), float("-inf")):
+        raise BadBody(f"number {text[:40]} is out of range (not a finite double)")
+    return x
+
+
+def _check_values(obj, path: str = "body") -> None:
+    """Depth and strings of a parsed body: lone surrogates (``"\\ud800"``) cannot be encoded, and a
+    deep structure would overflow the recursion of every later step."""
+    stack = [(obj, path, 0)]
+    while stack:
+        x, where, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise BadBody(f"{where}: nested deeper than {MAX_DEPTH} levels")
+        if isinstance(x, str):
+            if not x.isascii():
+                try:
+                    x.encode("utf-8")
+                except UnicodeEncodeError as e:
+                    raise BadBody(f"{where}: string holds a lone surrogate ({e.reason} at character {e.start})")
+        elif isinstance(x, dict):
+            for k, v in x.items():
+                stack.append((k, f"{where} key", depth + 1))
+                stack.append((v, f"{where}[{json.dumps(k, ensure_ascii=True)[:40]}]", depth + 1))
+        elif isinstance(x, list):
+            stack.extend((v, f"{where}[{i}]", depth + 1) for i, v in enumerate(x))
+
+
+def parse_body(raw: bytes):
+    """Strict JSON: UTF-8, finite numbers, no lone surrogates, at most ``MAX_DEPTH`` levels."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise BadBody(f"body is not valid UTF-8 (byte {e.start}: {e.reason})") from None
+    try:
+        obj = json.loads(text, parse_constant=_no_constant, parse_float=_finite_float)
+    except json.JSONDecodeError as e:
+        raise BadBody(f"body is not JSON: {e}") from None
+    except RecursionError:
+        raise BadBody(f"body is nested deeper than {MAX_DEPTH} levels") from None
+    _check_values(obj)
+    return obj
+
+
+def _validation_errors(errors) -> ErrorBody:
+    """pydantic errors as an ErrorBody; item errors keep their index; never echoes the input."""
+    by_item: dict[int, list[str]] = {}
+    lines = []
+    for e in errors:
+        loc = [str(x) for x in e.get("loc", ()) if x != "body"]
+        lines.append(f"{'.'.join(loc) or 'body'}: {e.get('msg', 'invalid')}")
+        if len(loc) >= 2 and loc[0] == "programs" and loc[1].isdigit():  # one entry per item, however
+            by_item.setdefault(int(loc[1]), []).append(e.get("msg", "invalid"))  # many union members failed
+    items = [ItemError(index=i, reason="not a program (TVMScript/JSON text or a workload+trace object): "
+                                       + "; ".join(dict.fromkeys(r))) for i, r in sorted(by_item.items())]
+    return ErrorBody(detail="invalid request: " + "; ".join(lines[:5]), errors=items or None)
 
 
 # ---- the app --------------------------------------------------------------------------------------------
-def _warm_up(predictor: Predictor, engine: PredictEngine) -> None:
-    """Build the featurizers' TVM contexts and run the model once, so the first request is not slow."""
+def _warm_up(predictor: Predictor, engine: PredictEngine, timeout_s: float = 300.0) -> None:
+    """Wait for the sandbox workers and run the model once, so the first request is not slow. The
+    shipped sample is package data, so the workers may parse it as TVMScript."""
+    if not engine.sandbox.wait_ready(timeout_s):
+        raise RuntimeError(f"sandbox workers not ready in {timeout_s:g} s: {engine.sandbox.start_errors[-3:]}")
     devices = predictor.devices()
     if not devices:
         return
     text = (resources.files("cdmpp") / "samples" / "conv2d.tvmscript").read_text()
-    llvm = [d for d in devices if predictor.target_kind(d) == "llvm"]
-    predictor.predict([text], (llvm or devices)[0])
-    if engine.pool is not None:
-        engine.pool.warm_up(text, "llvm")
+    device = next((d for d in devices if predictor.target_kind(d) in engine.sandbox.kinds), devices[0])
+    kind = predictor.target_kind(device)
+    if kind == "llvm":
+        feats, errors, _, _ = engine.sandbox.run([text], [0], kind, tvmscript=True)
+        if errors:
+            raise RuntimeError(f"warm-up program failed: {errors}")
+        predictor.predict_features(feats, device, kind)
 
 
 def create_app(settings: Settings | None = None, predictor: Predictor | None = None) -> FastAPI:
@@ -198,8 +297,15 @@ def create_app(settings: Settings | None = None, predictor: Predictor | None = N
 
         torch.set_num_threads(max(1, settings.torch_threads))
         pred = predictor or Predictor.load(settings.model)
-        engine = PredictEngine(pred, settings.cache_size, settings.featurize_procs)
-        _warm_up(pred, engine)
+        kinds = tuple({pred.target_kind(d) for d in pred.devices()}) or ("llvm",)
+        sandbox = Sandbox(settings.featurize_procs, item_cpu_s=settings.item_cpu_s, mem_mb=settings.worker_mem_mb,
+                          user=settings.worker_user, kinds=kinds)
+        engine = PredictEngine(pred, settings.cache_size, sandbox, settings.allow_tvmscript)
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, _warm_up, pred, engine)
+        except BaseException:
+            engine.close()
+            raise
         app.state.predictor = pred
         app.state.engine = engine
         app.state.executor = ThreadPoolExecutor(max(1, settings.threads), thread_name_prefix="cdmpp-predict")
@@ -221,10 +327,27 @@ def create_app(settings: Settings | None = None, predictor: Predictor | None = N
     async def _api_error(request: Request, exc: ApiError):
         return _error_response(exc.status, exc.body, exc.headers)
 
-    @app.post("/v1/predict", response_model=PredictResponse, responses=ERRORS, dependencies=[Depends(require_token)])
-    async def predict(req: PredictRequest, request: Request, predictor: Predictor = Depends(get_predictor),
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError):
+        return _error_response(422, _validation_errors(exc.errors()))
+
+    body_schema = {"requestBody": {"required": True, "content": {"application/json": {
+        "schema": PredictRequest.model_json_schema(ref_template="#/components/schemas/{model}")}}}}
+
+    @app.post("/v1/predict", response_model=PredictResponse, responses=ERRORS, dependencies=[Depends(require_token)],
+              openapi_extra=body_schema)
+    async def predict(request: Request, predictor: Predictor = Depends(get_predictor),
                       engine: PredictEngine = Depends(get_engine)) -> PredictResponse:
-        """Predict the latency of a batch of programs on one device (one model call for the whole batch)."""
+        """Predict the latency of a batch of programs on one device (one model call for the whole batch).
+
+        Body: ``PredictRequest`` as strict JSON (parsed here, not by FastAPI, so that NaN, huge numbers,
+        lone surrogates, invalid UTF-8 and deep nesting get a 422 that says where)."""
+        try:
+            req = PredictRequest.model_validate(parse_body(await request.body()))
+        except BadBody as e:
+            raise ApiError(422, ErrorBody(detail=str(e)))
+        except ValidationError as e:
+            raise ApiError(422, _validation_errors(e.errors(include_input=False)))
         if len(req.programs) > settings.max_batch:
             raise ApiError(413, ErrorBody(detail=f"batch of {len(req.programs)} programs is over the limit of "
                                                  f"{settings.max_batch} (CDMPP_MAX_BATCH); split it",
@@ -232,13 +355,14 @@ def create_app(settings: Settings | None = None, predictor: Predictor | None = N
         if req.device not in predictor.devices():
             raise _unknown_device(UnknownDeviceError(req.device, predictor.devices()))
         cancel = threading.Event()
+        deadline = time.monotonic() + settings.timeout_s
         loop = asyncio.get_running_loop()
         job = loop.run_in_executor(request.app.state.executor, engine.predict, req.programs, req.device,
-                                   req.target, req.workload, cancel)
+                                   req.target, req.workload, cancel, deadline)
         try:
             preds = await asyncio.wait_for(job, settings.timeout_s)
         except (asyncio.TimeoutError, Cancelled):
-            cancel.set()  # a queued job never starts; a running one stops at its next stage
+            cancel.set()  # a queued job never starts; a running one stops and its workers are killed
             raise ApiError(504, ErrorBody(detail=f"prediction took over {settings.timeout_s:g} s (CDMPP_TIMEOUT_S); "
                                                  "send smaller batches or retry later", limit=settings.timeout_s))
         except BadPrograms as e:
@@ -247,8 +371,12 @@ def create_app(settings: Settings | None = None, predictor: Predictor | None = N
             raise ApiError(422, ErrorBody(detail=str(e)))
         except UnknownDeviceError as e:
             raise _unknown_device(e)
+        except RecursionError:
+            raise ApiError(422, ErrorBody(detail="a program is nested too deeply"))
         return PredictResponse(model_version=predictor.version, device=req.device,
-                               predictions=[PredictionOut(seconds=p.seconds, lo90=p.lo90, hi90=p.hi90) for p in preds])
+                               predictions=[PredictionOut(seconds=p.seconds, lo90=p.lo90, hi90=p.hi90,
+                                                          in_distribution=not p.ood, ood=list(p.ood))
+                                            for p in preds])
 
     @app.get("/v1/devices", response_model=DevicesResponse, responses=ERRORS, dependencies=[Depends(require_token)])
     def devices(predictor: Predictor = Depends(get_predictor)) -> DevicesResponse:
@@ -275,9 +403,13 @@ def create_app(settings: Settings | None = None, predictor: Predictor | None = N
 
     @app.get("/healthz", response_model=HealthResponse)
     def healthz(request: Request, predictor: Predictor = Depends(get_predictor)) -> HealthResponse:
-        """Liveness and readiness (the model is loaded and warmed up before the server accepts requests)."""
-        return HealthResponse(status="ok", model_version=predictor.version,
-                              uptime_s=round(time.monotonic() - request.app.state.started, 3))
+        """Liveness and readiness: "ok" once the model is loaded and every sandbox worker is ready;
+        "degraded" (still 200: it answers, with less capacity) while killed or crashed workers restart."""
+        sandbox = request.app.state.engine.sandbox
+        ready = sandbox.ready()
+        return HealthResponse(status="ok" if ready >= sandbox.procs else "degraded", model_version=predictor.version,
+                              uptime_s=round(time.monotonic() - request.app.state.started, 3),
+                              workers_ready=ready, workers=sandbox.procs, worker_restarts=sandbox.restarts)
 
     @app.get("/metrics", response_class=PlainTextResponse, dependencies=[Depends(require_token)])
     def prometheus(request: Request) -> PlainTextResponse:

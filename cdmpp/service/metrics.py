@@ -77,6 +77,10 @@ class Metrics:
                 ("cdmpp_parse_seconds_total", "counter", "CPU time spent parsing programs.", s.parse_seconds),
                 ("cdmpp_featurize_seconds_total", "counter", "Time spent extracting features.", s.featurize_seconds),
                 ("cdmpp_model_seconds_total", "counter", "Time spent in the model.", s.model_seconds),
+                ("cdmpp_sandbox_workers_ready", "gauge", "Sandbox workers ready (below the configured "
+                 "number while killed or crashed ones restart).", engine.sandbox.ready()),
+                ("cdmpp_sandbox_worker_restarts_total", "counter",
+                 "Sandbox workers killed (deadline, limits, crashes) and replaced.", engine.sandbox.restarts),
             ):
                 family(name, kind, help_)
                 lines.append(f"{name} {value:.6f}" if isinstance(value, float) else f"{name} {value}")

@@ -26,6 +26,11 @@ class PredictionOut(BaseModel):
     seconds: float = Field(description="predicted latency")
     lo90: float = Field(description="lower end of the 90 % interval")
     hi90: float = Field(description="upper end of the 90 % interval")
+    in_distribution: bool = Field(True, description="false when the program or device lies outside what the "
+                                                    "model was trained on (see ood)")
+    ood: list[str] = Field(default_factory=list, description="why not: device_untrained (no training data for "
+                           "the device), target_kind_mismatch (the device does not run this target kind), "
+                           "features_out_of_range (a feature far outside the training values)")
 
 
 class PredictResponse(BaseModel):
@@ -75,6 +80,9 @@ class ModelsResponse(BaseModel):
 
 
 class HealthResponse(BaseModel):
-    status: str
+    status: str = Field(description='"ok", or "degraded" while sandbox workers restart')
     model_version: str
     uptime_s: float
+    workers_ready: int = Field(description="sandbox workers ready to parse and featurize")
+    workers: int = Field(description="sandbox workers configured")
+    worker_restarts: int = Field(description="workers killed (deadline, limits, crashes) and replaced so far")
