@@ -61,32 +61,59 @@ def cmd_collect(args) -> int:
     from cdmpp.devices import DeviceTable, probe_local_cpu
     from cdmpp.zoo.tasks import TaskTable
 
-    tvm_env.setup(args.threads)
+    threads = args.threads if args.target == "llvm" else 1  # CUDA: the host runs one thread
+    tvm_env.setup(threads)
     table = TaskTable.load(args.task_table)
     nets = args.networks.split(",") if args.networks else None
     names = args.tasks.split(",") if args.tasks else None
-    if nets or names:
-        table = table.filter(networks=nets, task_names=names)
+    like = args.tasks_like.split(",") if args.tasks_like else None
+    if nets or names or like:
+        table = table.filter(networks=nets, task_names=names, task_like=like)
     if len(table) == 0:
-        print("cdmpp collect: no task matches the filters", file=sys.stderr)
+        print("cdmpp collect: no task matches the filters (--tasks takes exact names; --tasks-like substrings)",
+              file=sys.stderr)
         return 2
-    target = tvm_env.make_target("llvm", num_cores=args.threads, mcpu=args.mcpu)
-    device = probe_local_cpu(args.threads, mcpu=args.mcpu)
+    if args.target == "cuda":
+        from cdmpp.devices import probe_cuda_gpu
+
+        device = probe_cuda_gpu()
+        target = device.make_target()
+    else:
+        target = tvm_env.make_target("llvm", num_cores=threads, mcpu=args.mcpu)
+        device = probe_local_cpu(threads, mcpu=args.mcpu)
     devices = DeviceTable(args.devices)
     if device.id not in devices.ids():
         devices.add(device)
+    if args.programs_from and args.programs_from not in devices.ids():
+        print(f"cdmpp collect: --programs-from {args.programs_from}: unknown device (see {args.devices})", file=sys.stderr)
+        return 2
     rpc = None
     if args.rpc_tracker:
         host, port = args.rpc_tracker.rsplit(":", 1)
         rpc = (host, int(port), args.rpc_key)
     cfg = MeasureConfig(repeat=args.repeat, min_repeat_ms=args.min_repeat_ms, cache_flush=args.cache_flush,
-                        builders=args.builders)
-    print(f"collecting {len(table)} tasks x {args.per_task} schedules on {device.id} into {args.dataset}", file=sys.stderr)
+                        builders=args.builders, quiet_share=args.quiet_share, max_wait_s=60 * args.max_wait_minutes,
+                        run_budget_s=args.run_budget_s)
+    fast = {"auto": None, "fast": True, "metaschedule": False}[args.measurer]
+    print(f"collecting {len(table)} tasks x {args.per_task} schedules on {device.id} into {args.dataset}"
+          + (f", {args.programs_from}'s programs first" if args.programs_from else ""), file=sys.stderr)
     s = collect(table, args.dataset, device, target, per_task=args.per_task, budget_minutes=args.budget_minutes,
-                cfg=cfg, batch_size=args.batch_size, seed=args.seed, rpc=rpc, artifact_dir=_artifact_dir(args))
+                cfg=cfg, batch_size=args.batch_size, seed=args.seed, rpc=rpc, artifact_dir=_artifact_dir(args),
+                programs_from=args.programs_from, fast=fast, overlap=args.overlap)
     print(f"done: {s['measured']} measured, {s['failed']} failed, {s['skipped_done']} already stored, "
-          f"{s['tasks']} tasks, {s['seconds']} s" + (" (stopped by budget)" if s["stopped_by_budget"] else ""))
+          f"{s['tasks']} tasks, {s['seconds']} s" + (" (stopped by budget)" if s["stopped_by_budget"] else "")
+          + (f", {s['programs_per_s']} programs/s; seconds spent: {s['times']}" if "times" in s else ""))
     return 0
+
+
+def _add_guard_args(parser) -> None:
+    """The quiet-machine rule of every measuring command (``cdmpp.collect.CpuGuard``)."""
+    parser.add_argument("--quiet-share", type=float, default=0.05, metavar="SHARE",
+                        help="programs run only while other processes use less than this share of all cores; "
+                             "a run phase they exceeded it in is measured again (default %(default)s)")
+    parser.add_argument("--max-wait-minutes", type=float, default=30.0, metavar="MIN",
+                        help="longest wait for a quiet machine before measuring anyway (such records are "
+                             "marked disturbed and measured again later; default %(default)s)")
 
 
 def cmd_noise(args) -> int:
@@ -97,7 +124,8 @@ def cmd_noise(args) -> int:
 
     spec = DeviceTable(args.devices).get(args.device)
     tvm_env.setup(spec.threads)
-    cfg = MeasureConfig(repeat=args.repeat, min_repeat_ms=args.min_repeat_ms)
+    cfg = MeasureConfig(repeat=args.repeat, min_repeat_ms=args.min_repeat_ms, quiet_share=args.quiet_share,
+                        max_wait_s=60 * args.max_wait_minutes)
     r = remeasure_noise(args.dataset, TaskTable.load(args.task_table), spec, spec.make_target(), n=args.n, cfg=cfg,
                         min_gap_minutes=args.min_gap_minutes, artifact_dir=_artifact_dir(args))
     print(f"{r['device']}: {r['programs']} programs re-measured; |new - label| / label median "
@@ -123,7 +151,8 @@ def cmd_remeasure(args) -> int:
         print(f"cdmpp remeasure: {e.args[0]}", file=sys.stderr)
         return 2
     tvm_env.setup(spec.threads)
-    cfg = MeasureConfig(repeat=args.repeat, min_repeat_ms=args.min_repeat_ms, builders=args.builders)
+    cfg = MeasureConfig(repeat=args.repeat, min_repeat_ms=args.min_repeat_ms, builders=args.builders,
+                        quiet_share=args.quiet_share, max_wait_s=60 * args.max_wait_minutes)
     try:
         s = remeasure(TaskTable.load(args.task_table), args.dataset, spec, spec.make_target(), passes=args.passes,
                       min_gap_minutes=args.min_gap_minutes, budget_minutes=args.budget_minutes, cfg=cfg,
@@ -158,20 +187,37 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--dataset", default="datasets/measurements", help="dataset folder (appended to)")
     c.add_argument("--devices", default="datasets/devices.json", help="device spec table (added to)")
     c.add_argument("--networks", help="comma-separated networks to take tasks from (default all)")
-    c.add_argument("--tasks", help="comma-separated task names (or substrings) to keep")
+    c.add_argument("--tasks", help="comma-separated task names to keep (exact names)")
+    c.add_argument("--tasks-like", metavar="SUBSTRINGS", help="comma-separated substrings: keep tasks whose name "
+                                                             "contains one (e.g. conv2d)")
+    c.add_argument("--target", choices=["llvm", "cuda"], default="llvm",
+                   help="llvm: this CPU; cuda: this machine's GPU (device id and specs probed from it)")
+    c.add_argument("--programs-from", metavar="DEVICE",
+                   help="measure this device's stored programs first (twins), then new ones")
+    c.add_argument("--measurer", choices=["auto", "fast", "metaschedule"], default="auto",
+                   help="fast: one module per task, one runner process, adaptive repeats; metaschedule: "
+                        "MetaSchedule's LocalBuilder/LocalRunner (RPC, --cache-flush, kept artifacts); "
+                        "auto: fast unless --rpc-tracker or --cache-flush (default auto)")
+    c.add_argument("--overlap", action="store_true",
+                   help="fast measurer: build the next tasks on the other cores while a task runs "
+                        "(threads < cores only)")
+    c.add_argument("--run-budget-s", type=float, default=1.0,
+                   help="seconds of repeats per program: slow programs get fewer (default 1.0)")
     c.add_argument("--per-task", type=int, default=32, help="schedules per task (default 32)")
     c.add_argument("--budget-minutes", type=float, help="stop after this many minutes")
     c.add_argument("--threads", type=int, default=2, help="threads the programs run with (default 2)")
     c.add_argument("--mcpu", help="LLVM cpu to target (default: this machine's)")
     c.add_argument("--batch-size", type=int, default=32, help="programs built together (default 32)")
     c.add_argument("--builders", type=int, default=2, help="parallel build workers (default 2)")
-    c.add_argument("--repeat", type=int, default=15, help="repeats per program; the label is the fastest (15)")
+    c.add_argument("--repeat", type=int, default=15, help="most repeats per program; the label is the fastest "
+                                                          "(15; the fast measurer stops earlier once it is stable)")
     c.add_argument("--min-repeat-ms", type=int, default=15, help="minimum duration of one repeat (15)")
     c.add_argument("--cache-flush", action="store_true", help="flush the CPU cache before each repeat")
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--rpc-tracker", help="HOST:PORT of a TVM RPC tracker (measure remotely)")
     c.add_argument("--rpc-key", default="", help="device key at the tracker")
     _add_artifacts_arg(c)
+    _add_guard_args(c)
     c.set_defaults(func=cmd_collect)
 
     nz = sub.add_parser("noise", help="re-measure a device's fixed probe set and report run-to-run noise")
@@ -185,6 +231,7 @@ def build_parser() -> argparse.ArgumentParser:
     nz.add_argument("--min-gap-minutes", type=float, default=30.0,
                     help="earlier checks combined with this one (like-for-like figure) lie at least this far apart")
     _add_artifacts_arg(nz)
+    _add_guard_args(nz)
     nz.set_defaults(func=cmd_noise)
 
     rm = sub.add_parser("remeasure", help="measure stored programs again, later; labels become the fastest "
@@ -205,6 +252,7 @@ def build_parser() -> argparse.ArgumentParser:
     rm.add_argument("--repeat", type=int, default=15)
     rm.add_argument("--min-repeat-ms", type=int, default=15)
     _add_artifacts_arg(rm)
+    _add_guard_args(rm)
     rm.set_defaults(func=cmd_remeasure)
 
     b = sub.add_parser("bench", help="benchmarks (not tests)")
@@ -214,6 +262,20 @@ def build_parser() -> argparse.ArgumentParser:
     bf.add_argument("--threads", type=int, default=1, help="threads for TVM's extractor (default 1)")
     bf.add_argument("--seed", type=int, default=0)
     bf.set_defaults(func=cmd_bench)
+    bc = bsub.add_parser("collect", help="collector throughput (programs/s) and where its time goes")
+    bc.add_argument("--tasks", type=int, default=12, help="tasks drawn at random from the table (default 12)")
+    bc.add_argument("--per-task", type=int, default=16, help="programs per task (default 16)")
+    bc.add_argument("--threads", type=int, default=1, help="threads the programs run with (default 1)")
+    bc.add_argument("--mcpu", help="LLVM cpu to target (default: this machine's)")
+    bc.add_argument("--measurer", choices=["fast", "metaschedule"], default="fast")
+    bc.add_argument("--overlap", action="store_true", help="build the next tasks while one runs")
+    bc.add_argument("--run-budget-s", type=float, default=1.0)
+    bc.add_argument("--quiet-share", type=float, default=0.05,
+                    help="as in `cdmpp collect` (default %(default)s)")
+    bc.add_argument("--seed", type=int, default=0)
+    bc.add_argument("--task-table", default="datasets/tasks-llvm.json.gz")
+    bc.add_argument("--devices", default="datasets/devices.json")
+    bc.set_defaults(func=cmd_bench)
     _add_service_commands(sub, bsub)
     _add_eval_commands(sub)
     return p

@@ -62,6 +62,11 @@ class MeasureConfig:
     quiet_share: float = 0.05  # max CPU share (of all cores) other processes may use while we measure
     max_tries: int = 10
     max_wait_s: float = 1800.0
+    # adaptive repeats (the fast measurer, ``cdmpp.fastmeasure``): stop once the fastest repeat has not
+    # improved by more than ``stable_tol`` for ``stable_patience`` repeats, after at least ``min_repeats``
+    min_repeats: int = 5
+    stable_tol: float = 0.01
+    stable_patience: int = 3
 
 
 def task_seed(key: str, seed: int) -> int:
@@ -132,12 +137,16 @@ class CpuGuard:
         other = (self._busy_total() - busy0) - (self._tree() - ours0)
         return max(0.0, other / ticks) if ticks > 0 else 0.0
 
-    def wait_quiet(self, share: float, max_wait_s: float, on_wait=None) -> float:
-        """Block until others use < ``share`` of the CPU over one second; returns seconds waited."""
+    def wait_quiet(self, share: float, max_wait_s: float, on_wait=None, stop: threading.Event | None = None) -> float:
+        """Block until others use < ``share`` of the CPU over one second (at most ``max_wait_s``, then go
+        on: the run is marked disturbed if others stay busy); returns seconds waited. ``stop`` set:
+        KeyboardInterrupt, so a stop signal is honoured while waiting."""
         if not self.enabled:
             return 0.0
         t0 = time.monotonic()
         while time.monotonic() - t0 < max_wait_s:
+            if stop is not None and stop.is_set():
+                raise KeyboardInterrupt
             mark = self.start()
             time.sleep(1.0)
             if self.others_share(mark) < share:
@@ -201,6 +210,19 @@ def run_within_budget(rt_mod, device, evaluator_config, repeated_args, budget_s:
 def run_within_budget_rpc(session, rt_mod, device, evaluator_config, repeated_args, budget_s: float = 2.0):
     """The same for the RPC runner (its evaluator takes the session first)."""
     return run_within_budget(rt_mod, device, evaluator_config, repeated_args, budget_s)
+
+
+def pause_files(dataset_dir: str) -> list[str]:
+    """Files named ``PAUSE`` or ``PAUSE.<anything>`` in the dataset folder or its parent
+    (``datasets/PAUSE.accuracy`` pauses a collection into ``datasets/measurements``): whoever trains or
+    tests creates one of their own and removes it after, without touching anyone else's."""
+    out = []
+    for d in {os.path.abspath(dataset_dir), os.path.dirname(os.path.abspath(dataset_dir))}:
+        try:
+            out += [os.path.join(d, n) for n in os.listdir(d) if n == "PAUSE" or n.startswith("PAUSE.")]
+        except OSError:
+            pass
+    return sorted(out)
 
 
 ROOT_PREFIX = "cdmpp-measure-"  # + pid: the Measurer's temporary folder
@@ -346,7 +368,7 @@ class Measurer:
         tries = 0
         while True:
             self._wait_while_paused()
-            self.guard.wait_quiet(self.cfg.quiet_share, self.cfg.max_wait_s, self.on_wait)
+            self.guard.wait_quiet(self.cfg.quiet_share, self.cfg.max_wait_s, self.on_wait, stop=STOP)
             mark = self.guard.start()
             results = self._run(inputs, [groups[i] for i in where] if groups else [None] * len(inputs))
             if results is None:  # paused midway: whatever ran since (tests, builds) disturbed this phase
@@ -387,7 +409,7 @@ class Measurer:
         os.replace(tmp, path)
 
     def _pause_requested(self) -> bool:
-        return self.pause_flag is not None and os.path.exists(self.pause_flag)
+        return self.pause_flag is not None and bool(pause_files(os.path.dirname(self.pause_flag)))
 
     def _wait_while_paused(self) -> None:
         """Also where a stop signal ends the measuring."""
@@ -396,8 +418,10 @@ class Measurer:
         announced = False
         while self._pause_requested():
             if not announced:
-                print(f"\npaused: {self.pause_flag} exists", file=sys.stderr)
+                print(f"\npaused: {', '.join(pause_files(os.path.dirname(self.pause_flag)))} exists", file=sys.stderr)
                 announced = True
+            if STOP.is_set():
+                raise KeyboardInterrupt
             time.sleep(2)
 
     def _run(self, inputs: list, groups: list) -> list[tuple[list | None, str | None]] | None:
@@ -482,9 +506,24 @@ def _provenance(device, target, cfg: MeasureConfig, rpc, **extra) -> dict:
 
 def collect(tasks, dataset_dir: str, device, target, per_task: int = 32, budget_minutes: float | None = None,
             cfg: MeasureConfig | None = None, batch_size: int = 32, seed: int = 0, rpc=None,
-            artifact_dir: str | None = None, progress: bool = True) -> dict:
+            artifact_dir: str | None = None, progress: bool = True, programs_from: str | None = None,
+            fast: bool | None = None, overlap: bool = False) -> dict:
     """Measure ``per_task`` schedules of every task in ``tasks``; resumable; returns a summary.
-    ``artifact_dir``: keep the built programs there for later passes (``Measurer.measure``)."""
+
+    ``programs_from``: another device's id; its stored (labelled) programs of these tasks are measured
+    first, so both devices share them (twins), then new ones. ``fast`` (default: unless ``rpc`` or
+    ``cache_flush``): the fast local measurer (``cdmpp.fastmeasure``); else MetaSchedule's builder and
+    runner (``Measurer``), which can keep built programs in ``artifact_dir`` for later passes.
+    ``overlap``: fast path only; build the next tasks while one runs (runner alone on its cores)."""
+    cfg = cfg or MeasureConfig()
+    if fast is None:
+        fast = rpc is None and not cfg.cache_flush
+    if fast and (rpc or cfg.cache_flush):
+        raise ValueError("the fast measurer runs locally without cache flushing: drop --rpc-tracker/--cache-flush "
+                         "or use the MetaSchedule measurer")
+    if fast or programs_from:
+        return _collect_fast(tasks, dataset_dir, device, target, per_task, budget_minutes, cfg, seed,
+                             programs_from, fast, overlap, progress)
     from tqdm import tqdm
 
     from cdmpp.features import program_hash
@@ -547,6 +586,93 @@ def collect(tasks, dataset_dir: str, device, target, per_task: int = 32, budget_
         bar.close()
         measurer.close()
     stats["seconds"] = round(time.time() - t_start, 1)
+    stats["run"] = run_id
+    return stats
+
+
+def twin_traces(store: RecordStore, source: str, tasks: dict) -> dict[str, list]:
+    """Per task key (of ``tasks``, a dict by key), the traces of ``source``'s labelled programs."""
+    if not store.files(source):
+        raise ValueError(f"--programs-from {source}: no records of that device in {store.root}")
+    out: dict[str, list] = {}
+    for r in store.iter_records(source):
+        if label(r) is not None and r["task"] in tasks and r.get("trace") is not None:
+            out.setdefault(r["task"], []).append(r["trace"])
+    return out
+
+
+def _collect_fast(tasks, dataset_dir, device, target, per_task, budget_minutes, cfg, seed, programs_from,
+                  fast, overlap, progress) -> dict:
+    """``collect`` with the fast measurer: jobs of one task each, twins first."""
+    from tqdm import tqdm
+
+    from cdmpp.fastmeasure import FastMeasurer
+
+    if not fast:
+        raise ValueError("--programs-from needs the fast measurer")
+    store = RecordStore(dataset_dir)
+    done: dict[str, set] = {}
+    for rid in store.done_ids(device.id):
+        _, task, phash = rid.rsplit("|", 2)
+        done.setdefault(task, set()).add(phash)
+    task_list = sorted(tasks, key=lambda t: t.key)
+    by_key = {t.key: t for t in task_list}
+    twins = twin_traces(store, programs_from, by_key) if programs_from else {}
+    run_id = store.add_run(_provenance(device, target, cfg, None, per_task=per_task, seed=seed,
+                                       measurer="fast", overlap=overlap, programs_from=programs_from))
+    twin_tasks = [t for t in task_list if twins.get(t.key)]
+    n_jobs = len(twin_tasks) + (len(task_list) if per_task > 0 else 0)
+
+    def jobs():  # made when the builders need them, so ``skip`` includes what this run stored already
+        for t in twin_tasks:  # the twin set first: every twin is worth more than a new program
+            yield {"task_key": t.key, "mod_json": t.mod_json, "traces": twins[t.key],
+                   "skip": frozenset(done.get(t.key, ()))}
+        for t in task_list if per_task > 0 else ():
+            yield {"task_key": t.key, "mod_json": t.mod_json, "n": per_task, "seed": task_seed(t.key, seed),
+                   "skip": frozenset(done.get(t.key, ()))}
+    stats = {"measured": 0, "failed": 0, "skipped_done": 0, "tasks": len(task_list), "jobs": n_jobs,
+             "twins_measured": 0, "stopped_by_budget": False}
+    deadline = time.time() + budget_minutes * 60 if budget_minutes else None
+    bar = tqdm(total=n_jobs, unit="task", disable=not progress, dynamic_ncols=True, smoothing=0.05)
+    t_start = time.time()
+    measurer = FastMeasurer(target, cfg, device.threads, pause_dir=dataset_dir, overlap=overlap)
+    measurer.on_wait = lambda waited, what: bar.set_postfix_str(f"{what} {waited:.0f}s")
+    results_of = measurer.measure_jobs(jobs())
+    try:
+        for job, results in results_of:
+            task = by_key[job["task_key"]]
+            if isinstance(results, str):  # the build job failed as a whole (crash, timeout): nothing to store
+                stats["failed_jobs"] = stats.get("failed_jobs", 0) + 1
+                print(f"\n{task.name} ({task.key}): {results}", file=sys.stderr)
+            else:
+                recs = []
+                for b, secs, err, others in results:
+                    if not b.program_hash:  # a trace that no longer applies: nothing to key a record by
+                        stats["failed"] += 1
+                        continue
+                    recs.append({
+                        "id": record_id(device.id, task.key, b.program_hash), "device": device.id,
+                        "task": task.key, "task_name": task.name, "networks": sorted(task.occurrences),
+                        "program_hash": b.program_hash, "trace": b.trace,
+                        **_measurement(secs, err, b.build_s, others, cfg, run_id)})
+                    stats["failed" if err else "measured"] += 1
+                    stats["twins_measured"] += bool("traces" in job and not err)
+                    done.setdefault(task.key, set()).add(b.program_hash)
+                store.append(device.id, recs)
+            bar.update(1)
+            rate = stats["measured"] / max(1e-9, time.time() - t_start)
+            bar.set_postfix(ok=stats["measured"], failed=stats["failed"], rate=f"{rate:.2f}/s")
+            if deadline and time.time() > deadline:
+                stats["stopped_by_budget"] = True
+                break
+    finally:
+        results_of.close()
+        bar.close()
+        measurer.close()
+    stats["skipped_done"] = measurer.skipped
+    stats["seconds"] = round(time.time() - t_start, 1)
+    stats["programs_per_s"] = round(stats["measured"] / max(1e-9, stats["seconds"]), 3)
+    stats["times"] = {k: round(v, 1) for k, v in measurer.times.items()}
     stats["run"] = run_id
     return stats
 

@@ -49,7 +49,7 @@ def test_collect_kill_resume_and_load(tmp_path, monkeypatch):
     while time.time() < deadline and proc.poll() is None:  # wait for the first finished batch
         if any(len(list(store.iter_records())) for _ in [0]):
             break
-        time.sleep(0.2)
+        time.sleep(0.01)  # a task's 4 programs run in ~0.1 s: kill before the second task is stored
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     before = {r["id"]: r for r in store.iter_records()}

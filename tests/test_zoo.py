@@ -114,7 +114,7 @@ def test_dedup_across_networks(extracted):
     # conv nets and BERT share nothing here, and filtering keeps only their tasks
     bert = table.filter(networks=["t_bert"])
     assert len(bert) == len(table.tasks_of("t_bert")) and all(t.networks == {"t_bert"} for t in bert)
-    assert all("softmax" in t.name for t in table.filter(task_names=["softmax"]))
+    assert all("softmax" in t.name for t in table.filter(task_like=["softmax"]))
 
 
 def test_save_load_roundtrip_and_stable_keys(extracted, tmp_path):

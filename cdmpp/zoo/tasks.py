@@ -228,14 +228,18 @@ class TaskTable:
         return out
 
     def filter(self, networks: Sequence[str] | None = None, task_names: Sequence[str] | None = None,
-               batch_sizes: Sequence[int] | None = None) -> "TaskTable":
+               batch_sizes: Sequence[int] | None = None, task_like: Sequence[str] | None = None,
+               task_keys: Sequence[str] | None = None) -> "TaskTable":
         """A sub-table: only occurrences of the given networks / batch sizes, only tasks whose name is
-        in ``task_names`` (exact names or substrings). Tasks left with no occurrence are dropped."""
+        one of ``task_names`` (exact: "conv2d" must not pull in every fused conv2d), or contains one of
+        ``task_like``, or whose key is in ``task_keys``. Tasks left with no occurrence are dropped."""
         nets = set(networks) if networks else None
         bss = set(int(b) for b in batch_sizes) if batch_sizes else None
+        names, keys = set(task_names or ()), set(task_keys or ())
         out = TaskTable(meta=dict(self.meta))
         for t in self:
-            if task_names and not any(n == t.name or n in t.name for n in task_names):
+            if (names or task_like or keys) and not (t.name in names or t.key in keys
+                                                     or any(s in t.name for s in task_like or ())):
                 continue
             occ = {o: w for o, w in t.occurrences.items()
                    if (nets is None or split_occurrence(o)[0] in nets) and (bss is None or split_occurrence(o)[1] in bss)}
