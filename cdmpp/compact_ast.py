@@ -120,6 +120,8 @@ def build_compact_ast(lowered_mod) -> CompactAST:
         elif isinstance(stmt, For):
             kind = int(stmt.kind)
             extent = stmt.extent.value if isinstance(stmt.extent, tirx.IntImm) else -1
+            if isinstance(stmt.extent, tirx.IntImm) and extent <= 0:
+                return  # a loop that never runs: TVM extracts no row for the stores inside
             if kind == 0 and extent == 1 and not stmt.annotations:
                 visit(stmt.body)
                 return
@@ -131,7 +133,7 @@ def build_compact_ast(lowered_mod) -> CompactAST:
             if isinstance(stmt.value, consts):
                 return
             buf = stmt.buffer
-            key = buf.data if hasattr(buf, "data") else buf
+            key = buf.__chandle__()  # the BufferNode, as TVM keys its rows (``buf.data`` is a new object each time)
             names[key] = buf.name
             first_store.setdefault(key, len(first_store))
             last_store[key] = len(nodes)

@@ -185,6 +185,14 @@ class Predictor:
             raise UnknownDeviceError(device, self.devices())
         if not features:
             return []
+        empty = [i for i, f in enumerate(features) if f.n_leaves == 0]
+        if empty:
+            from cdmpp.program import ProgramError
+            from cdmpp.sandbox import NO_COMPUTATION
+
+            err = ProgramError(f"program {empty[0]}: {NO_COMPUTATION}")
+            err.errors = [{"index": i, "reason": NO_COMPUTATION} for i in empty]
+            raise err
         mean, lo, hi = self.model.predict(list(features), device)
         flags = self.ood_flags(features, device, target_kind)
         return [Prediction(float(m), float(a), float(b), f) for m, a, b, f in zip(mean, lo, hi, flags)]

@@ -44,6 +44,10 @@ TVMSCRIPT_OFF = ("TVMScript input is off on this server: it is parsed by running
                  "(CDMPP_ALLOW_TVMSCRIPT=1) if every caller is trusted")
 
 
+NO_COMPUTATION = ("program computes nothing: no buffer store is left to featurize (only loops that never run "
+                  "or constant stores), so there is no latency to predict")
+
+
 class Cancelled(RuntimeError):
     """The request was cancelled or ran past its deadline; its busy workers were killed."""
 
@@ -113,7 +117,7 @@ class Sandbox:
     ``user``: who the workers run as when the parent is root; ``kinds``: the target kinds they accept.
     """
 
-    def __init__(self, procs: int = 1, item_cpu_s: float = 10.0, mem_mb: int = 4096, user: str = "nobody",
+    def __init__(self, procs: int = 1, item_cpu_s: float = 20.0, mem_mb: int = 4096, user: str = "nobody",
                  kinds: tuple[str, ...] = ("llvm",), startup_timeout_s: float = 180.0):
         self.procs = max(1, int(procs))
         self.kinds = tuple(k for k in TARGET_KINDS if k in kinds)  # targets the workers prepare (cuda: ~25 s)
@@ -423,7 +427,8 @@ def featurize_items(items: list, indices: list[int], tgt, workload: Any = None, 
                 errors.append((i, str(e)))
             except Exception as e:
                 errors.append((i, f"feature extraction failed: {_first_line(e)}"))
-    return feats, errors, t1 - t0, time.perf_counter() - t1
+    errors += [(i, NO_COMPUTATION) for i, f in zip(indices, feats) if f.n_leaves == 0]
+    return ([] if errors else feats), errors, t1 - t0, time.perf_counter() - t1
 
 
 _FEATURIZER = None

@@ -170,3 +170,62 @@ def test_cli_help_is_fast_and_featurize_runs():
     assert time.time() - t < 2.0
     out = subprocess.run([sys.executable, "-m", "cdmpp.cli", "featurize"], check=True, capture_output=True, text=True)
     assert "3 leaves" in out.stdout and "store conv2d_nchw" in out.stdout
+
+
+def _concat_and_empty(tvm):
+    from tvm.script import tirx as T
+
+    @T.prim_func(s_tir=True)
+    def concat(A: T.Buffer((16,), "float32"), B: T.Buffer((16,), "float32"), C: T.Buffer((32,), "float32")):
+        for i in range(16):
+            with T.sblock("a"):
+                vi = T.axis.spatial(16, i)
+                C[vi] = A[vi] + T.float32(1)
+        for i in range(16):
+            with T.sblock("b"):
+                vi = T.axis.spatial(16, i)
+                C[vi + 16] = B[vi] * T.float32(2)
+
+    @T.prim_func(s_tir=True)
+    def never_runs(A: T.Buffer((16,), "float32"), C: T.Buffer((16,), "float32")):
+        for i in range(0):
+            with T.sblock("a"):
+                vi = T.axis.spatial(16, i)
+                C[vi] = A[vi] + T.float32(1)
+
+    return concat, never_runs
+
+
+def test_sibling_stores_into_one_buffer_are_one_leaf(tvm):
+    """A concat: two loops store into C. TVM gives one row per stored buffer (the last store's), so
+    the compact AST has one leaf, at the second store."""
+    concat, _ = _concat_and_empty(tvm)
+    prog = load_program(concat)
+    feats = featurize(prog)
+    assert feats.n_leaves == 1
+    ast = build_compact_ast(prog.mod)
+    stores = [i for i, n in enumerate(ast.nodes) if n.kind == "store"]
+    assert len(stores) == 2 and list(feats.positions) == [stores[1]]
+
+
+def test_loop_that_never_runs_gives_no_leaf_and_predictor_says_why(tvm, predictor, device):
+    _, never_runs = _concat_and_empty(tvm)
+    feats = featurize(never_runs)
+    assert feats.n_leaves == 0 and feats.leaf_features.shape == (0, N_FEATURES)
+    with pytest.raises(ProgramError, match="computes nothing") as e:
+        predictor.predict([never_runs], device)
+    assert e.value.errors[0]["index"] == 0
+
+
+def test_two_thousand_blocks_featurize(tvm, predictor, device):
+    from tvm import te
+
+    a = te.placeholder((16,), "float32", name="A")
+    x = a
+    for k in range(2000):  # a chain of 2,000 stages, each its own block and buffer
+        x = (lambda src, k: te.compute((16,), lambda i: src[i] * 2.0, name=f"b{k}"))(x, k)
+    func = te.create_prim_func([a, x])
+    feats = featurize(func)
+    assert feats.n_leaves == 2000 and len(set(feats.positions.tolist())) == 2000
+    (p,) = predictor.predict_features([feats], device)
+    assert np.isfinite(p.seconds) and p.lo90 <= p.seconds <= p.hi90

@@ -50,7 +50,8 @@ class Settings:
     cache_size: int = 50_000  # request-level feature cache entries
     featurize_procs: int = 1  # sandbox workers that parse and featurize new programs (at least 1)
     allow_tvmscript: bool = False  # TVMScript is Python: accept it only when every caller is trusted
-    item_cpu_s: float = 10.0  # CPU seconds a worker may spend on one program before it is killed
+    item_cpu_s: float = 20.0  # CPU seconds a worker may spend on one program before it is killed (TVMScript
+    # of 2,000 blocks: ~12 s to parse here)
     worker_mem_mb: int = 4096  # address-space limit of a worker (TVM + featurizer use ~1.1 GB)
     worker_user: str = "nobody"  # who the workers run as when the server runs as root
 
