@@ -99,22 +99,31 @@ class Predictor:
         return True if train is None else device in train
 
     def ood_flags(self, features: Sequence, device: str, target_kind: str | None = None) -> list[tuple[str, ...]]:
-        """Out-of-distribution flags per program. Features count as out of range when, after the model's
-        own normalization, a value lies beyond its clip (``clip`` training standard deviations) or differs
-        from a column that was constant in training: the model never saw anything like it."""
+        """Out-of-distribution flags per program. Features are out of range when a leaf value lies outside
+        the training leaves' [min, max] of its column (checkpoints that record it), or, for older
+        checkpoints, differs from a column that was constant in training or is not finite: values the model
+        certainly never saw. (A z-score rule flagged half of ordinary programs: rare binary columns.)"""
         common = []
         if not self.trained_on(device):
             common.append(DEVICE_UNTRAINED)
         if target_kind is not None and target_kind != self.target_kind(device):
             common.append(TARGET_MISMATCH)
         norm = self.model.feature_normalizer
-        center, inv, clip = norm.center_.astype(np.float64), norm.inv_scale_.astype(np.float64), norm.clip
+        lo, hi = getattr(norm, "min_", None), getattr(norm, "max_", None)
+        if lo is None or hi is None:  # the column's one training value, where it had only one
+            const = norm.inv_scale_ == 0
+            center = np.where(norm.log_cols_, np.expm1(np.abs(norm.center_)) * np.sign(norm.center_), norm.center_)
+            lo = hi = None
         out = []
         for f in features:
             x = np.asarray(f.leaf_features, dtype=np.float64)
             with np.errstate(all="ignore"):
-                x = np.where(norm.log_cols_, np.copysign(np.log1p(np.abs(x)), x), x) - center
-                far = ~np.isfinite(x) | np.where(inv > 0, np.abs(x * inv) > clip, np.abs(x) > 1e-3)
+                if lo is not None:
+                    tol = 1e-5 * (1.0 + np.abs(hi.astype(np.float64)))
+                    far = (x < lo - tol) | (x > hi + tol)
+                else:
+                    far = const & (np.abs(x - center) > 1e-3 * (1.0 + np.abs(center)))
+                far = far | ~np.isfinite(x)
             out.append(tuple(common + ([FEATURES_OUT_OF_RANGE] if far.any() else [])))
         return out
 

@@ -90,6 +90,7 @@ class FeatureNormalizer:
 
     def fit(self, leaves: np.ndarray) -> "FeatureNormalizer":
         x = np.asarray(leaves, dtype=np.float64)
+        self.min_, self.max_ = x.min(axis=0).astype(np.float32), x.max(axis=0).astype(np.float32)  # for OOD flags
         self.log_cols_ = np.abs(x).max(axis=0) > self.log_above
         x = self._log(x)
         if self.method == "standard":
@@ -117,8 +118,11 @@ class FeatureNormalizer:
         return np.clip(x, -self.clip, self.clip, out=x)
 
     def to_dict(self) -> dict:
-        return dict(method=self.method, log_above=self.log_above, clip=self.clip, log_cols_=self.log_cols_.tolist(),
-                    center_=self.center_.tolist(), inv_scale_=self.inv_scale_.tolist())
+        d = dict(method=self.method, log_above=self.log_above, clip=self.clip, log_cols_=self.log_cols_.tolist(),
+                 center_=self.center_.tolist(), inv_scale_=self.inv_scale_.tolist())
+        if getattr(self, "min_", None) is not None:
+            d.update(min_=self.min_.tolist(), max_=self.max_.tolist())
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "FeatureNormalizer":
@@ -126,6 +130,8 @@ class FeatureNormalizer:
         obj.log_cols_ = np.asarray(d["log_cols_"], dtype=bool)
         obj.center_ = np.asarray(d["center_"], dtype=np.float32)
         obj.inv_scale_ = np.asarray(d["inv_scale_"], dtype=np.float32)
+        obj.min_ = np.asarray(d["min_"], dtype=np.float32) if "min_" in d else None  # older checkpoints: none
+        obj.max_ = np.asarray(d["max_"], dtype=np.float32) if "max_" in d else None
         return obj
 
 

@@ -339,3 +339,36 @@ def test_killed_server_leaves_no_featurizer_processes():
     while time.monotonic() < deadline and any(map(_running, workers)):
         time.sleep(0.2)
     assert not [w for w in workers if _running(w)], "featurizer processes outlived the server"
+
+
+def test_ood_flags_in_prediction(predictor, device, sampled):
+    """Each prediction says why it may lie outside what the model was trained on: a device without
+    training data, a target kind the device does not run, features outside the training range."""
+    import copy
+
+    from cdmpp.features import featurize
+    from cdmpp.predictor import DEVICE_UNTRAINED, FEATURES_OUT_OF_RANGE, TARGET_MISMATCH, Predictor
+    from cdmpp.transforms import FeatureNormalizer
+
+    feats = [featurize(s.mod) for s in sampled["matmul"][:3]]
+    model = copy.copy(predictor.model)
+    norm = FeatureNormalizer().fit(np.concatenate([f.leaf_features for f in feats[:2]]))
+    model.feature_normalizer = norm  # a model "trained" on two programs, on one device only
+    others = [d for d in predictor.devices() if d != device]
+    model.summary = {**predictor.model.summary, "train_devices": [device]}
+    p = Predictor(model)
+    assert [x.ood for x in p.predict_features(feats[:2], device, "llvm")] == [(), ()]
+    assert all(x.in_distribution for x in p.predict_features(feats[:2], device, "llvm"))
+    far = copy.copy(feats[0])
+    far.leaf_features = feats[0].leaf_features * 4 + 1  # every value beyond the training maximum
+    assert p.predict_features([far], device, "llvm")[0].ood == (FEATURES_OUT_OF_RANGE,)
+    assert p.predict_features(feats[:1], device, "cuda")[0].ood == (TARGET_MISMATCH,)
+    if others:
+        assert DEVICE_UNTRAINED in p.predict_features(feats[:1], others[0], "llvm")[0].ood
+    # a checkpoint without the range still flags values a constant training column never had
+    del norm.min_, norm.max_
+    const = int(np.nonzero(norm.inv_scale_ == 0)[0][0])
+    odd = copy.copy(feats[0])
+    odd.leaf_features = feats[0].leaf_features.copy()
+    odd.leaf_features[:, const] += 5
+    assert p.predict_features([odd], device, "llvm")[0].ood == (FEATURES_OUT_OF_RANGE,)
