@@ -493,6 +493,46 @@ def cmd_bench_serve(args) -> int:
     return bench_serve.main(args)
 
 
+def _add_network_args(p) -> None:
+    p.add_argument("--device", default="amd-epyc-znver4-2t/llvm-avx512", help="device id (default %(default)s)")
+    p.add_argument("--schedules", default="best-measured",
+                   help="best-measured (the fastest stored program of each task on the device), default "
+                        "(TVM's unscheduled code) or a MetaSchedule database folder (default %(default)s)")
+    p.add_argument("--model", help="checkpoint folder (default: the shipped model)")
+    p.add_argument("--dataset", default="datasets/measurements")
+    p.add_argument("--task-table", default="datasets/tasks-llvm.json.gz")
+
+
+def cmd_network(args) -> int:
+    import dataclasses
+    import json
+
+    from cdmpp import network as net
+    from cdmpp.devices import DeviceTable
+    from cdmpp.predictor import Predictor
+    from cdmpp.zoo.tasks import TaskTable
+
+    predictor = Predictor.load(args.model)
+    target = DeviceTable().get(args.device).make_target()
+    programs = net.task_programs(args.network, TaskTable.load(args.task_table), args.schedules, args.device,
+                                 args.dataset, target)
+    p = net.predict_network(predictor, args.network, args.device, programs)
+    if args.json:
+        print(json.dumps(dataclasses.asdict(p), indent=1))
+    else:
+        for t in p.tasks:
+            print(f"{t['weight']:3d} x {1e3 * t['seconds']:9.4f} ms  {t['source']:13s} {t['task']}")
+        print(f"{p.network} on {p.device}: {1e3 * p.seconds:.3f} ms (90 % interval {1e3 * p.lo90:.3f}-"
+              f"{1e3 * p.hi90:.3f} ms), {len(p.tasks)} tasks, {sum(t['weight'] for t in p.tasks)} kernel calls")
+    return 0
+
+
+def cmd_bench_network(args) -> int:
+    from cdmpp import bench_network
+
+    return bench_network.main(args)
+
+
 def cmd_bench_costmodel(args) -> int:
     import json
 
@@ -569,6 +609,18 @@ def _add_service_commands(sub, bsub) -> None:
     bt.add_argument("--seed", type=int, default=0)
     bt.add_argument("--out", default="reports/tune.json")
     bt.set_defaults(func=cmd_bench_tune)
+
+    bn = bsub.add_parser("network", help="predicted vs measured end-to-end latency of zoo networks on this machine")
+    bn.add_argument("--networks", help="comma-separated network@batch (default: every network at batch 1)")
+    _add_network_args(bn)
+    bn.add_argument("--out", default="reports/network.json")
+    bn.set_defaults(func=cmd_bench_network)
+
+    nw = sub.add_parser("network", help="predict a network's latency: weighted sum over its tasks' programs")
+    nw.add_argument("network", help="network@batch from the task table, e.g. resnet18@1")
+    _add_network_args(nw)
+    nw.add_argument("--json", action="store_true", help="print the prediction with every task as JSON")
+    nw.set_defaults(func=cmd_network)
 
     bc = bsub.add_parser("costmodel", help="programs/s of CDMPPCostModel.predict vs TVM's XGBModel on the same new "
                                            "candidates, at each tuning thread count")
