@@ -31,6 +31,7 @@ import traceback
 from dataclasses import dataclass, field
 
 BUILD_SECONDS_PER_PROGRAM = 60.0  # a task's build job fails after this many seconds per program
+STARTUP_S = 120.0  # a new runner process imports TVM
 
 
 @dataclass
@@ -82,6 +83,8 @@ def prepare_task(task_key: str, mod_json: str, target_json: str, out_dir: str, t
 
     t0 = time.perf_counter()
     target = tvm.target.Target(json.loads(target_json))  # str(target) is its JSON form
+    if target.kind.name == "cuda":  # its sketches use the CUDA tensor intrinsics
+        tvm_env.load_cuda_intrinsics()
     mod = tvm.ir.load_json(mod_json)
     progs: list[tuple[Built, object]] = []
     seen: set[str] = set()
@@ -153,7 +156,7 @@ def _compile(tvm, funcs: dict, target, out_dir: str) -> str:
 
 # ---- runner process side --------------------------------------------------------------------------
 
-def runner_main(conn, threads: int, cores: list[int] | None) -> None:
+def runner_main(conn, threads: int, cores: list[int] | None, device_type: str = "cpu") -> None:
     """Serve ``(so, fname, args, cfg)`` requests: answer ``("ok", seconds)`` or ``("error", message)``."""
     _pin(cores)
     from cdmpp import tvm_env
@@ -162,8 +165,9 @@ def runner_main(conn, threads: int, cores: list[int] | None) -> None:
     import numpy as np
 
     fill = tvm.get_global_func("tvm.contrib.random.random_fill_for_measure")
-    dev = tvm.cpu(0)
+    dev = tvm.device(device_type, 0)
     loaded: tuple[str | None, object] = (None, None)
+    conn.send(("ready", None))
     while True:
         try:
             msg = conn.recv()
@@ -220,23 +224,26 @@ class Runner:
     """The parent's handle on the runner process: one request at a time, a hard timeout, restart on
     a crash or a timeout (the program in flight is recorded with the error, the next one runs)."""
 
-    def __init__(self, threads: int, cores: list[int] | None, timeout_s: float):
-        self.threads, self.cores, self.timeout_s = threads, cores, timeout_s
+    def __init__(self, threads: int, cores: list[int] | None, timeout_s: float, device_type: str = "cpu"):
+        self.threads, self.cores, self.timeout_s, self.device_type = threads, cores, timeout_s, device_type
         self.proc = self.conn = None
 
     def _start(self) -> None:
         ctx = mp.get_context("spawn")
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=runner_main, args=(child, self.threads, self.cores), daemon=True)
+        self.proc = ctx.Process(target=runner_main, args=(child, self.threads, self.cores, self.device_type),
+                                daemon=True)
         self.proc.start()
         child.close()
+        if not self.conn.poll(STARTUP_S) or self.conn.recv()[0] != "ready":  # TVM's import, not a run
+            self.close(kill=True)
+            raise RuntimeError(f"the runner process did not start within {STARTUP_S} s")
 
     def run(self, b: Built, cfg: dict) -> tuple[list[float] | None, str | None]:
         if self.proc is None or not self.proc.is_alive():
             self._start()
         self.conn.send((b.so, b.fname, b.args, cfg))
-        # the first request also waits for TVM's import in the new process
-        if not self.conn.poll(self.timeout_s + 30):
+        if not self.conn.poll(self.timeout_s):
             self.close(kill=True)
             return None, f"Timeout: runner killed after {self.timeout_s:g} s"
         try:
@@ -338,7 +345,8 @@ class FastMeasurer:
         run_cores, build_cores = cores_for(threads, overlap)
         workers = len(build_cores) if overlap else cfg.builders
         self.builders = Builders(workers, threads, build_cores, self.tmp_root)
-        self.runner = Runner(threads, run_cores, cfg.run_timeout_s)
+        self.device_type = "cuda" if "gpu" in [str(k) for k in target.keys] else "cpu"
+        self.runner = Runner(threads, run_cores, cfg.run_timeout_s + cfg.kill_grace_s, self.device_type)
         self.ahead = workers + 1 if overlap else 2 * workers
         self.guard = CpuGuard()
         self.pause_dir = pause_dir

@@ -1,0 +1,222 @@
+"""The fast measurer (``cdmpp.fastmeasure``) and the collector options around it, on this CPU."""
+
+import os
+import threading
+import time
+
+import pytest
+
+EMPTY_TRACE = [[], []]  # a trace with no instruction: the unscheduled program itself
+
+
+class _FakeModule:
+    """``time_evaluator`` that returns preset seconds, to check the stopping rule without timing."""
+
+    def __init__(self, seconds):
+        self.seconds, self.calls = list(seconds), []
+
+    def time_evaluator(self, fname, dev, number=1, repeat=1):
+        self.calls.append(number)
+
+        class R:
+            pass
+
+        def ev(*args):
+            r = R()
+            r.results = [self.seconds.pop(0)]
+            return r
+        return ev
+
+
+class _Dev:
+    def sync(self):
+        pass
+
+
+def _cfg(**kw):
+    c = {"repeat": 15, "min_repeat_ms": 15, "run_budget_s": 10.0, "min_repeats": 5, "stable_tol": 0.01,
+         "stable_patience": 3}
+    c.update(kw)
+    return c
+
+
+def test_adaptive_repeats_stop_once_the_fastest_is_stable():
+    from cdmpp.fastmeasure import adaptive_repeats
+
+    # probe 1 ms -> 15 calls per repeat; the best (0.90) stops improving after the 4th repeat
+    m = _FakeModule([1e-3, 1.00e-3, 0.95e-3, 0.92e-3, 0.90e-3, 0.905e-3, 0.91e-3, 0.90e-3, 0.5e-3])
+    secs = adaptive_repeats(m, "f", _Dev(), [], _cfg())
+    assert secs == [1.00e-3, 0.95e-3, 0.92e-3, 0.90e-3, 0.905e-3, 0.91e-3, 0.90e-3]
+    assert m.calls == [1, 15]
+    # never more than ``repeat``, never fewer than ``min_repeats`` while the budget allows
+    m = _FakeModule([1e-3] + [1e-3 * (1 - 0.02 * i) for i in range(20)])
+    assert len(adaptive_repeats(m, "f", _Dev(), [], _cfg(repeat=6))) == 6
+    m = _FakeModule([1e-3] * 10)
+    assert len(adaptive_repeats(m, "f", _Dev(), [], _cfg())) == 5
+    # a slow program: the budget decides; one too slow for two runs keeps its probe alone
+    m = _FakeModule([0.3] * 10)
+    assert len(adaptive_repeats(m, "f", _Dev(), [], _cfg(run_budget_s=1.0))) == 2
+    m = _FakeModule([0.6] * 10)
+    assert adaptive_repeats(m, "f", _Dev(), [], _cfg(run_budget_s=1.0)) == [0.6]
+
+
+def _task(tvm, name, mod):
+    from cdmpp.zoo.tasks import Task, task_key
+
+    return Task(task_key(mod), name, tvm.ir.save_json(mod), None, {"toy@1": 1})
+
+
+def _gather(tvm):
+    from tvm import te
+
+    table = te.placeholder((100_000, 64), name="table")
+    idx = te.placeholder((256,), dtype="int64", name="idx")
+    out = te.compute((256, 64), lambda i, j: table[idx[i], j], name="gather")
+    return tvm.IRModule({"main": te.create_prim_func([table, idx, out])})
+
+
+def _wild_store(tvm, stride=100_000_000):
+    """Reads far outside its buffer: kills the process that runs it (a stride past int32: fails to build)."""
+    from tvm import te
+
+    a = te.placeholder((16,), name="a")
+    out = te.compute((16,), lambda i: a[i] + a[(i + 1) * stride], name="wild")
+    return tvm.IRModule({"main": te.create_prim_func([a, out])})
+
+
+def test_fast_measurer_runs_crashes_and_timeouts_without_losing_the_next_program(tmp_path):
+    """Integer inputs are zeros (valid indices); a kernel that kills the runner process and one that runs
+    past the timeout are recorded with their error, and the next program is measured."""
+    from cdmpp import tvm_env, workloads
+
+    tvm = tvm_env.setup(1)
+    from cdmpp.collect import MeasureConfig
+    from cdmpp.fastmeasure import FastMeasurer
+
+    small = workloads.matmul(16, 16, 16)
+    endless = workloads.matmul(2048, 2048, 2048)  # unscheduled: one call of many seconds
+    jobs = [{"task_key": t.key, "mod_json": t.mod_json, "traces": [EMPTY_TRACE], "skip": frozenset()}
+            for t in (_task(tvm, "gather", _gather(tvm)), _task(tvm, "wild", _wild_store(tvm)),
+                      _task(tvm, "endless", endless), _task(tvm, "small", small),
+                      _task(tvm, "unbuildable", _wild_store(tvm, 1_000_000_000)))]
+    cfg = MeasureConfig(repeat=4, min_repeat_ms=2, builders=1, quiet_share=1.0, run_timeout_s=2.0, kill_grace_s=0.5)
+    target = tvm_env.make_target("llvm", num_cores=1)
+    with FastMeasurer(target, cfg, threads=1, pause_dir=str(tmp_path)) as m:
+        got = {job["task_key"]: res for job, res in m.measure_jobs(jobs)}
+        root = m.tmp_root
+        assert m.times["run"] > 0 and m.times["build_cpu"] > 0
+    assert not os.path.exists(root)  # nothing built is left behind
+    (gather,), (wild,), (slow,), (ok,), (bad,) = (got[j["task_key"]] for j in jobs)
+    assert bad[1] == [] and bad[2].startswith("build: ") and "int32" in bad[2]
+    assert gather[2] is None and 1 <= len(gather[1]) <= 4 and all(s > 0 for s in gather[1])
+    assert wild[1] == [] and "runner process died" in wild[2], wild
+    assert slow[1] == [] and "Timeout" in slow[2]
+    assert ok[2] is None and ok[1]
+    assert gather[0].build_s > 0 and gather[0].program_hash and gather[0].trace == EMPTY_TRACE
+
+
+def test_pause_files_in_the_dataset_folder_or_its_parent(tmp_path):
+    from cdmpp.collect import pause_files
+
+    ds = tmp_path / "measurements"
+    ds.mkdir()
+    (tmp_path / "PAUSED").write_text("")  # not a pause flag
+    (ds / "xPAUSE").write_text("")
+    assert pause_files(str(ds)) == []
+    (tmp_path / "PAUSE.accuracy").write_text("")
+    (ds / "PAUSE").write_text("")
+    assert pause_files(str(ds)) == [str(ds / "PAUSE"), str(tmp_path / "PAUSE.accuracy")] or \
+        sorted(pause_files(str(ds))) == sorted([str(ds / "PAUSE"), str(tmp_path / "PAUSE.accuracy")])
+
+
+def test_a_stop_signal_is_honoured_while_waiting_for_a_quiet_machine(monkeypatch):
+    from cdmpp.collect import CpuGuard
+
+    guard = CpuGuard()
+    if not guard.enabled:
+        pytest.skip("no /proc")
+    monkeypatch.setattr(CpuGuard, "others_share", lambda self, mark: 1.0)  # never quiet
+    stop = threading.Event()
+    threading.Timer(0.5, stop.set).start()
+    t = time.time()
+    with pytest.raises(KeyboardInterrupt):
+        guard.wait_quiet(0.05, 600, stop=stop)
+    assert time.time() - t < 5
+
+
+def test_a_paused_fast_collection_waits_and_honours_a_stop(tmp_path):
+    from cdmpp import tvm_env, workloads
+
+    tvm = tvm_env.setup(1)
+    from cdmpp.collect import STOP, MeasureConfig
+    from cdmpp.fastmeasure import FastMeasurer
+
+    (tmp_path / "PAUSE.someone").write_text("")
+    t = _task(tvm, "small", workloads.matmul(16, 16, 16))
+    cfg = MeasureConfig(repeat=3, min_repeat_ms=1, builders=1, quiet_share=1.0)
+    waits = []
+    with FastMeasurer(tvm_env.make_target("llvm", num_cores=1), cfg, threads=1, pause_dir=str(tmp_path)) as m:
+        def on_wait(waited, what):  # paused: now a stop signal comes
+            waits.append(what)
+            STOP.set()
+
+        m.on_wait = on_wait
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                list(m.measure_jobs([{"task_key": t.key, "mod_json": t.mod_json, "traces": [EMPTY_TRACE],
+                                      "skip": frozenset()}]))
+        finally:
+            STOP.clear()
+    assert waits and set(waits) == {"paused"}
+
+
+def test_programs_from_measures_the_other_devices_programs_first(tmp_path):
+    """Twins: device B measures A's stored programs (same hashes) before new ones; a second run skips them."""
+    from types import SimpleNamespace
+
+    from cdmpp import tvm_env, workloads
+
+    tvm = tvm_env.setup(1)
+    from cdmpp.collect import MeasureConfig, collect
+    from cdmpp.store import RecordStore
+
+    tasks = [_task(tvm, "matmul", workloads.matmul(32, 32, 32)), _task(tvm, "softmax", workloads.softmax(16, 32))]
+    cfg = MeasureConfig(repeat=2, min_repeat_ms=1, builders=1, quiet_share=1.0)
+    target = tvm_env.make_target("llvm", num_cores=1)
+    ds = str(tmp_path / "ds")
+    a, b = SimpleNamespace(id="dev-a/llvm", threads=1), SimpleNamespace(id="dev-b/llvm", threads=1)
+    sa = collect(tasks, ds, a, target, per_task=3, cfg=cfg, progress=False)
+    assert sa["measured"] == 6 and sa["failed"] == 0
+    with pytest.raises(ValueError, match="no records"):
+        collect(tasks, ds, b, target, per_task=0, cfg=cfg, programs_from="dev-nothing/llvm", progress=False)
+    sb = collect(tasks, ds, b, target, per_task=0, cfg=cfg, programs_from=a.id, progress=False)
+    assert sb["twins_measured"] == 6
+    store = RecordStore(ds)
+    hashes = lambda dev: sorted((r["task"], r["program_hash"]) for r in store.iter_records(dev))
+    assert hashes(a.id) == hashes(b.id)
+    again = collect(tasks, ds, b, target, per_task=0, cfg=cfg, programs_from=a.id, progress=False)
+    assert again["measured"] == 0 and again["skipped_done"] == 6
+    runs = store.runs()
+    assert runs[sb["run"]]["programs_from"] == a.id and runs[sb["run"]]["measurer"] == "fast"
+
+
+def test_tasks_match_exact_names_and_tasks_like_substrings():
+    from cdmpp.zoo.tasks import Task, TaskTable
+
+    table = TaskTable()
+    table.add([Task("k1", "conv2d", "{}", None, {"n@1": 1}), Task("k2", "fused_conv2d_add", "{}", None, {"n@1": 1}),
+               Task("k3", "softmax", "{}", None, {"n@1": 1})])
+    assert set(table.filter(task_names=["conv2d"]).tasks) == {"k1"}
+    assert set(table.filter(task_like=["conv2d"]).tasks) == {"k1", "k2"}
+    assert set(table.filter(task_keys=["k3"]).tasks) == {"k3"}
+
+
+def test_collect_help_shows_the_guard_defaults():
+    from cdmpp.cli import build_parser
+
+    sub = build_parser()._subparsers._group_actions[0].choices
+    for cmd in ("collect", "remeasure", "noise"):
+        text = sub[cmd].format_help()
+        assert "--quiet-share" in text and "(default 0.05)" in text.replace("\n", " ").replace("  ", " ")
+        assert "--max-wait-minutes" in text and "default 30.0" in " ".join(text.split())
+    assert "--tasks-like" in sub["collect"].format_help() and "--programs-from" in sub["collect"].format_help()
