@@ -38,7 +38,9 @@ from cdmpp.transforms import BoxCox, DeviceSpecs, FeatureNormalizer  # noqa: F40
 if TYPE_CHECKING:
     from cdmpp.features import ProgramFeatures
 
-RECIPES = Path(__file__).resolve().parents[1] / "train"
+RECIPES = Path(__file__).resolve().parents[1] / "train"  # a checkout; an installed wheel has them as package data:
+if not (RECIPES / "default.toml").exists():
+    RECIPES = Path(__file__).resolve().parent / "recipes"
 load = TrainedModel.load
 
 
