@@ -22,8 +22,10 @@ import time
 
 import numpy as np
 
-DEFAULT_TASKS = [
+DEFAULT_TASKS = [  # from the networks the cross-model evaluation holds out (cdmpp.splits.HELD_OUT_NETWORKS)
     "resnet18@1/fused_conv2d4_subtract2_divide2_multiply2_add5_relu2",
+    "resnet18@1/fused_conv2d10_subtract4_divide4_multiply4_add11_relu4",
+    "mobilenet_v2@1/fused_conv2d11_subtract8_divide8_multiply8_add15_tir_clip5",
     "bert_tiny@1/fused_matmul5_add3",
     "bert_tiny@1/fused_softmax_broadcast_to2",
 ]
@@ -47,17 +49,17 @@ def load_tasks(specs: list[str], task_table: str) -> list[tuple[str, object]]:
 def make_cost_model(kind: str, model: str | None, device: str | None, finetune: bool, seed: int, threads: int):
     from tvm.s_tir import meta_schedule as ms
 
-    if kind == "cdmpp":
+    if kind in ("cdmpp", "cdmpp-frozen"):  # pretrained; "cdmpp" keeps learning from the tuner's measurements
         from cdmpp.costmodel import CDMPPCostModel
 
-        return CDMPPCostModel(model=model, device=device, online_finetune=finetune)
+        return CDMPPCostModel(model=model, device=device, online_finetune=finetune and kind == "cdmpp")
     if kind == "xgb":  # exactly what tune_tir(cost_model="xgb") builds: random scores until 100 samples
         return ms.cost_model.XGBModel(num_tuning_cores=threads)
     if kind == "xgb-nowarmup":  # XGBoost trained from the first measured batch on
         return ms.cost_model.XGBModel(num_tuning_cores=threads, num_warmup_samples=0)
     if kind == "random":
         return ms.cost_model.RandomModel(seed=seed)
-    raise ValueError(f"unknown cost model {kind!r}: expected cdmpp, xgb or random")
+    raise ValueError(f"unknown cost model {kind!r}: expected cdmpp, cdmpp-frozen, xgb, xgb-nowarmup or random")
 
 
 def tune_one(mod, target, cost_model, trials: int, per_iter: int, threads: int, seed: int) -> dict:
@@ -113,34 +115,71 @@ def trials_to_reach(curve: list[float], goal: float) -> int | None:
 
 
 def run(tasks: list[str], cost_models: list[str], trials: int, per_iter: int, threads: int, model: str | None,
-        device: str | None, finetune: bool, task_table: str, seed: int) -> dict:
+        device: str | None, finetune: bool, task_table: str, seeds: list[int]) -> dict:
+    """Every task x cost model x seed; a run is compared with XGBoost's run of the same task and seed."""
     from cdmpp import tvm_env
 
     tvm_env.setup(threads)
     target = tvm_env.make_target("llvm", num_cores=threads)
-    result = {"target": str(target), "trials": trials, "per_iter": per_iter, "threads": threads, "tasks": {}}
+    result = {"target": str(target), "trials": trials, "per_iter": per_iter, "threads": threads, "seeds": seeds,
+              "model_saw": sorted(_networks_seen(model)), "tasks": {}}
     for spec, mod in load_tasks(tasks, task_table):
-        runs = {}
-        for kind in cost_models:
-            print(f"bench tune: {spec} with {kind} ({trials} trials)", file=sys.stderr)
-            cm = make_cost_model(kind, model, device, finetune, seed, threads)
-            r = tune_one(mod, target, cm, trials, per_iter, threads, seed)
-            try:
-                r["best_retimed_s"] = retime(mod, r.pop("best_record"), target)
-            except Exception as e:  # a report without the re-timing beats no report
-                print(f"bench tune: could not re-time the best {kind} schedule: {e}", file=sys.stderr)
-                r["best_retimed_s"] = None
-            if kind == "cdmpp":
-                r["cdmpp"] = {"device": cm.device, "predict_calls": cm.n_predict_calls, "predicted": cm.n_predicted,
-                              "results": cm.n_results, "finetunes": cm.n_finetunes}
-            runs[kind] = r
-        goal = runs["xgb"]["best_so_far"][-1] if runs.get("xgb", {}).get("best_so_far") else None
-        for r in runs.values():
-            r["final_best_s"] = r["best_so_far"][-1] if r["best_so_far"] else None
-            r["trials_to_xgb_final"] = trials_to_reach(r["best_so_far"], goal) if goal else None
-            r["trials_to_within_5pct_of_xgb"] = trials_to_reach(r["best_so_far"], 1.05 * goal) if goal else None
+        runs: dict[str, list] = {}
+        for seed in seeds:
+            for kind in cost_models:
+                print(f"bench tune: {spec} with {kind}, seed {seed} ({trials} trials)", file=sys.stderr)
+                cm = make_cost_model(kind, model, device, finetune, seed, threads)
+                r = tune_one(mod, target, cm, trials, per_iter, threads, seed)
+                try:
+                    r["best_retimed_s"] = retime(mod, r.pop("best_record"), target)
+                except Exception as e:  # a report without the re-timing beats no report
+                    print(f"bench tune: could not re-time the best {kind} schedule: {e}", file=sys.stderr)
+                    r["best_retimed_s"] = None
+                if kind.startswith("cdmpp"):
+                    r["cdmpp"] = {"device": cm.device, "predict_calls": cm.n_predict_calls,
+                                  "predicted": cm.n_predicted, "results": cm.n_results, "finetunes": cm.n_finetunes}
+                r["seed"] = seed
+                runs.setdefault(kind, []).append(r)
+        for i, _ in enumerate(seeds):
+            xgb = runs.get("xgb", [{}] * len(seeds))[i].get("best_so_far")
+            goal = xgb[-1] if xgb else None
+            for kind_runs in runs.values():
+                r = kind_runs[i]
+                r["final_best_s"] = r["best_so_far"][-1] if r["best_so_far"] else None
+                r["trials_to_xgb_final"] = trials_to_reach(r["best_so_far"], goal) if goal else None
+                r["trials_to_within_5pct_of_xgb"] = trials_to_reach(r["best_so_far"], 1.05 * goal) if goal else None
         result["tasks"][spec] = runs
+    result["verdict"] = verdict(result)
     return result
+
+
+def _networks_seen(model: str | None) -> set[str]:
+    """Networks whose programs trained the checkpoint (from its summary), to mark unseen tasks."""
+    import json as _json
+    from pathlib import Path
+
+    from cdmpp.predictor import DEFAULT_MODEL
+
+    summary = _json.loads((Path(model or DEFAULT_MODEL) / "predictor.json").read_text()).get("summary", {})
+    per = (summary.get("data") or {}).get("per_device", {}) if isinstance(summary.get("data"), dict) else {}
+    return {n for d in per.values() for n in d.get("networks", {})}
+
+
+def verdict(result: dict, method: str = "cdmpp") -> dict:
+    """The issue's targets per task, for ``method`` against XGBoost: mean over seeds of the share of the
+    budget it needs to reach XGBoost's final best (a run that never reaches it counts as 1.0), and its
+    mean final best relative to XGBoost's."""
+    out = {}
+    for spec, runs in result["tasks"].items():
+        if method not in runs or "xgb" not in runs:
+            continue
+        shares = [(r["trials_to_xgb_final"] or result["trials"] + 1) / result["trials"] for r in runs[method]]
+        finals = [r["final_best_s"] / x["final_best_s"] for r, x in zip(runs[method], runs["xgb"])
+                  if r["final_best_s"] and x["final_best_s"]]
+        out[spec] = {"budget_share_to_xgb_final": round(float(np.mean(shares)), 3),
+                     "final_vs_xgb": round(float(np.mean(finals)), 4) if finals else None,
+                     "unseen": spec.split("@")[0] not in result.get("model_saw", [])}
+    return out
 
 
 def table(result: dict) -> str:
@@ -148,7 +187,7 @@ def table(result: dict) -> str:
     lines = [f"{'task':58s} {'model':7s} {'best ms':>8s} {'retimed':>8s} "
              + " ".join(f"{'@' + str(m):>8s}" for m in marks) + f" {'to xgb':>6s} {'<=5%':>5s} {'wall s':>6s}"]
     for spec, runs in result["tasks"].items():
-        for kind, r in runs.items():
+        for kind, r in ((f"{k}/{r['seed']}", r) for k, rs in runs.items() for r in rs):
             curve = r["best_so_far"]
 
             def at(n):
@@ -175,9 +214,14 @@ def _finite(obj):
 def main(args) -> int:
     tasks = [t.strip() for t in args.tasks.split(",")] if args.tasks else DEFAULT_TASKS
     cms = [c.strip() for c in args.cost_models.split(",") if c.strip()]
+    seeds = [int(x) for x in str(args.seeds).split(",") if x.strip()]
     r = run(tasks, cms, args.trials, args.per_iter, args.threads, args.model, args.device, not args.no_finetune,
-            args.task_table, args.seed)
+            args.task_table, seeds)
     print(table(r))
+    for spec, v in r["verdict"].items():
+        print(f"{spec}: cdmpp needs {100 * v['budget_share_to_xgb_final']:.0f} % of the trials to reach XGBoost's "
+              f"final best; final {100 * (v['final_vs_xgb'] - 1):+.1f} % vs XGBoost"
+              f"{'' if v['unseen'] else ' (model saw this network)'}" if v["final_vs_xgb"] else spec)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(_finite(r), f, indent=1)

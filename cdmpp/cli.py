@@ -597,16 +597,19 @@ def _add_service_commands(sub, bsub) -> None:
 
     bt = bsub.add_parser("tune", help="MetaSchedule tuning with cdmpp vs XGBoost vs random cost models")
     bt.add_argument("--model", help="checkpoint folder (default: the shipped model)")
-    bt.add_argument("--trials", type=int, default=64, help="measured trials per task and cost model (default 64)")
+    bt.add_argument("--trials", type=int, default=256, help="measured trials per task, cost model and seed "
+                                                             "(default %(default)s)")
     bt.add_argument("--per-iter", type=int, default=16, help="trials per search iteration (default 16)")
-    bt.add_argument("--cost-models", default="cdmpp,xgb,random",
-                    help="comma-separated: cdmpp, xgb, random, xgb-nowarmup (default cdmpp,xgb,random)")
-    bt.add_argument("--tasks", help="comma-separated network@batch/task_name (default: a conv2d, a dense, a softmax)")
+    bt.add_argument("--cost-models", default="cdmpp,cdmpp-frozen,xgb,random",
+                    help="comma-separated: cdmpp (pretrained, learns from the tuner's measurements), cdmpp-frozen, "
+                         "xgb, xgb-nowarmup, random (default %(default)s)")
+    bt.add_argument("--tasks", help="comma-separated network@batch/task_name (default: 5 tasks of the held-out "
+                                    "networks resnet18, mobilenet_v2, bert_tiny)")
     bt.add_argument("--task-table", default="datasets/tasks-llvm.json.gz")
     bt.add_argument("--device", help="device id of this machine in the model (default: matched by mcpu and threads)")
     bt.add_argument("--threads", type=int, default=2, help="threads the tuned programs run with (default 2)")
     bt.add_argument("--no-finetune", action="store_true", help="cdmpp without online fine-tuning")
-    bt.add_argument("--seed", type=int, default=0)
+    bt.add_argument("--seeds", default="0,1", help="comma-separated search seeds (default %(default)s)")
     bt.add_argument("--out", default="reports/tune.json")
     bt.set_defaults(func=cmd_bench_tune)
 

@@ -121,3 +121,21 @@ def test_bench_costmodel_reports_both_models(tvm):
     one = r["threads"]["1"]
     assert r["candidates"] == 8 and one["cdmpp_per_s"] > 0 and one["xgb_per_s"] > 0
     assert one["ratio"] == pytest.approx(one["cdmpp_per_s"] / one["xgb_per_s"], rel=1e-2)
+
+
+def test_bench_tune_short(tvm, restore_logging):
+    """A short ``cdmpp bench tune``: each method and seed tunes the task, and cdmpp is judged against
+    XGBoost's run of the same seed."""
+    from pathlib import Path
+
+    from cdmpp import bench_tune
+
+    table = str(Path(__file__).resolve().parent.parent / "datasets" / "tasks-llvm.json.gz")
+    r = bench_tune.run(["bert_tiny@1/fused_softmax_broadcast_to2"], ["cdmpp", "xgb"], trials=4, per_iter=4,
+                       threads=1, model=None, device=None, finetune=True, task_table=table, seeds=[0])
+    runs = r["tasks"]["bert_tiny@1/fused_softmax_broadcast_to2"]
+    assert [x["seed"] for x in runs["cdmpp"]] == [0] and len(runs["xgb"][0]["best_so_far"]) == 4
+    v = r["verdict"]["bert_tiny@1/fused_softmax_broadcast_to2"]
+    assert 0 < v["budget_share_to_xgb_final"] <= 1.25 and v["final_vs_xgb"] > 0
+    assert v["unseen"] is ("bert_tiny" not in r["model_saw"])
+    assert "cdmpp/0" in bench_tune.table(r)
