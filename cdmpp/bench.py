@@ -57,6 +57,8 @@ def bench_collect(task_table: str, devices: str, threads: int, mcpu: str | None,
                     fast={"fast": True, "metaschedule": False}[measurer], overlap=overlap, artifact_dir=None)
     s.update(device=device.id, measurer=measurer, overlap=overlap, loadavg_1m_before=load0,
              loadavg_1m_after=os.getloadavg()[0])
+    waited = sum(s.get("times", {}).get(k, 0.0) for k in ("wait_quiet", "paused"))
+    s["programs_per_s_not_waiting"] = round(s["measured"] / max(1e-9, s["seconds"] - waited), 3)
     return s
 
 
@@ -68,7 +70,8 @@ def main(args) -> int:
                           args.seed, args.measurer, args.overlap, args.quiet_share, args.run_budget_s)
         print(json.dumps(r))
         print(f"{r['device']} ({r['measurer']}{', overlap' if r['overlap'] else ''}): {r['measured']} programs "
-              f"measured, {r['failed']} failed in {r['seconds']} s: {r['programs_per_s']} programs/s; load average "
+              f"measured, {r['failed']} failed in {r['seconds']} s: {r['programs_per_s']} programs/s "
+              f"({r['programs_per_s_not_waiting']} not counting waits for a quiet machine); load average "
               f"{r['loadavg_1m_before']:.2f} before, {r['loadavg_1m_after']:.2f} after")
         if "times" in r:
             print("seconds: " + ", ".join(f"{k} {v}" for k, v in r["times"].items())

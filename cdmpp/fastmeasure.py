@@ -50,6 +50,17 @@ class Built:
 
 # ---- build worker side ----------------------------------------------------------------------------
 
+def _die_with_parent() -> None:
+    """A worker of a collector that was SIGKILLed would otherwise wait forever (Linux: PR_SET_PDEATHSIG)."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(signal.SIGKILL))  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def _pin(cores: list[int] | None) -> None:
     if cores and hasattr(os, "sched_setaffinity"):
         try:
@@ -61,6 +72,7 @@ def _pin(cores: list[int] | None) -> None:
 def build_worker_init(threads: int, cores: list[int] | None) -> None:
     from cdmpp import tvm_env
 
+    _die_with_parent()
     _pin(cores)
     tvm_env.setup(threads)
 
@@ -158,6 +170,7 @@ def _compile(tvm, funcs: dict, target, out_dir: str) -> str:
 
 def runner_main(conn, threads: int, cores: list[int] | None, device_type: str = "cpu") -> None:
     """Serve ``(so, fname, args, cfg)`` requests: answer ``("ok", seconds)`` or ``("error", message)``."""
+    _die_with_parent()
     _pin(cores)
     from cdmpp import tvm_env
 

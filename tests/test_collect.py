@@ -50,8 +50,13 @@ def test_collect_kill_resume_and_load(tmp_path, monkeypatch):
         if any(len(list(store.iter_records())) for _ in [0]):
             break
         time.sleep(0.01)  # a task's 4 programs run in ~0.1 s: kill before the second task is stored
+    import psutil
+
+    workers = psutil.Process(proc.pid).children(recursive=True)  # its build and runner processes
     proc.send_signal(signal.SIGKILL)
     proc.wait()
+    gone, alive = psutil.wait_procs(workers, timeout=20)
+    assert workers and not alive  # none is left waiting for a parent that is gone
     before = {r["id"]: r for r in store.iter_records()}
     assert 0 < len(before) < 8
     assert len(list(tmp_path.glob("cdmpp-measure-*"))) == 1  # the killed run's build folder
