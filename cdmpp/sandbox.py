@@ -211,11 +211,12 @@ class Sandbox:
             self._all.add(w)
         return w
 
-    def _retire(self, w: _Worker) -> str:
+    def _retire(self, w: _Worker, planned: bool = False) -> str:
+        """Kill and replace ``w``; ``restarts`` counts the unplanned ones (deadline, limits, crashes)."""
         how = self._kill(w)
         with self._lock:
             self._live -= 1
-            self.restarts += 1
+            self.restarts += not planned
         self._replace()
         return how
 
@@ -299,7 +300,7 @@ class Sandbox:
                     parse_s += float(msg.get("parse_s", 0.0))
                     feat_s += float(msg.get("feat_s", 0.0))
                     if msg.get("retiring"):
-                        self._retire(w)
+                        self._retire(w, planned=True)
                     else:
                         self._idle.put(w)
         finally:
@@ -483,7 +484,10 @@ _DENIED_EVENTS = ("subprocess.", "os.system", "os.exec", "os.spawn", "os.posix_s
                   "pty.spawn", "os.kill", "os.killpg", "socket.", "ctypes.", "os.remove", "os.rename",
                   "os.rmdir", "os.mkdir", "os.symlink", "os.link", "os.truncate", "os.chmod", "os.chown",
                   "os.chflags", "os.utime", "os.setxattr", "os.removexattr", "shutil.", "os.putenv",
-                  "os.unsetenv", "sys.remote_exec", "webbrowser.", "urllib.", "http.", "ftplib.", "smtplib.")
+                  "os.unsetenv", "sys.remote_exec", "webbrowser.", "urllib.", "http.", "ftplib.", "smtplib.",
+                  "gc.get_objects", "gc.get_referrers", "gc.get_referents", "os.mkfifo", "os.mknod")
+_DENIED_IMPORTS = frozenset({"_posixsubprocess", "ctypes", "_ctypes", "socket", "_socket", "pty", "_ssl", "ssl"})
+_SECRET_PROC = frozenset({"environ", "mem", "maps", "cmdline", "fd", "map_files"})  # another process's, or ours
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 
 
@@ -491,14 +495,20 @@ def _audit_hook(folder: str):
     def hook(event: str, args: tuple) -> None:
         if event.startswith(_DENIED_EVENTS):
             raise PermissionError(f"not allowed in a cdmpp featurizer worker: {event}")
+        if event == "import" and args and str(args[0]).split(".")[0] in _DENIED_IMPORTS:
+            raise PermissionError(f"not allowed in a cdmpp featurizer worker: import {args[0]}")
         if event == "open":
             path, mode, flags = (tuple(args) + (None, None))[:3]
+            if isinstance(path, int):
+                return
+            real = os.path.realpath(os.fsdecode(path))
             writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
                 isinstance(flags, int) and flags & _WRITE_FLAGS)
-            if writing and not isinstance(path, int):
-                real = os.path.realpath(os.fsdecode(path))
-                if not real.startswith(folder + os.sep):
-                    raise PermissionError(f"not allowed in a cdmpp featurizer worker: writing {real}")
+            if writing and not real.startswith(folder + os.sep):
+                raise PermissionError(f"not allowed in a cdmpp featurizer worker: writing {real}")
+            parts = real.split(os.sep)
+            if len(parts) > 3 and parts[1] == "proc" and (parts[2] != str(os.getpid()) or parts[3] in _SECRET_PROC):
+                raise PermissionError(f"not allowed in a cdmpp featurizer worker: reading {real}")
     return hook
 
 
@@ -603,6 +613,16 @@ def _worker_main(job_conn, answer_conn, folder: str, mem_mb: int, item_cpu_s: fl
         os.setgid(gid)
     if uid >= 0:
         os.setuid(uid)
+    try:  # not dumpable: /proc/self/environ and /proc/self/mem (the server's environment, inherited through
+        import ctypes  # the forkserver) become unreadable to this process's own user
+
+        ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 4
+    except (OSError, AttributeError):
+        pass
+    subprocess = sys.modules.get("subprocess")
+    if subprocess is not None:  # its fork_exec helper starts processes without an audit event
+        subprocess._posixsubprocess = None
+    sys.modules.pop("_posixsubprocess", None)
     sys.addaudithook(_audit_hook(os.path.realpath(folder)))
     send({"ready": True, "pid": os.getpid()})
     while True:
@@ -614,7 +634,9 @@ def _worker_main(job_conn, answer_conn, folder: str, mem_mb: int, item_cpu_s: fl
         except SharedWorkloadError as e:
             feats, errors, p, t = [], [(i, str(e)) for i in msg["indices"]], 0.0, 0.0
         resource.setrlimit(resource.RLIMIT_CPU, (cpu_hard, cpu_hard))
-        retiring = used() > cpu_hard / 2  # far from the hard limit still; the parent starts a new one
+        # retire after evaluating TVMScript (its Python may have changed this process for the next caller)
+        # or well before the lifetime CPU limit; the parent forks a fresh one from the forkserver
+        retiring = any(is_tvmscript(it) for it in msg["items"]) or used() > cpu_hard / 2
         send({"feats": [_encode(f) for f in feats], "errors": errors, "parse_s": p, "feat_s": t, "retiring": retiring})
         if retiring:
             os._exit(0)

@@ -249,6 +249,10 @@ def parse_body(raw: bytes):
         raise BadBody(f"body is not JSON: {e}") from None
     except RecursionError:
         raise BadBody(f"body is nested deeper than {MAX_DEPTH} levels") from None
+    except BadBody:
+        raise
+    except ValueError as e:  # e.g. an integer of more digits than Python converts (sys.set_int_max_str_digits)
+        raise BadBody(f"body holds a number that cannot be read: {str(e)[:200]}") from None
     _check_values(obj)
     return obj
 
