@@ -660,8 +660,10 @@ def _collect_fast(tasks, dataset_dir, device, target, per_task, budget_minutes, 
                     done.setdefault(task.key, set()).add(b.program_hash)
                 store.append(device.id, recs)
             bar.update(1)
-            rate = stats["measured"] / max(1e-9, time.time() - t_start)
-            bar.set_postfix(ok=stats["measured"], failed=stats["failed"], rate=f"{rate:.2f}/s")
+            waited = measurer.times["paused"] + measurer.times["wait_quiet"]
+            rate = stats["measured"] / max(1e-9, time.time() - t_start - waited)
+            bar.set_postfix(ok=stats["measured"], failed=stats["failed"], waited=f"{waited:.0f}s",
+                            rate=f"{rate:.2f}/s not waiting")
             if deadline and time.time() > deadline:
                 stats["stopped_by_budget"] = True
                 break

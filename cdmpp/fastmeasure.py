@@ -446,6 +446,8 @@ class FastMeasurer:
             if self.on_wait:
                 self.on_wait(time.monotonic() - t0, "paused")
             time.sleep(1)
+        if time.monotonic() - t0 > 1:
+            self._quiet = False  # whatever ran during the pause may still run
         self.times["paused"] += time.monotonic() - t0
 
     def _run_task(self, progs: list[Built]) -> list:
