@@ -127,7 +127,8 @@ def cmd_noise(args) -> int:
     cfg = MeasureConfig(repeat=args.repeat, min_repeat_ms=args.min_repeat_ms, quiet_share=args.quiet_share,
                         max_wait_s=60 * args.max_wait_minutes)
     r = remeasure_noise(args.dataset, TaskTable.load(args.task_table), spec, spec.make_target(), n=args.n, cfg=cfg,
-                        min_gap_minutes=args.min_gap_minutes, artifact_dir=_artifact_dir(args))
+                        min_gap_minutes=args.min_gap_minutes, artifact_dir=_artifact_dir(args),
+                        probe_runs=set(args.run) if args.run else None)
     print(f"{r['device']}: {r['programs']} programs re-measured; |new - label| / label median "
           f"{100 * r['median_rel_diff']:.1f} %, p90 {100 * r['p90_rel_diff']:.1f} % (labels with 1/2/.. passes: "
           f"{r['label_passes']}); against first passes only: median {100 * r['first_pass_median_rel_diff']:.1f} %, "
@@ -223,6 +224,9 @@ def build_parser() -> argparse.ArgumentParser:
     nz = sub.add_parser("noise", help="re-measure a device's fixed probe set and report run-to-run noise")
     nz.add_argument("--device", required=True, help="device id (datasets/devices.json) of this machine")
     nz.add_argument("--n", type=int, default=100, help="probe-set size, when it is first chosen (default 100)")
+    nz.add_argument("--run", action="append", metavar="RUN_ID",
+                    help="a probe set of its own among these collection runs' records (repeatable): how one "
+                         "collector's labels agree with a later check")
     nz.add_argument("--dataset", default="datasets/measurements")
     nz.add_argument("--task-table", default="datasets/tasks-llvm.json.gz")
     nz.add_argument("--devices", default="datasets/devices.json")

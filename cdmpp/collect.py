@@ -774,8 +774,12 @@ def _measured_at(measurement: dict, runs: dict) -> float:
 
 def remeasure_noise(dataset_dir: str, tasks, device, target, n: int = 100, seed: int = 0,
                     cfg: MeasureConfig | None = None, min_gap_minutes: float = 30.0, artifact_dir: str | None = None,
-                    progress: bool = True) -> dict:
+                    progress: bool = True, probe_runs: set[str] | None = None) -> dict:
     """Re-measure the device's fixed probe set now and compare with the stored labels.
+
+    ``probe_runs``: a probe set of its own, drawn among the records of these collection runs only (its files
+    are named after them): how labels made one way (the fast measurer's single pass) agree with a later
+    check made the usual way.
 
     The probe set is chosen once: ``n`` random labeled records measured with the same repeat settings as
     ``cfg`` (older settings give other labels), kept in ``probe-<device>.json``; every later check
@@ -804,16 +808,24 @@ def remeasure_noise(dataset_dir: str, tasks, device, target, n: int = 100, seed:
     same = {rid for rid, r in runs.items()
             if (r.get("measure") or {}).get("repeat") == cfg.repeat
             and (r.get("measure") or {}).get("min_repeat_ms") == cfg.min_repeat_ms}
+    unknown = sorted(set(probe_runs or ()) - set(runs))
+    if unknown:
+        raise ValueError(f"unknown collection run(s) {', '.join(unknown)}: see {dataset_dir}/runs.jsonl")
+    if probe_runs:
+        same = set(probe_runs)
     by_id = {r["id"]: r for r in store.iter_records(device.id)
              if label(r) is not None and r["task"] in tasks.tasks and r.get("run") in same}
-    probe_path = os.path.join(dataset_dir, f"probe-{slug(device.id)}.json")
+    name = slug(device.id) + ("-runs-" + hashlib.sha256(",".join(sorted(probe_runs)).encode()).hexdigest()[:8]
+                              if probe_runs else "")
+    probe_path = os.path.join(dataset_dir, f"probe-{name}.json")
     if os.path.exists(probe_path):
         ids = [i for i in json.load(open(probe_path))["ids"] if i in by_id]
     else:
         ids = sorted(by_id)
         random.Random(seed).shuffle(ids)
         ids = ids[:n]
-        _write_json(probe_path, {"device": device.id, "measure": dataclasses.asdict(cfg), "ids": ids})
+        _write_json(probe_path, {"device": device.id, "measure": dataclasses.asdict(cfg), "ids": ids,
+                                 **({"runs": sorted(probe_runs)} if probe_runs else {})})
     recs = [by_id[i] for i in ids]
     if not recs:
         raise ValueError(f"no labeled records of {device.id} measured with repeat={cfg.repeat}, "
@@ -835,7 +847,7 @@ def remeasure_noise(dataset_dir: str, tasks, device, target, n: int = 100, seed:
         rel = [abs(p[new] - p[old]) / p[old] for p in rows if p[new] is not None]
         return (float(np.median(rel)), float(np.percentile(rel, 90))) if rel else (None, None)
 
-    path = os.path.join(dataset_dir, f"noise-{slug(device.id)}.json")
+    path = os.path.join(dataset_dir, f"noise-{name}.json")
     history = json.load(open(path)) if os.path.exists(path) else []
     now = time.time()
     earlier = [(_parse_date(h["date"]), {p["id"]: p["new"] for p in h.get("pairs", [])}) for h in reversed(history)
@@ -859,7 +871,7 @@ def remeasure_noise(dataset_dir: str, tasks, device, target, n: int = 100, seed:
               "same_passes_programs": sum(p["new_same_passes"] is not None for p in rows),
               "same_passes_median_rel_diff": med_same, "same_passes_p90_rel_diff": p90_same,
               "label_passes": {str(k): sum(p["passes"] == k for p in rows) for k in sorted({p["passes"] for p in rows})},
-              "measure": dataclasses.asdict(cfg), "pairs": rows}
+              "measure": dataclasses.asdict(cfg), "pairs": rows, **({"runs": sorted(probe_runs)} if probe_runs else {})}
     history.append(result)
     _write_json(path, history)
     return result

@@ -199,6 +199,18 @@ def test_programs_from_measures_the_other_devices_programs_first(tmp_path):
     runs = store.runs()
     assert runs[sb["run"]]["programs_from"] == a.id and runs[sb["run"]]["measurer"] == "fast"
 
+    # the fast collector's single-pass labels against a later check the usual way, on a probe set of their own
+    from cdmpp.collect import remeasure_noise
+    from cdmpp.zoo.tasks import TaskTable
+
+    table = TaskTable()
+    table.add(tasks)
+    check = remeasure_noise(ds, table, b, target, n=3, cfg=cfg, probe_runs={sb["run"]}, progress=False)
+    assert check["programs"] == 3 and check["runs"] == [sb["run"]] and check["median_rel_diff"] >= 0
+    assert [f for f in os.listdir(ds) if f.startswith("probe-dev-b_llvm-runs-")]
+    with pytest.raises(ValueError, match="unknown collection run"):
+        remeasure_noise(ds, table, b, target, cfg=cfg, probe_runs={"nope"}, progress=False)
+
 
 def test_tasks_match_exact_names_and_tasks_like_substrings():
     from cdmpp.zoo.tasks import Task, TaskTable
