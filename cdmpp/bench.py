@@ -67,7 +67,8 @@ def main(args) -> int:
         import json
 
         r = bench_collect(args.task_table, args.devices, args.threads, args.mcpu, args.tasks, args.per_task,
-                          args.seed, args.measurer, args.overlap, args.quiet_share, args.run_budget_s)
+                          args.seed, args.measurer, args.overlap, args.quiet_share, args.run_budget_s,
+                          dataset=args.dataset)
         print(json.dumps(r))
         print(f"{r['device']} ({r['measurer']}{', overlap' if r['overlap'] else ''}): {r['measured']} programs "
               f"measured, {r['failed']} failed in {r['seconds']} s: {r['programs_per_s']} programs/s "

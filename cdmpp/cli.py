@@ -277,6 +277,7 @@ def build_parser() -> argparse.ArgumentParser:
     bc.add_argument("--quiet-share", type=float, default=0.05,
                     help="as in `cdmpp collect` (default %(default)s)")
     bc.add_argument("--seed", type=int, default=0)
+    bc.add_argument("--dataset", help="keep the records in this dataset folder (default: a temporary one)")
     bc.add_argument("--task-table", default="datasets/tasks-llvm.json.gz")
     bc.add_argument("--devices", default="datasets/devices.json")
     bc.set_defaults(func=cmd_bench)

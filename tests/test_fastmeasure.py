@@ -246,3 +246,14 @@ def test_a_cuda_spec_from_what_the_runtime_reports():
     assert spec.id == "nvidia-h100/cuda-sm90" and spec.kind == "gpu" and spec.cores == 132
     assert spec.peak_gflops == round(132 * 128 * 2 * 1.98, 1) and spec.l2_kb == 51200.0 and spec.l1d_kb == 256.0
     assert spec.target["arch"] == "sm_90" and spec.target["host"]["mcpu"] == "emeraldrapids"
+
+
+def test_bench_collect_reports_rate_and_where_the_time_went(tmp_path):
+    from cdmpp.bench import bench_collect
+
+    r = bench_collect("datasets/tasks-llvm.json.gz", "datasets/devices.json", threads=1, mcpu=None, tasks=1,
+                      per_task=2, seed=3, measurer="fast", overlap=False, quiet_share=1.0, run_budget_s=0.2,
+                      dataset=str(tmp_path / "ds"))
+    assert r["measured"] + r["failed"] >= 1 and r["programs_per_s"] >= 0 and r["device"].endswith("-1t/" + r["device"].split("/")[1])
+    assert {"wait_build", "run", "wait_quiet", "paused", "build_cpu", "sample_cpu"} <= set(r["times"])
+    assert len(list((tmp_path / "ds").glob("*.active.jsonl"))) == 1
