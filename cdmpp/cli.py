@@ -157,7 +157,8 @@ def cmd_remeasure(args) -> int:
     try:
         s = remeasure(TaskTable.load(args.task_table), args.dataset, spec, spec.make_target(), passes=args.passes,
                       min_gap_minutes=args.min_gap_minutes, budget_minutes=args.budget_minutes, cfg=cfg,
-                      batch_size=args.batch_size, probe_only=args.probe_only,
+                      batch_size=args.batch_size, probe_only=args.probe_only, unstable_only=args.unstable_only,
+                      random_share=args.random_share,
                       runs=set(args.run) if args.run else None, artifact_dir=_artifact_dir(args))
     except ValueError as e:
         print(f"cdmpp remeasure: {e}", file=sys.stderr)
@@ -246,6 +247,12 @@ def build_parser() -> argparse.ArgumentParser:
                     help="a new pass only this long after the program's last one (default 30)")
     rm.add_argument("--budget-minutes", type=float, help="stop after this many minutes")
     rm.add_argument("--probe-only", action="store_true", help="only the device's fixed probe set (cdmpp noise)")
+    rm.add_argument("--unstable-only", action="store_true",
+                    help="only labels whose fastest repeat was not stable when collected (the fast measurer's "
+                         "`stable` field), plus --random-share of the others")
+    rm.add_argument("--random-share", type=float, default=0.02,
+                    help="with --unstable-only: this fixed random share of the stable labels too, for the noise "
+                         "report (default %(default)s)")
     rm.add_argument("--run", action="append", metavar="RUN_ID",
                     help="only programs first measured by this collection run (datasets/.../runs.jsonl; repeatable)")
     rm.add_argument("--dataset", default="datasets/measurements")

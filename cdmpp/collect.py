@@ -654,7 +654,8 @@ def _collect_fast(tasks, dataset_dir, device, target, per_task, budget_minutes, 
                         "id": record_id(device.id, task.key, b.program_hash), "device": device.id,
                         "task": task.key, "task_name": task.name, "networks": sorted(task.occurrences),
                         "program_hash": b.program_hash, "trace": b.trace,
-                        **_measurement(secs, err, b.build_s, others, cfg, run_id)})
+                        **_measurement(secs, err, b.build_s, others, cfg, run_id),
+                        "stable": is_stable(secs, cfg) if secs else None})
                     stats["failed" if err else "measured"] += 1
                     stats["twins_measured"] += bool("traces" in job and not err)
                     done.setdefault(task.key, set()).add(b.program_hash)
@@ -682,7 +683,7 @@ def _collect_fast(tasks, dataset_dir, device, target, per_task, budget_minutes, 
 def remeasure(tasks, dataset_dir: str, device, target, passes: int = 2, min_gap_minutes: float = 30.0,
               budget_minutes: float | None = None, cfg: MeasureConfig | None = None, batch_size: int = 32,
               probe_only: bool = False, runs: set[str] | None = None, rpc=None, artifact_dir: str | None = None,
-              progress: bool = True) -> dict:
+              progress: bool = True, unstable_only: bool = False, random_share: float = 0.0, seed: int = 0) -> dict:
     """Measure stored programs again until each label has ``passes`` valid passes, each one at least
     ``min_gap_minutes`` after the one before; a label is the fastest repeat over all its passes.
     ``runs``: only programs first measured by these collection runs (one that hit a slow spell).
@@ -720,6 +721,8 @@ def remeasure(tasks, dataset_dir: str, device, target, passes: int = 2, min_gap_
         if label(r) is None or r["task"] not in tasks.tasks or (only is not None and r["id"] not in only):
             continue
         if runs is not None and r.get("run") not in runs:
+            continue
+        if unstable_only and r.get("stable") is not False and not _drawn(r["id"], random_share, seed):
             continue
         valid = [r] + [p for p in r.get("remeasures", []) if usable(p)]
         if len(valid) >= passes:
@@ -761,6 +764,21 @@ def remeasure(tasks, dataset_dir: str, device, target, passes: int = 2, min_gap_
     stats["seconds"] = round(time.time() - t_start, 1)
     stats["run"] = run_id
     return stats
+
+
+def _drawn(record_id: str, share: float, seed: int) -> bool:
+    """A fixed pseudo-random ``share`` of the records (the same ones on every call)."""
+    return share > 0 and int(hashlib.sha256(f"{seed}:{record_id}".encode()).hexdigest()[:8], 16) < share * 2**32
+
+
+def is_stable(secs: list[float], cfg: MeasureConfig) -> bool | None:
+    """Whether a pass's fastest repeat was stable (the fast measurer's stopping rule held): it came before
+    the last ``stable_patience`` repeats, or they beat it by no more than ``stable_tol``. None when the
+    pass has too few repeats to tell (slow programs: their few long repeats vary little)."""
+    if len(secs) < max(cfg.min_repeats, cfg.stable_patience + 1):
+        return None
+    head = min(secs[:-cfg.stable_patience])
+    return min(secs) >= head * (1 - cfg.stable_tol)
 
 
 def _measured_at(measurement: dict, runs: dict) -> float:

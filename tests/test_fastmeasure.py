@@ -257,3 +257,16 @@ def test_bench_collect_reports_rate_and_where_the_time_went(tmp_path):
     assert r["measured"] + r["failed"] >= 1 and r["programs_per_s"] >= 0 and r["device"].endswith("-1t/" + r["device"].split("/")[1])
     assert {"wait_build", "run", "wait_quiet", "paused", "build_cpu", "sample_cpu"} <= set(r["times"])
     assert len(list((tmp_path / "ds").glob("*.active.jsonl"))) == 1
+
+
+def test_stability_of_a_pass_and_which_labels_get_a_later_pass():
+    from cdmpp.collect import MeasureConfig, _drawn, is_stable
+
+    cfg = MeasureConfig()  # at least 5 repeats, 1 %, 3 repeats of patience
+    assert is_stable([1.0, 0.9, 0.91, 0.9, 0.905], cfg) is True
+    assert is_stable([1.0, 0.99, 0.98, 0.97, 0.9], cfg) is False  # still improving when it stopped
+    assert is_stable([0.5, 0.5], cfg) is None  # a slow program's few repeats
+    ids = [f"d|t|{i}" for i in range(2000)]
+    drawn = [i for i in ids if _drawn(i, 0.05, 0)]
+    assert 50 < len(drawn) < 150 and drawn == [i for i in ids if _drawn(i, 0.05, 0)]
+    assert not any(_drawn(i, 0.0, 0) for i in ids)
