@@ -57,6 +57,7 @@ def bench_collect(task_table: str, devices: str, threads: int, mcpu: str | None,
                     fast={"fast": True, "metaschedule": False}[measurer], overlap=overlap, artifact_dir=None)
     s.update(device=device.id, measurer=measurer, overlap=overlap, loadavg_1m_before=load0,
              loadavg_1m_after=os.getloadavg()[0])
+    s.setdefault("programs_per_s", round(s["measured"] / max(1e-9, s["seconds"]), 3))
     waited = sum(s.get("times", {}).get(k, 0.0) for k in ("wait_quiet", "paused"))
     s["programs_per_s_not_waiting"] = round(s["measured"] / max(1e-9, s["seconds"] - waited), 3)
     return s
