@@ -133,7 +133,8 @@ class TrainedModel:
         """
         mu, lo, hi = self.interval_z(self.predict_z(programs, devices, batch_size))
         inv = self.label_transform.inverse_transform
-        return inv(mu), inv(lo), inv(hi)
+        c = self.calibration.get("scale", 1.0)  # validation-chosen MAPE factor (train.mape_scale), 1 if none
+        return c * inv(mu), c * inv(lo), c * inv(hi)
 
     @torch.inference_mode()
     def embed(self, programs, member: int = 0, batch_size: int = 256) -> np.ndarray:
@@ -159,7 +160,7 @@ class TrainedModel:
         n = len(scores)
         rank = min(1.0, np.ceil((n + 1) * level) / n)
         q = float(np.quantile(scores, rank, method="higher"))
-        self.calibration = {"level": level, "q": q, "delta": delta, "n": n}
+        self.calibration = {**self.calibration, "level": level, "q": q, "delta": delta, "n": n}
         return self.calibration
 
     # ---- persistence --------------------------------------------------------------------------------

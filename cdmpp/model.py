@@ -145,10 +145,22 @@ _BYTES_COLS = [60 + 18 * b for b in range(5)]  # B{b}_bytes of TVM's PerStoreFea
 _UNIQUE_BYTES_COLS = [61 + 18 * b for b in range(5)]  # B{b}_unique_bytes
 
 
-def program_stats(raw_leaves: np.ndarray, offsets: np.ndarray, flops: np.ndarray) -> np.ndarray:
+_FLOAT_MAD, _FLOAT_OTHER_OPS = 0, slice(1, 7)  # float mad; addsub, mul, divmod, cmp, math, other
+
+
+def leaf_flops(raw_leaves: np.ndarray) -> np.ndarray:
+    """FLOPs per leaf from TVM's log2(x+1)-scaled op counts, a fused multiply-add counted as 2 FLOPs
+    (the convention of peak FLOP/s figures; ``ProgramFeatures.flops`` counts it as 1)."""
+    x = np.exp2(raw_leaves.astype(np.float64)) - 1.0
+    return 2.0 * x[:, _FLOAT_MAD] + x[:, _FLOAT_OTHER_OPS].sum(axis=1)
+
+
+def program_stats(raw_leaves: np.ndarray, offsets: np.ndarray, flops: np.ndarray | None = None) -> np.ndarray:
     """Per program ``[n, 3]``: log2(1 + FLOPs), log2(1 + bytes accessed), log2(1 + unique bytes),
-    summed over its leaves from the raw (unnormalized) TVM rows: the inputs of a roofline bound."""
+    summed over its leaves from the raw (unnormalized) TVM rows: the inputs of a roofline bound.
+    FLOPs count a multiply-add as 2 (``leaf_flops``); ``flops`` is unused, kept for callers."""
     x = raw_leaves.astype(np.float64)
+    flops = np.add.reduceat(leaf_flops(raw_leaves), offsets[:-1])
     total = np.add.reduceat(np.exp2(x[:, _BYTES_COLS]) - 1.0, offsets[:-1], axis=0).sum(axis=1)
     unique = np.add.reduceat(np.exp2(x[:, _UNIQUE_BYTES_COLS]) - 1.0, offsets[:-1], axis=0).sum(axis=1)
     return np.log2(1.0 + np.stack([np.maximum(flops, 0.0), np.maximum(total, 0.0), np.maximum(unique, 0.0)], axis=1))
@@ -190,8 +202,7 @@ class PackedPrograms:
         offsets = np.zeros(len(feats) + 1, np.int64)
         np.cumsum(lengths, out=offsets[1:])
         leaves = np.concatenate(feats).astype(np.float32, copy=False)
-        flops = np.array([float(getattr(p, "flops", 0.0) or 0.0) for p in programs])
-        stats = program_stats(leaves, offsets, flops) if n_features == _N_TVM_FEATURES else None
+        stats = program_stats(leaves, offsets) if n_features == _N_TVM_FEATURES else None
         if normalize is not None:
             leaves = normalize(leaves)
         return cls(leaves, np.concatenate(poss), offsets, stats)

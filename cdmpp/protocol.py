@@ -17,6 +17,9 @@ one source device cannot learn the device ratio from data (its device input neve
 why the twin's label and the shots carry this setting.
 
 Each scored row is appended to ``runs`` (JSON lines, so a long run keeps what it finished);
+``pooled GBT, val-scaled`` multiplies the GBT by the factor with the lowest validation MAPE (what
+cdmpp's ``mape_scale`` option does), so that trick is never what separates the two.
+``cdmpp ⊕ pooled GBT`` is the geometric blend of the two, its weight chosen on the validation split.
 ``aggregate`` turns rows into ``summary.json``: per setting and method, mean ± std over seeds.
 """
 
@@ -109,7 +112,7 @@ def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | Non
 
     from cdmpp.experiments import recipe_config
     from cdmpp.peers import PooledGBT, TwinRatio
-    from cdmpp.train import fit
+    from cdmpp.train import fit, mape_scale
 
     torch.set_num_threads(max(1, opts.threads))
     ds = ds if ds is not None else load_pinned(opts)
@@ -130,18 +133,29 @@ def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | Non
         gbt = PooledGBT(device_table, nthread=opts.threads, random_state=seed).fit(split.train, split.val)
         return gbt, round(time.monotonic() - t, 1)
 
+    blend_name = f"{opts.label} ⊕ pooled GBT"
     for setting in [s for s in opts.settings if s in ("random-new", "cross-model")]:
         split = splits.random_split(ds, seed) if setting == "random-new" else splits.cross_model_split(ds, seed=seed)
         n = dict(programs=len(split.test), n_train=len(split.train))
+        mean = pred = None
         if "cdmpp" in opts.methods:
             model, secs = train_cdmpp(split, split.target_pool or None)
             mean, lo, hi = model.predict([p.features for p in split.test], [p.device for p in split.test])
             out.row(setting, opts.label, _metrics(split.test, mean, lo, hi), k=None, train_seconds=secs,
                     val_mape=model.summary["val"]["mape"], **n)
         if "pooled-gbt" in opts.methods:
-            gbt, secs = train_gbt(split)
-            out.row(setting, "pooled GBT", _metrics(split.test, gbt.predict(split.test)), k=None,
-                    train_seconds=secs, trees=int(gbt.model_.best_iteration) + 1, **n)
+            gbt, gsecs = train_gbt(split)
+            pred = gbt.predict(split.test)
+            out.row(setting, "pooled GBT", _metrics(split.test, pred), k=None,
+                    train_seconds=gsecs, trees=int(gbt.model_.best_iteration) + 1, **n)
+            c = mape_scale(gbt.predict(split.val), np.array([p.seconds for p in split.val]))
+            out.row(setting, "pooled GBT, val-scaled", _metrics(split.test, c * pred), k=None, scale=c,
+                    train_seconds=gsecs, **n)
+        if mean is not None and pred is not None:
+            w = blend_weight(split.val, model.predict([p.features for p in split.val], [p.device for p in split.val])[0],
+                             gbt.predict(split.val))
+            out.row(setting, blend_name, _metrics(split.test, blend(mean, pred, w)), k=None, weight=w,
+                    train_seconds=secs + gsecs, **n)
 
     device_settings = [s for s in opts.settings if s.startswith("cross-device")]
     if not device_settings:
@@ -153,8 +167,13 @@ def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | Non
         model, cdmpp_secs = train_cdmpp(base, base.target_pool)
     if "pooled-gbt" in opts.methods:
         gbt, gbt_secs = train_gbt(base)
+        gbt_scale = mape_scale(gbt.predict(base.val), np.array([p.seconds for p in base.val]))
     n_target = base.info["n_target"]
     embed = (lambda feats: model.embed(feats)) if model is not None else None
+    w = None
+    if model is not None and gbt is not None:
+        w = blend_weight(base.val, model.predict([p.features for p in base.val], [p.device for p in base.val])[0],
+                         gbt.predict(base.val))
     for k_name in opts.ks:
         k = _k_value(k_name, n_target) if k_name != "0" else 0
         for sampler in (opts.samplers if k else ["kmeans"]):
@@ -172,6 +191,10 @@ def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | Non
                     feats = [p.features for p in test]
                     mean, lo, hi = m.predict(feats, [p.device for p in test])
                     out.row(setting, opts.label + suffix, _metrics(test, mean, lo, hi), train_seconds=cdmpp_secs, **n)
+                    if gbt is not None:
+                        g_pred = (gbt.adapt(sp.shots) if k else gbt).predict(test)
+                        out.row(setting, blend_name + suffix, _metrics(test, blend(mean, g_pred, w)), weight=w,
+                                train_seconds=cdmpp_secs + gbt_secs, **n)
                     if programs == "seen":  # the twin's label x a GBT of the log ratio on pooled + cdmpp embedding
                         tr = TwinRatio(sp.twins, nthread=opts.threads, random_state=seed,
                                        embed=lambda ps: m.embed([p.features for p in ps])).fit(sp.shots)
@@ -181,9 +204,23 @@ def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | Non
                     g = gbt.adapt(sp.shots) if k else gbt
                     pred = g.predict(test)
                     out.row(setting, "pooled GBT" + suffix, _metrics(test, pred), train_seconds=gbt_secs, **n)
+                    out.row(setting, "pooled GBT, val-scaled" + suffix, _metrics(test, gbt_scale * pred),
+                            scale=gbt_scale, train_seconds=gbt_secs, **n)
                 if programs == "seen" and "pooled-gbt" in opts.methods:
                     tr = TwinRatio(sp.twins, nthread=opts.threads, random_state=seed).fit(sp.shots)
                     out.row(setting, "twin-ratio" + suffix, _metrics(test, tr.predict(test)), train_seconds=0.0, **n)
+
+
+def blend_weight(val, a: np.ndarray, b: np.ndarray) -> float:
+    """The weight w in [0, 1] (step 0.1) of ``blend(a, b, w)`` with the lowest MAPE on the validation split."""
+    y = np.array([p.seconds for p in val])
+    grid = np.linspace(0.0, 1.0, 11)
+    return float(grid[int(np.argmin([np.mean(np.abs(blend(a, b, w) - y) / y) for w in grid]))])
+
+
+def blend(a: np.ndarray, b: np.ndarray, w: float) -> np.ndarray:
+    """Geometric blend of two latency predictions: exp(w log a + (1 - w) log b)."""
+    return np.exp(w * np.log(a) + (1.0 - w) * np.log(b))
 
 
 def aggregate(runs_path: str, command: str, select: dict | None = None) -> dict:
@@ -238,14 +275,20 @@ def markdown(summary: dict, methods: Sequence[str] | None = None) -> str:
 
 
 def run_protocol(opts: ProtocolOptions, jobs: int = 1, command: str = "", summary_path: str | None = None) -> dict:
-    """All seeds (``jobs`` processes in parallel, one seed each), then the summary of ``opts.runs``."""
+    """All seeds and settings (``jobs`` processes in parallel, one (seed, model) job each), then the
+    summary of ``opts.runs``."""
     start = _dt.datetime.now().isoformat(timespec="seconds")
-    if jobs > 1 and len(opts.seeds) > 1:
+    if jobs > 1:  # one job per (seed, group of settings that share a trained model)
         from concurrent.futures import ProcessPoolExecutor
         import multiprocessing as mp
+        from dataclasses import replace
 
+        groups = [[s] for s in opts.settings if not s.startswith("cross-device")]
+        groups += [[s for s in opts.settings if s.startswith("cross-device")]]
+        tasks = [(replace(opts, settings=g), seed) for g in groups if g for seed in opts.seeds]
+        tasks.sort(key=lambda t: (not t[0].settings[0].startswith("cross-device"), t[1]))  # longest first
         with ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn")) as pool:
-            for f in [pool.submit(run_seed, opts, s) for s in opts.seeds]:
+            for f in [pool.submit(run_seed, o, s) for o, s in tasks]:
                 f.result()
     else:
         ds = load_pinned(opts)
@@ -257,3 +300,21 @@ def run_protocol(opts: ProtocolOptions, jobs: int = 1, command: str = "", summar
         with open(summary_path, "w") as f:
             json.dump(summary, f, indent=1)
     return summary
+
+
+def headline(summary: dict, label: str = "cdmpp") -> str:
+    """The README's short table: per setting (cross-device at k = 0 and 64 KMeans shots), MAPE ± std of
+    cdmpp, the pooled GBT, their blend and (seen programs) the twin-based predictors."""
+    cols = [label, "pooled GBT", f"{label} ⊕ pooled GBT", "twin-ratio", f"{label} + twin"]
+    lines = ["| setting | " + " | ".join(cols) + " |", "|---|" + "---:|" * len(cols)]
+    rows = [("random-new", ""), ("cross-model", ""), ("cross-device-new", ""), ("cross-device-new", " k=64 (kmeans)"),
+            ("cross-device-seen", " k=64 (kmeans)"), ("cross-device-seen", " k=5% (kmeans)")]
+    for setting, suffix in rows:
+        if setting not in summary:
+            continue
+        cells = []
+        for c in cols:
+            e = summary[setting].get(c + suffix)
+            cells.append(f"{100 * e['mape']:.1f} ± {100 * e['mape_std']:.1f} %" if e else "—")
+        lines.append(f"| {setting}{suffix.replace(' (kmeans)', ', KMeans shots')} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)

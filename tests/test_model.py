@@ -282,3 +282,51 @@ def test_device_specs_no_training_device_varies_along_do_not_move_predictions():
     shots = synthetic_samples(30, rng, "cpu-b")
     tuned = finetune(model, shots, steps=20, device_table={"cpu-b": DEVICES["cpu-b"]})
     assert not np.allclose(tuned.predict(progs, "cpu-a")[0], tuned.predict(progs, "cpu-b")[0])
+
+
+def test_new_model_options_train_save_and_load(tmp_path):
+    """Sum/attention pooling, program inputs, roofline offset, FiLM, log label and the L1/MAPE losses
+    (issue 19) train, predict finite positive latencies and survive a checkpoint round trip.
+    SYNTHETIC programs with 164 columns, so the program inputs (FLOPs, bytes) are computed."""
+    rng = np.random.default_rng(3)
+
+    def sample(device):
+        n = int(rng.integers(1, 5))
+        x = np.abs(rng.normal(size=(n, 164))).astype(np.float32) * 4
+        return Sample(FakeProgram(x, np.arange(n)), device, float(1e-5 * np.exp2(x[:, 0]).sum()))
+
+    train = [sample(d) for d in ["cpu-a", "cpu-b"] * 60]
+    val = [sample("cpu-a") for _ in range(30)]
+    for kw in (dict(pooling="sum", program_inputs=True, loss="l1", label="log"),
+               dict(pooling="attention", film=True, roofline=True, label="log", loss="mape")):
+        model = fit(quick_config(epochs=3, ensemble=1, **kw), train, val, device_table=DEVICES)
+        mean, lo, hi = model.predict([s.features for s in val], "cpu-b")
+        assert np.all(np.isfinite(mean)) and np.all(mean > 0) and np.all(lo <= hi)
+        model.save(tmp_path / "m")
+        again = TrainedModel.load(tmp_path / "m")
+        assert np.allclose(again.predict([s.features for s in val], "cpu-b")[0], mean)
+        assert finetune(model, val[:8], steps=2).predict([s.features for s in val], "cpu-a")[0].shape == (30,)
+    with pytest.raises(ValueError, match="label"):
+        TrainConfig(roofline=True)
+
+
+def test_leaf_flops_counts_a_multiply_add_as_two():
+    from cdmpp.model import leaf_flops
+
+    row = np.zeros((1, 164), np.float32)
+    row[0, 0] = np.log2(1000 + 1)  # 1000 float multiply-adds
+    row[0, 1] = np.log2(10 + 1)  # 10 float add/sub
+    assert leaf_flops(row)[0] == pytest.approx(2010, rel=1e-6)
+
+
+def test_matmul_flops_are_2n3():
+    """A real 64x64x64 matmul (TVM featurizer): 2·64³ FLOPs, bytes and unique bytes present."""
+    pytest.importorskip("tvm")
+    from cdmpp import workloads
+    from cdmpp.features import featurize
+    from cdmpp.model import PackedPrograms
+
+    f = featurize(workloads.matmul(64, 64, 64))
+    stats = PackedPrograms.from_programs([f]).stats[0]
+    assert np.exp2(stats[0]) - 1 == pytest.approx(2 * 64**3, rel=0.01)
+    assert np.exp2(stats[2]) - 1 >= 3 * 64 * 64 * 4  # at least A, B and C once (float32)
