@@ -131,6 +131,7 @@ class Sandbox:
         self._closed = False
         self.restarts = 0
         self.start_errors: list[str] = []
+        remove_stale_folders()
         for _ in range(self.procs):
             self._replace()
 
@@ -189,7 +190,7 @@ class Sandbox:
     def _spawn(self) -> _Worker:
         """Fork a worker from the forkserver, which imported and warmed up TVM once (see ``_zygote``), so a
         replacement is ready in well under a second instead of the ~5 s of a fresh interpreter."""
-        folder = tempfile.mkdtemp(prefix="cdmpp-sandbox-")
+        folder = tempfile.mkdtemp(prefix=f"cdmpp-sandbox-{os.getpid()}-")
         uid = gid = -1
         if os.geteuid() == 0:  # the worker drops to this user itself, once its imports are done (the
             import pwd         # interpreter may live where that user cannot read, e.g. under /root)
@@ -233,6 +234,17 @@ class Sandbox:
                 return w
             self._retire(w)  # died while idle (killed from outside): not a program's fault
 
+    def _idle_worker(self) -> _Worker | None:
+        """A live idle worker, if one is free now."""
+        while True:
+            try:
+                w = self._idle.get_nowait()
+            except queue.Empty:
+                return None
+            if w.proc.exitcode is None:
+                return w
+            self._retire(w)
+
     def run(self, items: list, indices: list[int], kind: str, workload: Any = None, tvmscript: bool = False,
             deadline: float | None = None, cancel: threading.Event | None = None, _retried: bool = False):
         """Parse and featurize ``items`` (wire forms; ``indices`` name them in errors) for target ``kind``.
@@ -246,36 +258,34 @@ class Sandbox:
                                "(the target kinds of this model's devices)")
         if not items:
             return [], [], 0.0, 0.0
-        workers = [self._acquire(deadline, cancel)]
-        while len(workers) < min(len(items), self.procs):
-            try:
-                w = self._idle.get_nowait()
-            except queue.Empty:
-                break
-            if w.proc.exitcode is None:
-                workers.append(w)
-            else:
-                self._retire(w)
-        n = len(workers)
+        # one chunk per worker, each sent to whichever worker is free first (a request never holds a worker
+        # it is not using, and two requests share the pool as a process pool's queue would)
+        n = min(len(items), self.procs)
         bounds = [round(k * len(items) / n) for k in range(n + 1)]
-        jobs = [(w, items[a:b], indices[a:b]) for w, a, b in zip(workers, bounds, bounds[1:])]
+        pending = [(items[a:b], indices[a:b]) for a, b in zip(bounds, bounds[1:])]
         feats_by_index: dict[int, Any] = {}
         errors: list[tuple[int, str]] = []
         retry: list[tuple[Any, int]] = []
         parse_s = feat_s = 0.0
         busy: dict[int, tuple[_Worker, list, list]] = {}
         try:
-            for w, its, ixs in jobs:
-                try:
-                    w.send({"items": its, "indices": ixs, "kind": kind, "workload": workload, "tvmscript": tvmscript})
-                    busy[w.fd] = (w, its, ixs)
-                except (OSError, ValueError):
-                    how = self._retire(w)
-                    self._blame(its, ixs, how, errors, retry, _retried)
-            while busy:
+            while pending or busy:
+                while pending:  # wait for a worker only when nothing of this request is in flight
+                    w = self._acquire(deadline, cancel) if not busy else self._idle_worker()
+                    if w is None:
+                        break
+                    its, ixs = pending.pop(0)
+                    try:
+                        w.send({"items": its, "indices": ixs, "kind": kind, "workload": workload,
+                                "tvmscript": tvmscript})
+                        busy[w.fd] = (w, its, ixs)
+                    except (OSError, ValueError):
+                        self._blame(its, ixs, self._retire(w), errors, retry, _retried)
+                if not busy:
+                    continue
                 if cancel is not None and cancel.is_set() or deadline is not None and time.monotonic() > deadline:
                     raise Cancelled("request timed out")
-                ready, _, _ = select.select(list(busy), [], [], 0.1)
+                ready, _, _ = select.select(list(busy), [], [], 0.01 if pending else 0.1)
                 for fd in ready:
                     w, its, ixs = busy[fd]
                     try:
@@ -337,6 +347,27 @@ class Sandbox:
         for w in workers:
             w.kill()
         self._live = 0
+
+
+def remove_stale_folders(directory: str | None = None) -> list[str]:
+    """Remove worker folders of servers that no longer run (``cdmpp-sandbox-<server pid>-*``). A worker
+    removes its own folder when its server dies, where it may (a sticky /tmp); elsewhere the next
+    sandbox started on the machine does it here."""
+    directory = directory or tempfile.gettempdir()
+    gone = []
+    for name in os.listdir(directory):
+        parts = name.split("-")
+        if len(parts) >= 4 and name.startswith("cdmpp-sandbox-") and parts[2].isdigit():
+            try:
+                os.kill(int(parts[2]), 0)
+                continue  # its server still runs
+            except ProcessLookupError:
+                pass
+            except PermissionError:
+                continue  # someone else's, alive
+            shutil.rmtree(os.path.join(directory, name), ignore_errors=True)
+            gone.append(name)
+    return gone
 
 
 def _decode(f: dict):
@@ -491,8 +522,10 @@ _SECRET_PROC = frozenset({"environ", "mem", "maps", "cmdline", "fd", "map_files"
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 
 
-def _audit_hook(folder: str):
+def _audit_hook(folder: str, leaving: threading.Event):
     def hook(event: str, args: tuple) -> None:
+        if leaving.is_set():  # the worker's own exit: it removes its folder
+            return
         if event.startswith(_DENIED_EVENTS):
             raise PermissionError(f"not allowed in a cdmpp featurizer worker: {event}")
         if event == "import" and args and str(args[0]).split(".")[0] in _DENIED_IMPORTS:
@@ -573,11 +606,17 @@ def _worker_main(job_conn, answer_conn, folder: str, mem_mb: int, item_cpu_s: fl
     resource.setrlimit(resource.RLIMIT_CPU, (cpu_hard, cpu_hard))
     in_fd, out_fd = job_conn.fileno(), answer_conn.fileno()
     parent = os.getppid()
+    leaving = threading.Event()
+
+    def leave():  # exit, removing this worker's folder (a parent killed with SIGKILL cannot)
+        leaving.set()
+        shutil.rmtree(folder, ignore_errors=True)
+        os._exit(0)
 
     def exit_with_parent():  # the forkserver exits with the server; a worker must not outlive them
         while os.getppid() == parent:
             time.sleep(0.5)
-        os._exit(0)
+        leave()
 
     threading.Thread(target=exit_with_parent, daemon=True).start()
 
@@ -594,7 +633,7 @@ def _worker_main(job_conn, answer_conn, folder: str, mem_mb: int, item_cpu_s: fl
         while len(out) < n:
             chunk = os.read(in_fd, n - len(out))
             if not chunk:
-                os._exit(0)  # the parent is gone
+                leave()  # the parent is gone
             out += chunk
         return bytes(out)
 
@@ -623,7 +662,7 @@ def _worker_main(job_conn, answer_conn, folder: str, mem_mb: int, item_cpu_s: fl
     if subprocess is not None:  # its fork_exec helper starts processes without an audit event
         subprocess._posixsubprocess = None
     sys.modules.pop("_posixsubprocess", None)
-    sys.addaudithook(_audit_hook(os.path.realpath(folder)))
+    sys.addaudithook(_audit_hook(os.path.realpath(folder), leaving))
     send({"ready": True, "pid": os.getpid()})
     while True:
         msg = json.loads(read(struct.unpack(">I", read(4))[0]))

@@ -74,12 +74,12 @@ def _running(pid: int) -> bool:
 class Server:
     """``cdmpp serve`` in a subprocess, in an empty working folder of its own."""
 
-    def __init__(self, tmp: Path, log: Path, *args: str, env: dict | None = None):
-        self.cwd, self.log = tmp, log
+    def __init__(self, tmp: Path, log: Path, sandboxes: Path, *args: str, env: dict | None = None):
+        self.cwd, self.log, self.sandboxes = tmp, log, sandboxes
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         full_env = {**{k: v for k, v in os.environ.items() if not k.startswith("CDMPP_")},
-                    "CDMPP_ITEM_CPU_S": "3", "CDMPP_TIMEOUT_S": "20", **(env or {})}
+                    "CDMPP_ITEM_CPU_S": "3", "CDMPP_TIMEOUT_S": "20", "TMPDIR": str(sandboxes), **(env or {})}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "cdmpp.cli", "serve", "--port", str(self.port), "--featurize-procs", "2",
              "--no-access-log", "--log-level", "warning", *args],
@@ -109,9 +109,9 @@ class Server:
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory):
     logs = tmp_path_factory.mktemp("logs")
-    plain = Server(tmp_path_factory.mktemp("serve-default"), logs / "default.log")
-    trusted = Server(tmp_path_factory.mktemp("serve-trusted"), logs / "trusted.log", "--allow-tvmscript",
-                     env={"CDMPP_TOKEN": SECRET})
+    plain = Server(tmp_path_factory.mktemp("serve-default"), logs / "default.log", tmp_path_factory.mktemp("tmp"))
+    trusted = Server(tmp_path_factory.mktemp("serve-trusted"), logs / "trusted.log", tmp_path_factory.mktemp("tmp"),
+                     "--allow-tvmscript", env={"CDMPP_TOKEN": SECRET})
     yield plain, trusted
     seen = plain.stop() | trusted.stop()
     deadline = time.monotonic() + 15
@@ -120,6 +120,8 @@ def servers(tmp_path_factory):
     assert not [p for p in seen if _running(p)], "sandbox workers outlived their server"
     for s in (plain, trusted):
         assert not list(s.cwd.iterdir()), f"something wrote into the server's folder: {list(s.cwd.iterdir())}"
+        left = [p for p in s.sandboxes.iterdir() if p.name.startswith("cdmpp-sandbox-")]
+        assert not left, f"worker folders left behind: {left}"
 
 
 # ---- payloads ---------------------------------------------------------------------------------------------
@@ -359,3 +361,18 @@ def test_abandoned_upload_counts_499_not_500(servers):
         time.sleep(0.2)
     assert 'status="500"' not in httpx.get(plain.url + "/metrics").text
     assert httpx.get(plain.url + "/healthz").json()["status"] == "ok"
+
+
+def test_predictor_parses_text_in_the_sandbox_unless_trusted(predictor, device):
+    """``Predictor.predict`` on text from elsewhere: parsed in a sandbox worker, so the injected Python
+    writes nothing; ``trusted=True`` (text you wrote) parses in process, with the same answer."""
+    from cdmpp.program import ProgramError
+
+    marker = _marker(TMP, "predictor")
+    with pytest.raises(ProgramError) as e:
+        predictor.predict([SAMPLE, tvmscript_with(f'{IMP}("pathlib").Path("{marker}").write_text("x")')], device)
+    assert [x["index"] for x in e.value.errors] == [1] and "not allowed" in e.value.errors[0]["reason"]
+    assert not Path(marker).exists()
+    sandboxed, = predictor.predict([SAMPLE], device)
+    in_process, = predictor.predict([SAMPLE], device, trusted=True)
+    assert abs(sandboxed.seconds - in_process.seconds) <= 1e-6 * in_process.seconds

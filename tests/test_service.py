@@ -321,14 +321,17 @@ def _descendants(pid: int) -> set[int]:
 
 
 @pytest.mark.skipif(not __import__("os").path.isdir("/proc"), reason="needs /proc")
-def test_killed_server_leaves_no_featurizer_processes():
-    """``cdmpp serve`` killed with SIGKILL: its forkserver and sandbox workers notice and exit."""
+def test_killed_server_leaves_no_featurizer_processes(tmp_path):
+    """``cdmpp serve`` killed with SIGKILL: its forkserver and sandbox workers notice, exit and remove
+    their folders."""
     import signal
     import time
 
     from cdmpp.bench_serve import _free_port, start_server
 
-    proc, url = start_server(None, workers=1, threads=1, port=_free_port(), featurize_procs=2)
+    proc, url = start_server(None, workers=1, threads=1, port=_free_port(), featurize_procs=2,
+                             env_extra={"TMPDIR": str(tmp_path)})
+    assert len(list(tmp_path.glob("cdmpp-sandbox-*"))) == 2
     try:
         workers = _descendants(proc.pid)
         assert len(workers) >= 3  # the forkserver and two workers
@@ -339,6 +342,12 @@ def test_killed_server_leaves_no_featurizer_processes():
     while time.monotonic() < deadline and any(map(_running, workers)):
         time.sleep(0.2)
     assert not [w for w in workers if _running(w)], "featurizer processes outlived the server"
+    # workers remove their own folders where they may (not here, when they run as nobody under a root-only
+    # folder); the next sandbox started removes what is left
+    from cdmpp.sandbox import remove_stale_folders
+
+    remove_stale_folders(str(tmp_path))
+    assert not list(tmp_path.glob("cdmpp-sandbox-*")), "worker folders left behind"
 
 
 def test_ood_flags_in_prediction(predictor, device, sampled):

@@ -12,11 +12,12 @@ ProgramItem = str | dict[str, Any]
 class PredictRequest(BaseModel):
     device: str = Field(description="device id, one of GET /v1/devices", examples=["amd-epyc-znver4-2t/llvm-avx512"])
     programs: list[ProgramItem] = Field(
-        description="scheduled programs: TVMScript text, or MetaSchedule workload+trace objects "
+        description="scheduled programs: MetaSchedule workload+trace objects "
                     '({"workload": Workload.as_json(), "trace": Trace.as_json()}), as objects or as their JSON '
                     'text; an object may leave out "workload" when the request gives a shared one. Fastest: '
                     'JSON text of {"trace": ...} with a shared workload (a trace as JSON values is thousands '
-                    "of tiny objects to parse; as text it is parsed only if the server has not seen it)")
+                    "of tiny objects to parse; as text it is parsed only if the server has not seen it). "
+                    "TVMScript text only where the server runs with --allow-tvmscript (trusted callers)")
     target: str | None = Field(None, description='"llvm" or "cuda"; default: the device\'s target kind')
     workload: Any = Field(None, description="a workload shared by every workload+trace item without its own "
                                             "(the candidates of one tuning task share it; saves ~50 KB per item)")
