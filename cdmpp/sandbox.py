@@ -619,6 +619,7 @@ def _worker_main(job_conn, answer_conn, folder: str, mem_mb: int, item_cpu_s: fl
         leave()
 
     threading.Thread(target=exit_with_parent, daemon=True).start()
+    signal.signal(signal.SIGTERM, lambda *_: leave())  # multiprocessing terminates daemons at its exit
 
     def used() -> float:
         r = resource.getrusage(resource.RUSAGE_SELF)
