@@ -6,7 +6,8 @@
 cd "$(dirname "$0")/.." || exit 1
 echo $$ > datasets/collect-twins.pid
 SRC=amd-epyc-znver4-2t/llvm-avx512
-trap 'kill -TERM $child 2>/dev/null; wait $child; rm -f datasets/collect-twins.pid; exit 130' TERM INT
+forget() { [ "$(cat datasets/collect-twins.pid 2>/dev/null)" = "$$" ] && rm -f datasets/collect-twins.pid; }  # not a newer run's
+trap 'kill -TERM $child 2>/dev/null; wait $child; forget; exit 130' TERM INT
 .venv/bin/cdmpp collect --threads 1 --programs-from $SRC --per-task 0 & child=$!; wait $child || exit $?
 .venv/bin/cdmpp collect --threads 2 --mcpu x86-64-v3 --programs-from $SRC --per-task 0 & child=$!; wait $child
-rm -f datasets/collect-twins.pid
+forget
