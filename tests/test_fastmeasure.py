@@ -270,3 +270,16 @@ def test_stability_of_a_pass_and_which_labels_get_a_later_pass():
     drawn = [i for i in ids if _drawn(i, 0.05, 0)]
     assert 50 < len(drawn) < 150 and drawn == [i for i in ids if _drawn(i, 0.05, 0)]
     assert not any(_drawn(i, 0.0, 0) for i in ids)
+
+
+def test_collect_for_cuda_without_a_gpu_says_so(capsys):
+    from cdmpp import tvm_env
+
+    if tvm_env.setup().cuda(0).exist:
+        pytest.skip("this machine has a GPU")
+    from cdmpp.cli import main
+
+    assert main(["collect", "--target", "cuda", "--tasks", "no-such-task-name", "--per-task", "1"]) == 2
+    assert "no task matches" in capsys.readouterr().err
+    assert main(["collect", "--target", "cuda", "--tasks-like", "softmax", "--per-task", "1"]) == 2
+    assert "no CUDA GPU visible to TVM" in capsys.readouterr().err
