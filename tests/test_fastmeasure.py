@@ -283,3 +283,21 @@ def test_collect_for_cuda_without_a_gpu_says_so(capsys):
     assert "no task matches" in capsys.readouterr().err
     assert main(["collect", "--target", "cuda", "--tasks-like", "softmax", "--per-task", "1"]) == 2
     assert "no CUDA GPU visible to TVM" in capsys.readouterr().err
+
+
+def test_the_fast_measurer_resumes_a_collection_the_metaschedule_one_began(tmp_path):
+    """Same seeds, same programs: switching measurers never measures a stored program again."""
+    from types import SimpleNamespace
+
+    from cdmpp import tvm_env, workloads
+
+    tvm = tvm_env.setup(1)
+    from cdmpp.collect import MeasureConfig, collect
+
+    tasks = [_task(tvm, "matmul", workloads.matmul(32, 32, 32))]
+    cfg = MeasureConfig(repeat=2, min_repeat_ms=1, builders=1, quiet_share=1.0)
+    target, dev, ds = tvm_env.make_target("llvm", num_cores=1), SimpleNamespace(id="d/llvm", threads=1), str(tmp_path)
+    first = collect(tasks, ds, dev, target, per_task=3, cfg=cfg, fast=False, progress=False)
+    assert first["measured"] == 3
+    again = collect(tasks, ds, dev, target, per_task=3, cfg=cfg, progress=False)
+    assert again["measured"] == 0 and again["skipped_done"] == 3
