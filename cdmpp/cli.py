@@ -351,7 +351,8 @@ def cmd_train(args) -> int:
         return 2
     try:
         model = train_checkpoint(args.recipe, args.dataset, args.out, args.task_table, args.devices,
-                                 args.max_minutes, args.val, args.seed, args.limit)
+                                 args.max_minutes, args.val, args.seed, args.limit,
+                                 device_ids=_csv(args.device_ids) or None)
     except ValueError as e:
         print(f"cdmpp train: {e}", file=sys.stderr)
         return 2
@@ -426,7 +427,7 @@ def _add_eval_commands(sub) -> None:
                                                          "setting and seed, cdmpp vs peers; writes a summary JSON")
     pr.add_argument("--settings", default=",".join(("random-new", "cross-model", "cross-device-new", "cross-device-seen")))
     pr.add_argument("--seeds", default="0,1,2", help="split and model seeds (default 0,1,2)")
-    pr.add_argument("--k", default="0,16,64,5%%", help="cross-device shot counts; N%% = share of the target's programs")
+    pr.add_argument("--k", default="0,16,64,5%", help="cross-device shot counts; N%% = share of the target's programs")
     pr.add_argument("--samplers", default="kmeans,random")
     pr.add_argument("--methods", default="cdmpp,pooled-gbt", help="cdmpp, pooled-gbt (with the twin-ratio baseline)")
     pr.add_argument("--recipe", default="default")
@@ -448,6 +449,7 @@ def _add_eval_commands(sub) -> None:
     t.add_argument("--max-minutes", type=float, help="override the recipe's time budget")
     t.add_argument("--val", type=float, default=0.1, help="validation fraction per device (default 0.1)")
     t.add_argument("--limit", type=int, help="use only the first N records")
+    t.add_argument("--device-ids", help="comma-separated devices to train on (default: every device in the data)")
     t.set_defaults(func=cmd_train)
 
     s = sub.add_parser("sample", help="choose k programs to measure on a new device (KMeans on embeddings)")

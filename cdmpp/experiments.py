@@ -361,13 +361,15 @@ def _version(model) -> str:
 
 def train_checkpoint(recipe: str, dataset: str, out: str, task_table: str = EvalOptions.task_table,
                      devices: str = EvalOptions.devices, max_minutes: float | None = None, val: float = 0.1,
-                     seed: int = 0, limit: int | None = None, progress: bool = True):
-    """Train on every program of ``dataset`` (all devices; ``val`` of each device held out for model
-    selection and calibration) and save a checkpoint the ``Predictor`` can serve."""
+                     seed: int = 0, limit: int | None = None, progress: bool = True, device_ids=None):
+    """Train on every program of ``dataset`` (all devices, or ``device_ids``; ``val`` of the program
+    hashes held out for model selection and calibration) and save a checkpoint the ``Predictor`` can serve."""
+    from cdmpp.data import load_dataset
     from cdmpp.devices import DeviceTable
     from cdmpp.train import fit
+    from cdmpp.zoo.tasks import TaskTable
 
-    ds = load(EvalOptions("train", dataset=dataset, task_table=task_table, limit=limit, progress=progress))
+    ds = load_dataset(dataset, TaskTable.load(task_table), devices=device_ids, limit=limit, progress=progress)
     table = DeviceTable(devices)
     missing = sorted(set(ds.devices()) - set(table.ids()))
     if missing:

@@ -75,7 +75,7 @@ def load_pinned(opts: ProtocolOptions):
 
 
 def _k_value(k: str, n_target: int) -> int:
-    return max(1, round(float(k[:-1]) / 100 * n_target)) if k.endswith("%") else int(k)
+    return max(1, round(float(k.rstrip("%")) / 100 * n_target)) if k.endswith("%") else int(k)
 
 
 def _metrics(test, predicted, lo=None, hi=None) -> dict:

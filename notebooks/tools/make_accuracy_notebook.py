@@ -38,6 +38,28 @@ devices = DeviceTable(os.path.join(ROOT, "datasets", "devices.json"))
 ds = load_dataset(DATASET, tasks, limit=600 if QUICK else None, progress=False)
 print(len(ds), "measured programs on", ds.devices(), "from networks", ds.networks())
 print("run-to-run noise floor:", noise_floor(DATASET))"""),
+md("""## The protocol's figures (reports/summary.json)
+
+Every setting of docs/evaluation.md, mean ± std over 3 seeds (split and model), cdmpp beside the pooled
+GBT (the strongest peer) and, for programs already measured on another device, the twin-ratio baseline.
+The file holds the command that regenerates it."""),
+code("""import json
+summary = json.load(open(os.path.join(ROOT, "reports", "summary.json")))
+print("regenerate with:", summary["command"])
+rows = [("random-new", ""), ("cross-model", ""), ("cross-device-new", ""), ("cross-device-new", " k=64 (kmeans)"),
+        ("cross-device-seen", " k=64 (kmeans)")]
+methods = ["cdmpp", "pooled GBT", "cdmpp ⊕ pooled GBT", "twin-ratio", "cdmpp + twin"]
+fig, ax = plt.subplots(figsize=(10, 4))
+width = 0.16
+for j, meth in enumerate(methods):
+    xs, ys, es = [], [], []
+    for i, (setting, suffix) in enumerate(rows):
+        e = summary.get(setting, {}).get(meth + suffix)
+        if e:
+            xs.append(i + (j - 2) * width); ys.append(e["mape"]); es.append(e["mape_std"])
+    ax.bar(xs, ys, width, yerr=es, capsize=3, label=meth)
+ax.set_xticks(range(len(rows)), [s + k.replace(" (kmeans)", "") for s, k in rows], rotation=15)
+ax.set_ylabel("MAPE (mean ± std, 3 seeds)"); ax.legend(fontsize=8); fig.tight_layout(); fig.savefig("protocol.png", dpi=80)"""),
 md("## The shipped model"),
 code("""predictor = Predictor.load()
 print("model", predictor.version, "knows devices", predictor.devices())
