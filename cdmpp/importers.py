@@ -27,8 +27,9 @@ def import_store(src: str, dataset_dir: str, seal: bool = True) -> dict:
     if not files:
         raise ValueError(f"{src}: no record files (*.part-NNNN.jsonl.gz, *.active.jsonl)")
     store = RecordStore(dataset_dir)
-    have = {r["id"] for r in store.iter_records()} | {
-        p["id"] for r in store.iter_records() for p in r.get("remeasures", [])}
+    have = set()
+    for r in store.iter_records():
+        have |= {r["id"]} | {p["id"] for p in r.get("remeasures", [])}
     report, new, devices = LoadReport(), {}, set()
     for path in files:
         opener = gzip.open if path.endswith(".gz") else open
