@@ -193,13 +193,24 @@ def _concat_and_empty(tvm):
                 vi = T.axis.spatial(16, i)
                 C[vi] = A[vi] + T.float32(1)
 
-    return concat, never_runs
+    @T.prim_func(s_tir=True)
+    def negative_extent(A: T.Buffer((16,), "float32"), C: T.Buffer((16,), "float32")):
+        for i in range(-5):
+            with T.sblock("a"):
+                vi = T.axis.spatial(16, i)
+                C[vi] = A[vi] + T.float32(1)
+        for i in range(16):
+            with T.sblock("b"):
+                vi = T.axis.spatial(16, i)
+                C[vi] = A[vi] * T.float32(2)
+
+    return concat, never_runs, negative_extent
 
 
 def test_sibling_stores_into_one_buffer_are_one_leaf(tvm):
     """A concat: two loops store into C. TVM gives one row per stored buffer (the last store's), so
     the compact AST has one leaf, at the second store."""
-    concat, _ = _concat_and_empty(tvm)
+    concat, _, _ = _concat_and_empty(tvm)
     prog = load_program(concat)
     feats = featurize(prog)
     assert feats.n_leaves == 1
@@ -209,9 +220,10 @@ def test_sibling_stores_into_one_buffer_are_one_leaf(tvm):
 
 
 def test_loop_that_never_runs_gives_no_leaf_and_predictor_says_why(tvm, predictor, device):
-    _, never_runs = _concat_and_empty(tvm)
+    _, never_runs, negative = _concat_and_empty(tvm)
     feats = featurize(never_runs)
     assert feats.n_leaves == 0 and feats.leaf_features.shape == (0, N_FEATURES)
+    assert featurize(negative).n_leaves == 1  # a negative extent runs nothing either; the other loop stays
     with pytest.raises(ProgramError, match="computes nothing") as e:
         predictor.predict([never_runs], device)
     assert e.value.errors[0]["index"] == 0
