@@ -14,6 +14,7 @@ measurement of one candidate is noisy (see TVM-NOTES). Writes ``reports/tune.jso
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -69,7 +70,7 @@ def tune_one(mod, target, cost_model, trials: int, per_iter: int, threads: int, 
     from cdmpp import tvm_env
 
     t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory() as work_dir:
+    with tempfile.TemporaryDirectory() as work_dir, _unnamed_handlers_aside():
         db = ms.tune_tir(
             mod, target, work_dir, max_trials_global=trials, num_trials_per_iter=per_iter,
             builder=ms.builder.LocalBuilder(max_workers=threads, timeout_sec=60,
@@ -86,6 +87,23 @@ def tune_one(mod, target, cost_model, trials: int, per_iter: int, threads: int, 
     best_i = int(np.argmin(secs)) if secs else -1
     return {"trial_seconds": secs, "best_so_far": np.minimum.accumulate(secs).tolist() if secs else [],
             "best_record": records[best_i] if best_i >= 0 else None, "wall_s": round(time.perf_counter() - t0, 1)}
+
+
+@contextlib.contextmanager
+def _unnamed_handlers_aside():
+    """``tune_tir`` puts every handler of MetaSchedule's logger into a logging dictConfig by name and fails
+    on unnamed ones (pytest's capture handlers, which a previous run leaves there): set them aside meanwhile."""
+    import logging
+
+    lg = logging.getLogger("tvm.s_tir.meta_schedule")
+    aside = [h for h in lg.handlers if h.get_name() is None]
+    for h in aside:
+        lg.removeHandler(h)
+    try:
+        yield
+    finally:
+        for h in aside:
+            lg.addHandler(h)
 
 
 def retime(mod, record, target, repeat: int = 10) -> float | None:
