@@ -381,3 +381,30 @@ def test_ood_flags_in_prediction(predictor, device, sampled):
     odd.leaf_features = feats[0].leaf_features.copy()
     odd.leaf_features[:, const] += 5
     assert p.predict_features([odd], device, "llvm")[0].ood == (FEATURES_OUT_OF_RANGE,)
+
+
+def test_network_endpoint_answers_as_the_cli_does(predictor, tmp_path):
+    """POST /v1/network: the same weighted sum ``cdmpp network`` computes; unknown names are 404s."""
+    from pathlib import Path
+
+    from cdmpp import network
+    from cdmpp.devices import DeviceTable
+    from cdmpp.zoo.tasks import TaskTable
+
+    data = Path(__file__).resolve().parent.parent / "datasets"
+    dev = "amd-epyc-znver4-2t/llvm-avx512"
+    with _server(predictor, dataset=str(data / "measurements"), task_table=str(data / "tasks-llvm.json.gz")) as u:
+        r = httpx.post(u + "/v1/network", json={"network": "bert_tiny@1", "device": dev}, timeout=120)
+        assert r.status_code == 200, r.text
+        got = r.json()
+        assert httpx.post(u + "/v1/network", json={"network": "nosuch@1", "device": dev}).status_code == 404
+        assert httpx.post(u + "/v1/network", json={"network": "bert_tiny@1", "device": "nosuch"}).status_code == 404
+        assert httpx.post(u + "/v1/network", json={"network": "bert_tiny@1", "device": dev,
+                                                   "schedules": "tuned"}).status_code == 422
+    programs = network.task_programs("bert_tiny@1", TaskTable.load(str(data / "tasks-llvm.json.gz")), "best-measured",
+                                     dev, str(data / "measurements"),
+                                     DeviceTable(data / "devices.json").get(dev).make_target())
+    want = network.predict_network(predictor, "bert_tiny@1", dev, programs)
+    assert got["seconds"] == pytest.approx(want.seconds, rel=1e-5)
+    assert [t["task"] for t in got["tasks"]] == [t["task"] for t in want.tasks]
+    assert got["lo90"] <= got["seconds"] <= got["hi90"]

@@ -11,6 +11,7 @@ are parsed and featurized only in sandbox workers (``cdmpp.sandbox``; threat mod
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import json
 import os
@@ -33,7 +34,8 @@ from cdmpp.sandbox import Sandbox
 from cdmpp.service.engine import BadPrograms, Cancelled, PredictEngine
 from cdmpp.service.metrics import Metrics
 from cdmpp.service.schemas import (DeviceOut, DevicesResponse, ErrorBody, HealthResponse, ItemError, ModelResponse,
-                                   ModelsResponse, PredictionOut, PredictRequest, PredictResponse)
+                                   ModelsResponse, NetworkRequest, NetworkResponse, NetworkTaskOut, PredictionOut,
+                                   PredictRequest, PredictResponse)
 
 
 @dataclass
@@ -54,6 +56,8 @@ class Settings:
     # of 2,000 blocks: ~12 s to parse here)
     worker_mem_mb: int = 4096  # address-space limit of a worker (TVM + featurizer use ~1.1 GB)
     worker_user: str = "nobody"  # who the workers run as when the server runs as root
+    dataset: str = "datasets/measurements"  # /v1/network: measured programs (best-measured schedules)
+    task_table: str = "datasets/tasks-llvm.json.gz"  # /v1/network: the networks and their tasks
 
     @classmethod
     def from_env(cls, env: dict | None = None) -> "Settings":
@@ -73,6 +77,8 @@ class Settings:
             item_cpu_s=float(env.get("CDMPP_ITEM_CPU_S", d.item_cpu_s)),
             worker_mem_mb=int(env.get("CDMPP_WORKER_MEM_MB", d.worker_mem_mb)),
             worker_user=env.get("CDMPP_WORKER_USER") or d.worker_user,
+            dataset=env.get("CDMPP_DATASET") or d.dataset,
+            task_table=env.get("CDMPP_TASK_TABLE") or d.task_table,
         )
 
 
@@ -87,7 +93,7 @@ def _error_response(status: int, body: ErrorBody, headers: dict | None = None) -
     return JSONResponse(body.model_dump(exclude_none=True), status_code=status, headers=headers)
 
 
-ERRORS = {s: {"model": ErrorBody} for s in (401, 404, 413, 422, 504)}
+ERRORS = {s: {"model": ErrorBody} for s in (401, 404, 413, 422, 503, 504)}
 
 
 # ---- dependencies ---------------------------------------------------------------------------------------
@@ -382,6 +388,54 @@ def create_app(settings: Settings | None = None, predictor: Predictor | None = N
                                predictions=[PredictionOut(seconds=p.seconds, lo90=p.lo90, hi90=p.hi90,
                                                           in_distribution=not p.ood, ood=list(p.ood))
                                             for p in preds])
+
+    @functools.lru_cache(maxsize=64)
+    def network_prediction(network: str, device: str, schedules: str):
+        """Trusted content only: the network is looked up by name in the server's task table and its
+        programs come from the server's own dataset, so TVM may run here."""
+        from cdmpp import network as net
+        from cdmpp.program import parse_target
+        from cdmpp.zoo.tasks import TaskTable
+
+        pred = app.state.predictor
+        try:
+            table = TaskTable.load(settings.task_table)
+        except FileNotFoundError:
+            raise ApiError(503, ErrorBody(detail=f"this server has no task table at {settings.task_table} "
+                                                 "(CDMPP_TASK_TABLE): it cannot predict networks"))
+        if not table.tasks_of(network):
+            raise ApiError(404, ErrorBody(detail=f"unknown network {network!r}; known: "
+                                                 f"{', '.join(table.occurrences())}"))
+        target = parse_target(pred.device_info(device).get("target") or pred.target_kind(device))
+        if schedules == "best-measured" and not os.path.isdir(settings.dataset):
+            raise ApiError(503, ErrorBody(detail=f"this server has no dataset at {settings.dataset} (CDMPP_DATASET) "
+                                                 "for best-measured schedules; ask for schedules=default"))
+        programs = net.task_programs(network, table, schedules, device, settings.dataset, target)
+        return net.predict_network(pred, network, device, programs)
+
+    @app.post("/v1/network", response_model=NetworkResponse, responses=ERRORS, dependencies=[Depends(require_token)])
+    async def network(request: Request, predictor: Predictor = Depends(get_predictor)) -> NetworkResponse:
+        """Predict a whole network's latency on one device: the weighted sum of its tasks' programs
+        (``cdmpp network``)."""
+        try:
+            req = NetworkRequest.model_validate(parse_body(await request.body()))
+        except BadBody as e:
+            raise ApiError(422, ErrorBody(detail=str(e)))
+        except ValidationError as e:
+            raise ApiError(422, _validation_errors(e.errors(include_input=False)))
+        if req.device not in predictor.devices():
+            raise _unknown_device(UnknownDeviceError(req.device, predictor.devices()))
+        job = asyncio.get_running_loop().run_in_executor(request.app.state.executor, network_prediction,
+                                                         req.network, req.device, req.schedules)
+        try:
+            p = await asyncio.wait_for(job, settings.timeout_s)
+        except asyncio.TimeoutError:
+            raise ApiError(504, ErrorBody(detail=f"the network took over {settings.timeout_s:g} s (CDMPP_TIMEOUT_S); "
+                                                 "it is cached once done, retry later", limit=settings.timeout_s))
+        return NetworkResponse(model_version=predictor.version, network=p.network, device=p.device,
+                               schedules=req.schedules, seconds=p.seconds, lo90=p.lo90, hi90=p.hi90,
+                               tasks=[NetworkTaskOut(**{k: t[k] for k in NetworkTaskOut.model_fields})
+                                      for t in p.tasks])
 
     @app.get("/v1/devices", response_model=DevicesResponse, responses=ERRORS, dependencies=[Depends(require_token)])
     def devices(predictor: Predictor = Depends(get_predictor)) -> DevicesResponse:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -87,3 +87,32 @@ class HealthResponse(BaseModel):
     workers_ready: int = Field(description="sandbox workers ready to parse and featurize")
     workers: int = Field(description="sandbox workers configured")
     worker_restarts: int = Field(description="workers killed (deadline, limits, crashes) and replaced so far")
+
+
+class NetworkRequest(BaseModel):
+    network: str = Field(max_length=100, description="network@batch from the server's task table",
+                         examples=["resnet18@1"])
+    device: str = Field(description="device id, one of GET /v1/devices", examples=["amd-epyc-znver4-2t/llvm-avx512"])
+    schedules: Literal["best-measured", "default"] = Field(
+        "best-measured", description="best-measured: per task the fastest program stored for the device in the "
+                                     "server's dataset; default: TVM's unscheduled code")
+
+
+class NetworkTaskOut(BaseModel):
+    task: str
+    weight: int = Field(description="kernel calls of this task in the network")
+    source: str = Field(description="where the task's program came from: best-measured or default")
+    seconds: float
+    lo90: float
+    hi90: float
+
+
+class NetworkResponse(BaseModel):
+    model_version: str
+    network: str
+    device: str
+    schedules: str
+    seconds: float = Field(description="predicted latency of the whole network: sum of weight x task seconds")
+    lo90: float = Field(description="sum of the tasks' lower bounds")
+    hi90: float = Field(description="sum of the tasks' upper bounds")
+    tasks: list[NetworkTaskOut]
