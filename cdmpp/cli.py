@@ -352,7 +352,8 @@ def cmd_train(args) -> int:
     try:
         model = train_checkpoint(args.recipe, args.dataset, args.out, args.task_table, args.devices,
                                  args.max_minutes, args.val, args.seed, args.limit,
-                                 device_ids=_csv(args.device_ids) or None)
+                                 device_ids=_csv(args.device_ids) or None,
+                                 exclude_networks=_csv(args.exclude_networks) or None)
     except ValueError as e:
         print(f"cdmpp train: {e}", file=sys.stderr)
         return 2
@@ -450,6 +451,8 @@ def _add_eval_commands(sub) -> None:
     t.add_argument("--val", type=float, default=0.1, help="validation fraction per device (default 0.1)")
     t.add_argument("--limit", type=int, help="use only the first N records")
     t.add_argument("--device-ids", help="comma-separated devices to train on (default: every device in the data)")
+    t.add_argument("--exclude-networks", help="comma-separated networks whose tasks are left out of training (a "
+                                              "checkpoint for benchmarks on networks it never saw)")
     t.set_defaults(func=cmd_train)
 
     s = sub.add_parser("sample", help="choose k programs to measure on a new device (KMeans on embeddings)")

@@ -361,15 +361,21 @@ def _version(model) -> str:
 
 def train_checkpoint(recipe: str, dataset: str, out: str, task_table: str = EvalOptions.task_table,
                      devices: str = EvalOptions.devices, max_minutes: float | None = None, val: float = 0.1,
-                     seed: int = 0, limit: int | None = None, progress: bool = True, device_ids=None):
+                     seed: int = 0, limit: int | None = None, progress: bool = True, device_ids=None,
+                     exclude_networks=None):
     """Train on every program of ``dataset`` (all devices, or ``device_ids``; ``val`` of the program
-    hashes held out for model selection and calibration) and save a checkpoint the ``Predictor`` can serve."""
+    hashes held out for model selection and calibration) and save a checkpoint the ``Predictor`` can serve.
+    ``exclude_networks``: leave out every program of a task that occurs in one of them (as cross-model
+    does), so benchmarks on those networks test a model that never saw them."""
     from cdmpp.data import load_dataset
     from cdmpp.devices import DeviceTable
     from cdmpp.train import fit
     from cdmpp.zoo.tasks import TaskTable
 
     ds = load_dataset(dataset, TaskTable.load(task_table), devices=device_ids, limit=limit, progress=progress)
+    if exclude_networks:
+        excluded = set(exclude_networks)
+        ds.programs = [p for p in ds.programs if not any(o.split("@")[0] in excluded for o in p.networks)]
     table = DeviceTable(devices)
     missing = sorted(set(ds.devices()) - set(table.ids()))
     if missing:
