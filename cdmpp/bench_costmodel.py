@@ -53,6 +53,7 @@ def _measured(task_key: str, mod, dataset_dir: str, device: str) -> tuple[list, 
 def run(tasks: list[str], n: int, threads_list: list[int], model: str | None, device: str,
         dataset_dir: str, task_table: str, seed: int) -> dict:
     from cdmpp import tvm_env
+    from cdmpp.bench_tune import find_task
     from cdmpp.zoo.tasks import TaskTable, load_task_mod
 
     tvm_env.setup()
@@ -66,10 +67,7 @@ def run(tasks: list[str], n: int, threads_list: list[int], model: str | None, de
     per_task = -(-n // len(tasks))
     work = []
     for spec in tasks:
-        occ, _, name = spec.partition("/")
-        task = next((t for t, _ in table.tasks_of(occ) if t.name == name), None)
-        if task is None:
-            raise ValueError(f"no task {name!r} in {occ} of {task_table}")
+        task = find_task(table, spec)
         mod = load_task_mod(task)
         cands = _candidates(mod, target, per_task + 8, seed)  # 8 to warm up on
         train = _measured(task.key, mod, dataset_dir, device)

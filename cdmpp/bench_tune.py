@@ -37,14 +37,16 @@ def load_tasks(specs: list[str], task_table: str) -> list[tuple[str, object]]:
     from cdmpp.zoo.tasks import TaskTable, load_task_mod
 
     table = TaskTable.load(task_table)
-    out = []
-    for spec in specs:
-        occ, _, name = spec.partition("/")
-        task = next((t for t, _ in table.tasks_of(occ) if t.name == name), None)
-        if task is None:
-            raise ValueError(f"no task {name!r} in {occ} of {task_table}")
-        out.append((spec, load_task_mod(task)))
-    return out
+    return [(spec, load_task_mod(find_task(table, spec))) for spec in specs]
+
+
+def find_task(table, spec: str):
+    """The ``Task`` named by ``network@batch/task_name`` in a ``TaskTable``."""
+    occ, _, name = spec.partition("/")
+    task = next((t for t, _ in table.tasks_of(occ) if t.name == name), None)
+    if task is None:
+        raise ValueError(f"no task {name!r} in {occ} of the task table")
+    return task
 
 
 def make_cost_model(kind: str, model: str | None, device: str | None, finetune: bool, seed: int, threads: int):

@@ -263,6 +263,16 @@ def parse_body(raw: bytes):
     return obj
 
 
+def _validated(model, raw: bytes):
+    """A request body as ``model``, parsed strictly (``parse_body``); a 422 that says where, otherwise."""
+    try:
+        return model.model_validate(parse_body(raw))
+    except BadBody as e:
+        raise ApiError(422, ErrorBody(detail=str(e)))
+    except ValidationError as e:
+        raise ApiError(422, _validation_errors(e.errors(include_input=False)))
+
+
 def _validation_errors(errors) -> ErrorBody:
     """pydantic errors as an ErrorBody; item errors keep their index; never echoes the input."""
     by_item: dict[int, list[str]] = {}
@@ -353,12 +363,7 @@ def create_app(settings: Settings | None = None, predictor: Predictor | None = N
 
         Body: ``PredictRequest`` as strict JSON (parsed here, not by FastAPI, so that NaN, huge numbers,
         lone surrogates, invalid UTF-8 and deep nesting get a 422 that says where)."""
-        try:
-            req = PredictRequest.model_validate(parse_body(await request.body()))
-        except BadBody as e:
-            raise ApiError(422, ErrorBody(detail=str(e)))
-        except ValidationError as e:
-            raise ApiError(422, _validation_errors(e.errors(include_input=False)))
+        req = _validated(PredictRequest, await request.body())
         if len(req.programs) > settings.max_batch:
             raise ApiError(413, ErrorBody(detail=f"batch of {len(req.programs)} programs is over the limit of "
                                                  f"{settings.max_batch} (CDMPP_MAX_BATCH); split it",
@@ -417,12 +422,7 @@ def create_app(settings: Settings | None = None, predictor: Predictor | None = N
     async def network(request: Request, predictor: Predictor = Depends(get_predictor)) -> NetworkResponse:
         """Predict a whole network's latency on one device: the weighted sum of its tasks' programs
         (``cdmpp network``)."""
-        try:
-            req = NetworkRequest.model_validate(parse_body(await request.body()))
-        except BadBody as e:
-            raise ApiError(422, ErrorBody(detail=str(e)))
-        except ValidationError as e:
-            raise ApiError(422, _validation_errors(e.errors(include_input=False)))
+        req = _validated(NetworkRequest, await request.body())
         if req.device not in predictor.devices():
             raise _unknown_device(UnknownDeviceError(req.device, predictor.devices()))
         job = asyncio.get_running_loop().run_in_executor(request.app.state.executor, network_prediction,
