@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import argparse
 import glob
-import gzip
 import json
 import os
 import shutil
 import sys
 import time
 
-from cdmpp.store import LoadReport, RecordStore, slug
+from cdmpp.store import LoadReport, RecordStore, read_records, slug
 
 
 def import_store(src: str, dataset_dir: str, seal: bool = True) -> dict:
@@ -32,23 +31,17 @@ def import_store(src: str, dataset_dir: str, seal: bool = True) -> dict:
         have |= {r["id"]} | {p["id"] for p in r.get("remeasures", [])}
     report, new, devices = LoadReport(), {}, set()
     for path in files:
-        opener = gzip.open if path.endswith(".gz") else open
-        with opener(path, "rt") as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    rec = json.loads(line)
-                    rid, dev = rec["id"], rec["device"]
-                except (json.JSONDecodeError, KeyError, TypeError) as e:
-                    report.problems.append(f"{path}:{lineno}: unreadable record ({e.__class__.__name__})")
-                    continue
-                if rid in have:
-                    report.duplicates += 1
-                    continue
-                have.add(rid)
-                new.setdefault(dev, []).append(rec)
-                devices.add(dev)
+        for rec in read_records(path, report):
+            rid, dev = rec["id"], rec.get("device")
+            if not dev:
+                report.problems.append(f"{path}: record {rid} has no device")
+                continue
+            if rid in have:
+                report.duplicates += 1
+                continue
+            have.add(rid)
+            new.setdefault(dev, []).append(rec)
+            devices.add(dev)
     known_runs = store.runs()
     runs_added = 0
     src_runs = os.path.join(src, "runs.jsonl")

@@ -82,6 +82,27 @@ def publish_numbered(tmp: str, directory: str, prefix: str, suffix: str) -> str:
         return path
 
 
+def read_records(path: str, report: LoadReport) -> Iterator[dict]:
+    """The records of one part or active file, in order; unreadable lines (no JSON, no ``id``) and a
+    corrupt or truncated tail go to ``report.problems`` instead of ending the read."""
+    opener = gzip.open if path.endswith(".gz") else open
+    lineno = 0
+    try:
+        with opener(path, "rt") as f:
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    rec = json.loads(line)
+                    rec["id"]
+                except (json.JSONDecodeError, KeyError, TypeError) as e:
+                    report.problems.append(f"{path}:{lineno}: unreadable record ({e.__class__.__name__})")
+                    continue
+                yield rec
+    except (OSError, EOFError, gzip.BadGzipFile) as e:
+        report.problems.append(f"{path}: corrupt or truncated after line {lineno} ({e})")
+
+
 class RecordStore:
     def __init__(self, root: str, seal_every: int = 2000):
         self.root = root
@@ -186,29 +207,16 @@ class RecordStore:
         report = report if report is not None else LoadReport()
         kept: dict[str, dict] = {}
         for path in self.files(device):
-            opener = gzip.open if path.endswith(".gz") else open
-            lineno = 0
-            try:
-                with opener(path, "rt") as f:
-                    for lineno, line in enumerate(f, 1):
-                        if not line.strip():
-                            continue
-                        try:
-                            rec = json.loads(line)
-                            rid = rec["id"]
-                        except (json.JSONDecodeError, KeyError, TypeError) as e:
-                            report.problems.append(f"{path}:{lineno}: unreadable record ({e.__class__.__name__})")
-                            continue
-                        old = kept.get(rid)
-                        if old is None:
-                            kept[rid] = rec
-                            report.records += 1
-                            continue
-                        report.duplicates += 1
-                        if is_disturbed(old) and not is_disturbed(rec):
-                            kept[rid] = rec
-            except (OSError, EOFError, gzip.BadGzipFile) as e:
-                report.problems.append(f"{path}: corrupt or truncated after line {lineno} ({e})")
+            for rec in read_records(path, report):
+                rid = rec["id"]
+                old = kept.get(rid)
+                if old is None:
+                    kept[rid] = rec
+                    report.records += 1
+                    continue
+                report.duplicates += 1
+                if is_disturbed(old) and not is_disturbed(rec):
+                    kept[rid] = rec
         for rid in [rid for rid, rec in kept.items() if "of" in rec]:
             later = kept.pop(rid)
             report.records -= 1
