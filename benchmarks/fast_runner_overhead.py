@@ -1,13 +1,13 @@
 """CPU time of the fast measurer's runner process against the timed kernel runs, on 6 random tasks x 16 programs
 (1 thread, guard off): what the runner costs beyond the kernels' own time. ``python benchmarks/fast_runner_overhead.py``"""
 import os, time, json
-from cdmpp import tvm_env
+from cdmpp.program import tvm_env
 def cpu(pid):
     f=open(f"/proc/{pid}/stat").read().rsplit(")",1)[1].split(); return (float(f[11])+float(f[12]))/os.sysconf("SC_CLK_TCK")
 def main():
     tvm = tvm_env.setup(1)
-    from cdmpp.collect import MeasureConfig, task_seed
-    from cdmpp.fastmeasure import FastMeasurer
+    from cdmpp.measure.campaigns import MeasureConfig, task_seed
+    from cdmpp.measure.fast import FastMeasurer
     from cdmpp.zoo.tasks import TaskTable
     import random
     tt = TaskTable.load("datasets/tasks-llvm.json.gz"); keys = sorted(tt.tasks); random.Random(0).shuffle(keys)

@@ -9,11 +9,11 @@ import sys
 import tempfile
 import time
 
-from cdmpp import tvm_env
-from cdmpp.collect import MeasureConfig, Measurer, label
-from cdmpp.devices import DeviceTable
-from cdmpp.program import apply_trace
-from cdmpp.store import RecordStore
+from cdmpp.program import tvm_env
+from cdmpp.measure.campaigns import MeasureConfig, Measurer, label
+from cdmpp.devices.spec import DeviceTable
+from cdmpp.program.inputs import apply_trace
+from cdmpp.records.store import RecordStore
 from cdmpp.zoo.tasks import TaskTable, load_task_mod
 
 device = sys.argv[1] if len(sys.argv) > 1 else "amd-epyc-znver4-2t/llvm-avx512"

@@ -1,12 +1,12 @@
 """Back-to-back run-to-run noise of the same built programs: 2 threads vs 1 thread, repeat/min_repeat_ms variants."""
 import os, sys, json, random, statistics, time
 import numpy as np
-from cdmpp import tvm_env
+from cdmpp.program import tvm_env
 tvm = tvm_env.setup(2)
 from tvm.s_tir import meta_schedule as ms, Schedule
 from tvm.s_tir.schedule import Trace
-from cdmpp.store import RecordStore
-from cdmpp.collect import label, CpuGuard
+from cdmpp.records.store import RecordStore
+from cdmpp.measure.campaigns import label, CpuGuard
 from cdmpp.zoo.tasks import TaskTable, load_task_mod
 table = TaskTable.load("datasets/tasks-llvm.json.gz")
 recs = [r for r in RecordStore("datasets/measurements").iter_records() if label(r)]

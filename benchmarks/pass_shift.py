@@ -10,8 +10,8 @@ from collections import Counter, defaultdict
 
 import numpy as np
 
-from cdmpp.collect import label, usable
-from cdmpp.store import RecordStore
+from cdmpp.measure.campaigns import label, usable
+from cdmpp.records.store import RecordStore
 
 device = sys.argv[1] if len(sys.argv) > 1 else "amd-epyc-znver4-2t/llvm-avx512"
 dataset = sys.argv[2] if len(sys.argv) > 2 else "datasets/measurements"

@@ -9,7 +9,7 @@ also trains the pooled GBT); two jobs run at a time, one thread each, on the 2-c
     .venv/bin/python benchmarks/study_issue19.py --table             # reports/study-issue19.md
 
 The 2026-11-24 run loaded the pinned programs once into a pickle for speed; this file loads them
-through ``cdmpp.protocol.load_pinned`` (the same 25,157 programs, from the feature cache).
+through ``cdmpp.evaluation.protocol.load_pinned`` (the same 25,157 programs, from the feature cache).
 """
 
 import json
@@ -42,7 +42,7 @@ def job(args):
     name, overrides, seed, minutes, methods = args
     import torch
 
-    from cdmpp import protocol as P
+    from cdmpp.evaluation import protocol as P
 
     torch.set_num_threads(1)
     opts = P.ProtocolOptions(settings=["random-new"], methods=methods, overrides={**BEFORE, **overrides},

@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 from importlib import resources
+from cdmpp import defaults
 
 
 def _sample_path(name: str = "conv2d.tvmscript") -> str:
@@ -15,8 +16,8 @@ def _sample_path(name: str = "conv2d.tvmscript") -> str:
 
 
 def cmd_featurize(args) -> int:
-    from cdmpp.features import compact_ast_of, featurize, FEATURE_NAMES
-    from cdmpp.program import ProgramError, load_program
+    from cdmpp.program.features import compact_ast_of, featurize, FEATURE_NAMES
+    from cdmpp.program.inputs import ProgramError, load_program
 
     path = args.program or _sample_path()
     try:
@@ -42,11 +43,10 @@ def cmd_featurize(args) -> int:
 
 def _artifact_dir(args) -> str | None:
     """Where built programs are kept for later passes: beside the dataset's feature cache."""
-    from cdmpp.data import default_cache_dir
 
     if args.artifacts == "none":
         return None
-    return args.artifacts or os.path.join(default_cache_dir(args.dataset), "artifacts")
+    return args.artifacts or os.path.join(defaults.cache_dir(args.dataset), "artifacts")
 
 
 def _add_artifacts_arg(parser) -> None:
@@ -56,9 +56,9 @@ def _add_artifacts_arg(parser) -> None:
 
 
 def cmd_collect(args) -> int:
-    from cdmpp import tvm_env
-    from cdmpp.collect import MeasureConfig, collect
-    from cdmpp.devices import DeviceTable, probe_local_cpu
+    from cdmpp.program import tvm_env
+    from cdmpp.measure.campaigns import MeasureConfig, collect
+    from cdmpp.devices.spec import DeviceTable, probe_local_cpu
     from cdmpp.zoo.tasks import TaskTable
 
     threads = args.threads if args.target == "llvm" else 1  # CUDA: the host runs one thread
@@ -74,7 +74,7 @@ def cmd_collect(args) -> int:
               file=sys.stderr)
         return 2
     if args.target == "cuda":
-        from cdmpp.devices import probe_cuda_gpu
+        from cdmpp.devices.spec import probe_cuda_gpu
 
         device = probe_cuda_gpu()
         target = device.make_target()
@@ -107,7 +107,7 @@ def cmd_collect(args) -> int:
 
 
 def _add_guard_args(parser) -> None:
-    """The quiet-machine rule of every measuring command (``cdmpp.collect.CpuGuard``)."""
+    """The quiet-machine rule of every measuring command (``cdmpp.measure.campaigns.CpuGuard``)."""
     parser.add_argument("--quiet-share", type=float, default=0.05, metavar="SHARE",
                         help="programs run only while other processes use less than this share of all cores; "
                              "a run phase they exceeded it in is measured again (default %(default)s)")
@@ -117,9 +117,9 @@ def _add_guard_args(parser) -> None:
 
 
 def cmd_noise(args) -> int:
-    from cdmpp import tvm_env
-    from cdmpp.collect import MeasureConfig, remeasure_noise
-    from cdmpp.devices import DeviceTable
+    from cdmpp.program import tvm_env
+    from cdmpp.measure.campaigns import MeasureConfig, remeasure_noise
+    from cdmpp.devices.spec import DeviceTable
     from cdmpp.zoo.tasks import TaskTable
 
     spec = DeviceTable(args.devices).get(args.device)
@@ -141,9 +141,9 @@ def cmd_noise(args) -> int:
 
 
 def cmd_remeasure(args) -> int:
-    from cdmpp import tvm_env
-    from cdmpp.collect import MeasureConfig, remeasure
-    from cdmpp.devices import DeviceTable
+    from cdmpp.program import tvm_env
+    from cdmpp.measure.campaigns import MeasureConfig, remeasure
+    from cdmpp.devices.spec import DeviceTable
     from cdmpp.zoo.tasks import TaskTable
 
     try:
@@ -170,7 +170,7 @@ def cmd_remeasure(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from cdmpp import bench
+    from cdmpp.bench import throughput as bench
 
     return bench.main(args)
 
@@ -185,9 +185,9 @@ def build_parser() -> argparse.ArgumentParser:
     f.set_defaults(func=cmd_featurize)
 
     c = sub.add_parser("collect", help="measure random schedules of network tasks on this machine (resumable)")
-    c.add_argument("--task-table", default="datasets/tasks-llvm.json.gz", help="task table from `cdmpp tasks`")
-    c.add_argument("--dataset", default="datasets/measurements", help="dataset folder (appended to)")
-    c.add_argument("--devices", default="datasets/devices.json", help="device spec table (added to)")
+    c.add_argument("--task-table", default=defaults.TASK_TABLE, help="task table from `cdmpp tasks`")
+    c.add_argument("--dataset", default=defaults.DATASET, help="dataset folder (appended to)")
+    c.add_argument("--devices", default=defaults.DEVICES, help="device spec table (added to)")
     c.add_argument("--networks", help="comma-separated networks to take tasks from (default all)")
     c.add_argument("--tasks", help="comma-separated task names to keep (exact names)")
     c.add_argument("--tasks-like", metavar="SUBSTRINGS", help="comma-separated substrings: keep tasks whose name "
@@ -228,9 +228,9 @@ def build_parser() -> argparse.ArgumentParser:
     nz.add_argument("--run", action="append", metavar="RUN_ID",
                     help="a probe set of its own among these collection runs' records (repeatable): how one "
                          "collector's labels agree with a later check")
-    nz.add_argument("--dataset", default="datasets/measurements")
-    nz.add_argument("--task-table", default="datasets/tasks-llvm.json.gz")
-    nz.add_argument("--devices", default="datasets/devices.json")
+    nz.add_argument("--dataset", default=defaults.DATASET)
+    nz.add_argument("--task-table", default=defaults.TASK_TABLE)
+    nz.add_argument("--devices", default=defaults.DEVICES)
     nz.add_argument("--repeat", type=int, default=15)
     nz.add_argument("--min-repeat-ms", type=int, default=15)
     nz.add_argument("--min-gap-minutes", type=float, default=30.0,
@@ -255,9 +255,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "report (default %(default)s)")
     rm.add_argument("--run", action="append", metavar="RUN_ID",
                     help="only programs first measured by this collection run (datasets/.../runs.jsonl; repeatable)")
-    rm.add_argument("--dataset", default="datasets/measurements")
-    rm.add_argument("--task-table", default="datasets/tasks-llvm.json.gz")
-    rm.add_argument("--devices", default="datasets/devices.json")
+    rm.add_argument("--dataset", default=defaults.DATASET)
+    rm.add_argument("--task-table", default=defaults.TASK_TABLE)
+    rm.add_argument("--devices", default=defaults.DEVICES)
     rm.add_argument("--batch-size", type=int, default=32)
     rm.add_argument("--builders", type=int, default=2)
     rm.add_argument("--repeat", type=int, default=15)
@@ -285,22 +285,22 @@ def build_parser() -> argparse.ArgumentParser:
                     help="as in `cdmpp collect` (default %(default)s)")
     bc.add_argument("--seed", type=int, default=0)
     bc.add_argument("--dataset", help="keep the records in this dataset folder (default: a temporary one)")
-    bc.add_argument("--task-table", default="datasets/tasks-llvm.json.gz")
-    bc.add_argument("--devices", default="datasets/devices.json")
+    bc.add_argument("--task-table", default=defaults.TASK_TABLE)
+    bc.add_argument("--devices", default=defaults.DEVICES)
     bc.set_defaults(func=cmd_bench)
     _add_service_commands(sub, bsub)
     _add_eval_commands(sub)
     return p
 
 
-# ---- evaluation and the train / sample / fine-tune workflow (cdmpp.experiments) -------------------
+# ---- evaluation and the train / sample / fine-tune workflow (cdmpp.evaluation.harness) -------------------
 
 def _csv(text: str | None) -> list[str]:
     return [t.strip() for t in (text or "").split(",") if t.strip()]
 
 
 def cmd_eval(args) -> int:
-    from cdmpp.experiments import EvalOptions, run_eval
+    from cdmpp.evaluation.harness import EvalOptions, run_eval
 
     opts = EvalOptions(
         name=args.name, split=args.split, dataset=args.dataset, task_table=args.task_table, devices=args.devices,
@@ -322,7 +322,7 @@ def cmd_protocol(args) -> int:
     import shlex
     import tomllib
 
-    from cdmpp.protocol import ProtocolOptions, markdown, run_protocol
+    from cdmpp.evaluation.protocol import ProtocolOptions, markdown, run_protocol
 
     overrides = tomllib.loads("\n".join(args.set)) if args.set else {}
     opts = ProtocolOptions(dataset=args.dataset, task_table=args.task_table, devices=args.devices,
@@ -345,7 +345,7 @@ def _refuse_overwrite(out: str, force: bool, command: str) -> bool:
 
 
 def cmd_train(args) -> int:
-    from cdmpp.experiments import train_checkpoint
+    from cdmpp.evaluation.harness import train_checkpoint
 
     if _refuse_overwrite(args.out, args.force, "train"):
         return 2
@@ -364,7 +364,7 @@ def cmd_train(args) -> int:
 
 
 def cmd_sample(args) -> int:
-    from cdmpp.experiments import sample_ids
+    from cdmpp.evaluation.harness import sample_ids
 
     ids = sample_ids(args.k, args.pool, args.device, args.model, args.sampler, args.task_table, args.seed)
     text = "\n".join(ids) + ("\n" if ids else "")
@@ -378,7 +378,7 @@ def cmd_sample(args) -> int:
 
 
 def cmd_finetune(args) -> int:
-    from cdmpp.experiments import finetune_checkpoint
+    from cdmpp.evaluation.harness import finetune_checkpoint
 
     if _refuse_overwrite(args.out, args.force, "finetune"):
         return 2
@@ -397,9 +397,9 @@ def cmd_finetune(args) -> int:
 
 def _add_eval_commands(sub) -> None:
     data = argparse.ArgumentParser(add_help=False)
-    data.add_argument("--dataset", default="datasets/measurements", help="dataset folder")
-    data.add_argument("--task-table", default="datasets/tasks-llvm.json.gz")
-    data.add_argument("--devices", default="datasets/devices.json", help="device spec table")
+    data.add_argument("--dataset", default=defaults.DATASET, help="dataset folder")
+    data.add_argument("--task-table", default=defaults.TASK_TABLE)
+    data.add_argument("--devices", default=defaults.DEVICES, help="device spec table")
     data.add_argument("--seed", type=int, default=0)
     data.add_argument("--force", action="store_true", help="train/finetune: replace an existing checkpoint")
 
@@ -446,7 +446,7 @@ def _add_eval_commands(sub) -> None:
 
     t = sub.add_parser("train", parents=[data], help="train on a whole dataset (all devices) and save a checkpoint")
     t.add_argument("--recipe", default="default")
-    t.add_argument("--out", default="cdmpp/models/default", help="checkpoint folder")
+    t.add_argument("--out", default=defaults.MODEL_OUT, help="checkpoint folder")
     t.add_argument("--max-minutes", type=float, help="override the recipe's time budget")
     t.add_argument("--val", type=float, default=0.1, help="validation fraction per device (default 0.1)")
     t.add_argument("--limit", type=int, help="use only the first N records")
@@ -462,7 +462,7 @@ def _add_eval_commands(sub) -> None:
     s.add_argument("--model", help="checkpoint whose embeddings to cluster (default: model-free features)")
     s.add_argument("--sampler", choices=("kmeans", "random"), default="kmeans")
     s.add_argument("--out", help="write the record ids here (default: stdout)")
-    s.add_argument("--task-table", default="datasets/tasks-llvm.json.gz")
+    s.add_argument("--task-table", default=defaults.TASK_TABLE)
     s.add_argument("--seed", type=int, default=0)
     s.set_defaults(func=cmd_sample)
 
@@ -478,7 +478,7 @@ def _add_eval_commands(sub) -> None:
     ft.set_defaults(func=cmd_finetune)
 
 
-# ---- the HTTP service and compiler integration (cdmpp.service, cdmpp.bench_serve, cdmpp.bench_tune) -----
+# ---- the HTTP service and compiler integration (cdmpp.service, cdmpp.bench.serve, cdmpp.bench.tune) -----
 
 def cmd_serve(args) -> int:
     """Run uvicorn with the app factory; settings travel as CDMPP_* variables, so every worker sees them."""
@@ -505,7 +505,7 @@ def cmd_serve(args) -> int:
 
 
 def cmd_bench_serve(args) -> int:
-    from cdmpp import bench_serve
+    from cdmpp.bench import serve as bench_serve
 
     return bench_serve.main(args)
 
@@ -516,17 +516,17 @@ def _add_network_args(p) -> None:
                    help="best-measured (the fastest stored program of each task on the device), default "
                         "(TVM's unscheduled code) or a MetaSchedule database folder (default %(default)s)")
     p.add_argument("--model", help="checkpoint folder (default: the shipped model)")
-    p.add_argument("--dataset", default="datasets/measurements")
-    p.add_argument("--task-table", default="datasets/tasks-llvm.json.gz")
+    p.add_argument("--dataset", default=defaults.DATASET)
+    p.add_argument("--task-table", default=defaults.TASK_TABLE)
 
 
 def cmd_network(args) -> int:
     import dataclasses
     import json
 
-    from cdmpp import network as net
-    from cdmpp.devices import DeviceTable
-    from cdmpp.predictor import Predictor
+    from cdmpp.predict import network as net
+    from cdmpp.devices.spec import DeviceTable
+    from cdmpp.predict.predictor import Predictor
     from cdmpp.zoo.tasks import TaskTable
 
     predictor = Predictor.load(args.model)
@@ -545,7 +545,7 @@ def cmd_network(args) -> int:
 
 
 def cmd_bench_network(args) -> int:
-    from cdmpp import bench_network
+    from cdmpp.bench import network as bench_network
 
     return bench_network.main(args)
 
@@ -553,7 +553,7 @@ def cmd_bench_network(args) -> int:
 def cmd_bench_costmodel(args) -> int:
     import json
 
-    from cdmpp import bench_costmodel
+    from cdmpp.bench import cost_model as bench_costmodel
 
     tasks = _csv(args.tasks) or bench_costmodel.DEFAULT_TASKS
     r = bench_costmodel.run(tasks, args.n, [int(t) for t in _csv(args.threads)], args.model, args.device,
@@ -566,7 +566,7 @@ def cmd_bench_costmodel(args) -> int:
 
 
 def cmd_bench_tune(args) -> int:
-    from cdmpp import bench_tune
+    from cdmpp.bench import tune as bench_tune
 
     return bench_tune.main(args)
 
@@ -606,7 +606,7 @@ def _add_service_commands(sub, bsub) -> None:
     bs.add_argument("--form", choices=["trace", "tvmscript"], default="trace",
                     help="wire form of programs: workload+trace (shared workload) or TVMScript text")
     bs.add_argument("--duration", type=float, default=120.0, help="time bound per phase in seconds (default 120)")
-    bs.add_argument("--task-table", default="datasets/tasks-llvm.json.gz")
+    bs.add_argument("--task-table", default=defaults.TASK_TABLE)
     bs.add_argument("--device", help="device id (default: the model's first llvm device)")
     bs.add_argument("--seed", type=int, default=0)
     bs.add_argument("--json", help="also write the result here")
@@ -622,7 +622,7 @@ def _add_service_commands(sub, bsub) -> None:
                          "xgb, xgb-nowarmup, random (default %(default)s)")
     bt.add_argument("--tasks", help="comma-separated network@batch/task_name (default: 5 tasks of the held-out "
                                     "networks resnet18, mobilenet_v2, bert_tiny)")
-    bt.add_argument("--task-table", default="datasets/tasks-llvm.json.gz")
+    bt.add_argument("--task-table", default=defaults.TASK_TABLE)
     bt.add_argument("--device", help="device id of this machine in the model (default: matched by mcpu and threads)")
     bt.add_argument("--threads", type=int, default=2, help="threads the tuned programs run with (default 2)")
     bt.add_argument("--no-finetune", action="store_true", help="cdmpp without online fine-tuning")
@@ -651,8 +651,8 @@ def _add_service_commands(sub, bsub) -> None:
                                     "(default: a conv2d, a dense, a softmax, a depthwise conv2d)")
     bc.add_argument("--device", default="amd-epyc-znver4-2t/llvm-avx512",
                     help="device id: its stored programs train XGBModel (default amd-epyc-znver4-2t/llvm-avx512)")
-    bc.add_argument("--dataset", default="datasets/measurements")
-    bc.add_argument("--task-table", default="datasets/tasks-llvm.json.gz")
+    bc.add_argument("--dataset", default=defaults.DATASET)
+    bc.add_argument("--task-table", default=defaults.TASK_TABLE)
     bc.add_argument("--seed", type=int, default=0)
     bc.add_argument("--json", help="also write the result here")
     bc.set_defaults(func=cmd_bench_costmodel)
@@ -665,7 +665,7 @@ def stop_signals_interrupt():
     While a batch is measured, the Measurer stops at its next build or run instead (``request_stop``).
     Yields the list of signals received: a KeyboardInterrupt raised while TVM calls back into Python
     comes back out of TVM as a RuntimeError."""
-    from cdmpp.collect import STOP, request_stop
+    from cdmpp.measure.campaigns import STOP, request_stop
 
     received: list[int] = []
 

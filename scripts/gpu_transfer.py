@@ -10,7 +10,7 @@ Then two device calls (the machine keeps /root/stash between calls while it stay
     run(carry=["build/gpu-transfer/1"], command="bash scripts/gpu_env.sh")
     run(carry=["build/gpu-transfer/2"], command="source scripts/gpu_env.sh && python -m cdmpp.cli collect "
         "--target cuda --dataset $OUT/ds --per-task 8 --budget-minutes 8")
-and back here: ``python -m cdmpp.importers <files_at>/ds``.
+and back here: ``python -m cdmpp.records.importers <files_at>/ds``.
 """
 
 from __future__ import annotations

@@ -7,14 +7,14 @@ os.environ.setdefault("TVM_NUM_THREADS", "1")
 
 @pytest.fixture(scope="session")
 def tvm():
-    from cdmpp import tvm_env
+    from cdmpp.program import tvm_env
 
     return tvm_env.setup()
 
 
 @pytest.fixture(scope="session")
 def cpu_target(tvm):
-    from cdmpp import tvm_env
+    from cdmpp.program import tvm_env
 
     return tvm_env.make_target("llvm", num_cores=2)
 
@@ -22,7 +22,8 @@ def cpu_target(tvm):
 @pytest.fixture(scope="session")
 def sampled(cpu_target):
     """Several MetaSchedule-sampled schedules of each test workload: {name: [Schedule, ...]}."""
-    from cdmpp import schedules, workloads
+    from cdmpp.measure import schedules
+    from cdmpp.zoo import workloads
 
     return {name: schedules.sample_schedules(make(), cpu_target, 6, seed=3)
             for name, make in workloads.SAMPLES.items()}
@@ -31,7 +32,7 @@ def sampled(cpu_target):
 @pytest.fixture(scope="session")
 def predictor():
     """The shipped model (tests that use it skip when it is absent)."""
-    from cdmpp.predictor import Predictor
+    from cdmpp.predict.predictor import Predictor
 
     return Predictor.load()
 

@@ -11,14 +11,15 @@ import textwrap
 import pytest
 import time
 
-from cdmpp.store import LoadReport, RecordStore
+from cdmpp.records.store import LoadReport, RecordStore
 
 SCRIPT = textwrap.dedent("""
     import sys
     from types import SimpleNamespace
-    from cdmpp import tvm_env, workloads
+    from cdmpp.program import tvm_env
+    from cdmpp.zoo import workloads
     tvm = tvm_env.setup(1)
-    from cdmpp.collect import MeasureConfig, collect
+    from cdmpp.measure.campaigns import MeasureConfig, collect
     from cdmpp.zoo.tasks import Task, task_key
     target = tvm_env.make_target("llvm", num_cores=1)
     tasks = []
@@ -80,7 +81,7 @@ def test_collect_kill_resume_and_load(tmp_path, monkeypatch):
     assert "'measured': 0" in out and "'skipped_done': 8" in out
 
     # load it back: features, labels, filters; the second load comes from the feature cache only
-    from cdmpp import data
+    from cdmpp.records import dataset as data
     from cdmpp.zoo.tasks import TaskTable
 
     table = TaskTable.load(ds + "-tasks.json")
@@ -103,8 +104,8 @@ def test_collect_kill_resume_and_load(tmp_path, monkeypatch):
     # run-to-run noise: a fixed probe set, re-measured the same way each time
     from types import SimpleNamespace
 
-    from cdmpp import tvm_env
-    from cdmpp.collect import MeasureConfig, remeasure_noise
+    from cdmpp.program import tvm_env
+    from cdmpp.measure.campaigns import MeasureConfig, remeasure_noise
 
     dev = SimpleNamespace(id="test-cpu-1t/llvm", threads=1)
     cfg = MeasureConfig(repeat=3, min_repeat_ms=5, builders=1, quiet_share=1.0)
@@ -118,7 +119,7 @@ def test_collect_kill_resume_and_load(tmp_path, monkeypatch):
     assert len(history) == 2 and 0 <= history[-1]["median_rel_diff"] <= history[-1]["p90_rel_diff"]
 
     # a later pass over every program: real measurements appended, labels the fastest over both passes
-    from cdmpp.collect import label, remeasure
+    from cdmpp.measure.campaigns import label, remeasure
 
     assert remeasure(table, ds, dev, target, passes=2, min_gap_minutes=60, cfg=cfg, progress=False)["too_recent"] == 8
     killed_run = {r["run"] for r in before.values()}  # only the programs the killed run measured
@@ -184,7 +185,7 @@ def test_sealed_parts_are_gzip_json_lines(tmp_path):
 
 def _quiet_guard(max_share: float):
     """A ``CpuGuard`` and the share others use now; skips the test when the machine is too busy to tell."""
-    from cdmpp.collect import CpuGuard
+    from cdmpp.measure.campaigns import CpuGuard
 
     guard = CpuGuard()
     mark = guard.start()
@@ -227,7 +228,7 @@ def test_a_disturbed_record_is_measured_again_and_superseded(tmp_path):
 
 
 def test_later_passes_attach_to_their_record_and_lower_its_label(tmp_path):
-    from cdmpp.collect import label
+    from cdmpp.measure.campaigns import label
 
     store = RecordStore(str(tmp_path))
     store.append("d", [{"id": "d|t|0", "seconds": [3.0, 2.0], "error": None, "disturbed": False},
@@ -246,10 +247,10 @@ def test_later_passes_attach_to_their_record_and_lower_its_label(tmp_path):
 @pytest.fixture
 def measurer():
     """``measurer(cfg, **kw)``: a Measurer for this CPU, 1 thread, closed after the test."""
-    from cdmpp import tvm_env
+    from cdmpp.program import tvm_env
 
     tvm_env.setup(1)
-    from cdmpp.collect import Measurer
+    from cdmpp.measure.campaigns import Measurer
 
     made = []
 
@@ -265,12 +266,12 @@ def measurer():
 def test_integer_inputs_are_valid_indices(measurer):
     """A gather (``take``) with random int64 indices reads out of bounds and kills the runner; the
     collector fills integer inputs with zeros, so it measures."""
-    from cdmpp import tvm_env
+    from cdmpp.program import tvm_env
 
     tvm = tvm_env.setup(1)
     from tvm import te
 
-    from cdmpp.collect import MeasureConfig
+    from cdmpp.measure.campaigns import MeasureConfig
 
     table = te.placeholder((100_000, 64), name="table")
     idx = te.placeholder((256,), dtype="int64", name="idx")
@@ -283,10 +284,11 @@ def test_integer_inputs_are_valid_indices(measurer):
 
 def test_a_slow_program_gets_fewer_repeats_instead_of_a_timeout(measurer):
     """A program that runs ~0.5 s gets run_budget_s / 0.5 s repeats, not 15 x 0.5 s."""
-    from cdmpp import tvm_env, workloads
+    from cdmpp.program import tvm_env
+    from cdmpp.zoo import workloads
 
     tvm_env.setup(1)
-    from cdmpp.collect import MeasureConfig
+    from cdmpp.measure.campaigns import MeasureConfig
 
     slow = workloads.matmul(768, 768, 768)  # unscheduled: a naive triple loop, ~0.1-1 s here
     cfg = MeasureConfig(repeat=15, min_repeat_ms=15, builders=1, quiet_share=1.0, run_budget_s=3.0)
@@ -298,10 +300,11 @@ def test_a_slow_program_gets_fewer_repeats_instead_of_a_timeout(measurer):
 
 
 def test_a_task_whose_programs_time_out_is_skipped_for_the_batch(measurer):
-    from cdmpp import tvm_env, workloads
+    from cdmpp.program import tvm_env
+    from cdmpp.zoo import workloads
 
     tvm_env.setup(1)
-    from cdmpp.collect import SKIP_AFTER_TIMEOUTS, MeasureConfig
+    from cdmpp.measure.campaigns import SKIP_AFTER_TIMEOUTS, MeasureConfig
 
     slow, fast = workloads.matmul(768, 768, 768), workloads.matmul(16, 16, 16)
     m = measurer(MeasureConfig(repeat=3, min_repeat_ms=1, builders=1, quiet_share=1.0, run_timeout_s=0.5))
@@ -314,10 +317,11 @@ def test_a_task_whose_programs_time_out_is_skipped_for_the_batch(measurer):
 def test_a_kernel_that_ignores_the_timeout_is_killed(measurer):
     """TVM's runner times out with a Python timer that cannot fire while the kernel runs; the collector
     kills the worker itself after ``run_timeout_s + kill_grace_s``."""
-    from cdmpp import tvm_env, workloads
+    from cdmpp.program import tvm_env
+    from cdmpp.zoo import workloads
 
     tvm_env.setup(1)
-    from cdmpp.collect import MeasureConfig
+    from cdmpp.measure.campaigns import MeasureConfig
 
     endless = workloads.matmul(2048, 2048, 2048)  # unscheduled: one call of many seconds
     m = measurer(MeasureConfig(repeat=3, min_repeat_ms=1, builders=1, quiet_share=1.0, run_timeout_s=0.5,
@@ -334,10 +338,11 @@ def test_measuring_leaves_no_built_artifacts_behind():
     """MetaSchedule's builder writes each artifact into a temporary folder that nothing removes: a long
     collection once left ~15,000 of them (4 GB) in /tmp. Here they go under the Measurer's own folder,
     emptied after each batch and removed on close."""
-    from cdmpp import tvm_env, workloads
+    from cdmpp.program import tvm_env
+    from cdmpp.zoo import workloads
 
     tvm_env.setup(1)
-    from cdmpp.collect import MeasureConfig, Measurer
+    from cdmpp.measure.campaigns import MeasureConfig, Measurer
 
     with Measurer(tvm_env.make_target("llvm", num_cores=1),
                   MeasureConfig(repeat=2, min_repeat_ms=1, builders=1, quiet_share=1.0)) as m:
@@ -352,10 +357,11 @@ def test_measuring_leaves_no_built_artifacts_behind():
 
 
 TERM_SCRIPT = textwrap.dedent("""
-    from cdmpp import tvm_env, workloads
+    from cdmpp.program import tvm_env
+    from cdmpp.zoo import workloads
     tvm_env.setup(1)
     from cdmpp.cli import stop_signals_interrupt
-    from cdmpp.collect import MeasureConfig, Measurer
+    from cdmpp.measure.campaigns import MeasureConfig, Measurer
     cfg = MeasureConfig(repeat=3, min_repeat_ms=1, builders=1, quiet_share=1.0)
     with stop_signals_interrupt(), Measurer(tvm_env.make_target("llvm", num_cores=1), cfg) as m:
         print(m.tmp_root, flush=True)
@@ -382,8 +388,8 @@ def test_sigterm_midway_leaves_no_build_folders():
 
 def test_a_stop_request_ends_measuring_before_the_next_program(measurer):
     """TVM may swallow the KeyboardInterrupt of a stop signal; ``STOP`` still ends the batch."""
-    from cdmpp import workloads
-    from cdmpp.collect import STOP, MeasureConfig
+    from cdmpp.zoo import workloads
+    from cdmpp.measure.campaigns import STOP, MeasureConfig
 
     m = measurer(MeasureConfig(repeat=2, min_repeat_ms=1, builders=1, quiet_share=1.0))
     runs, run_one = [], m._run_one
@@ -428,10 +434,11 @@ def test_a_stop_signal_ends_a_command_as_interrupted(monkeypatch, capsys):
 
 def test_a_kept_artifact_is_run_again_without_building(tmp_path, measurer):
     """Later passes of a program run the artifact its first pass built (building is a third of a pass)."""
-    from cdmpp import tvm_env, workloads
+    from cdmpp.program import tvm_env
+    from cdmpp.zoo import workloads
 
     tvm_env.setup(1)
-    from cdmpp.collect import MeasureConfig
+    from cdmpp.measure.campaigns import MeasureConfig
 
     kept = tmp_path / "artifacts"
     m = measurer(MeasureConfig(repeat=2, min_repeat_ms=1, builders=1, quiet_share=1.0), artifact_dir=str(kept))
@@ -469,10 +476,12 @@ def test_pause_stops_a_run_phase_midway_and_reruns_it_once_resumed(tmp_path, mea
     disturbed the programs already run, so the whole run phase is run again once PAUSE is gone."""
     import threading
 
-    from cdmpp import tvm_env, workloads
+    from cdmpp.program import tvm_env
+
+    from cdmpp.zoo import workloads
 
     tvm_env.setup(1)
-    from cdmpp.collect import MeasureConfig
+    from cdmpp.measure.campaigns import MeasureConfig
 
     flag = tmp_path / "PAUSE"
     m = measurer(MeasureConfig(repeat=2, min_repeat_ms=1, builders=1, quiet_share=1.0), pause_flag=str(flag))

@@ -5,7 +5,7 @@ import tempfile
 import numpy as np
 import pytest
 
-from cdmpp.predictor import DEFAULT_MODEL
+from cdmpp.defaults import MODEL as DEFAULT_MODEL
 
 pytestmark = pytest.mark.skipif(not (DEFAULT_MODEL / "predictor.json").exists(),
                                 reason=f"no shipped model at {DEFAULT_MODEL} yet")
@@ -31,8 +31,10 @@ def test_tune_tir_with_cdmpp_cost_model(tvm, predictor, device, restore_logging)
     """8 measured trials of a small matmul: the search asks cdmpp, the results come back, one fine-tune runs."""
     from tvm.s_tir import meta_schedule as ms
 
-    from cdmpp import tvm_env, workloads
-    from cdmpp.costmodel import CDMPPCostModel
+    from cdmpp.program import tvm_env
+
+    from cdmpp.zoo import workloads
+    from cdmpp.predict.cost_model import CDMPPCostModel
 
     target = tvm_env.make_target("llvm", num_cores=1)
     cm = CDMPPCostModel(predictor=predictor, device=device, finetune_every=4, finetune_steps=3)
@@ -58,7 +60,7 @@ def test_tune_tir_with_cdmpp_cost_model(tvm, predictor, device, restore_logging)
 def _candidates(target, n=12):
     from tvm.s_tir import meta_schedule as ms
 
-    from cdmpp import workloads
+    from cdmpp.zoo import workloads
 
     ctx = ms.TuneContext(mod=workloads.matmul(), target=target, space_generator="post-order-apply",
                          search_strategy=ms.search_strategy.ReplayTrace(), task_name="t", rand_state=1, num_threads=1)
@@ -71,8 +73,8 @@ def _candidates(target, n=12):
 
 def test_scores_in_process_and_over_http_agree(tvm, predictor, device):
     """Remote scoring (traces over one shared workload) gives the in-process scores; higher = faster."""
-    from cdmpp import tvm_env
-    from cdmpp.costmodel import CDMPPCostModel
+    from cdmpp.program import tvm_env
+    from cdmpp.predict.cost_model import CDMPPCostModel
     from cdmpp.service.app import Settings, create_app
     from cdmpp.service.background import BackgroundServer
 
@@ -94,9 +96,11 @@ def test_candidates_score_as_their_programs_do(tvm, predictor, device):
     same latencies as predicting the candidates' modules through the Predictor."""
     from tvm.s_tir import meta_schedule as ms
 
-    from cdmpp import tvm_env, workloads
-    from cdmpp.bench_costmodel import _candidates
-    from cdmpp.costmodel import CDMPPCostModel
+    from cdmpp.program import tvm_env
+
+    from cdmpp.zoo import workloads
+    from cdmpp.bench.cost_model import _candidates
+    from cdmpp.predict.cost_model import CDMPPCostModel
 
     mod = workloads.matmul(64, 64, 64)
     target = tvm_env.make_target("llvm", num_cores=2)
@@ -112,7 +116,7 @@ def test_bench_costmodel_reports_both_models(tvm):
     """A short ``cdmpp bench costmodel``: XGBModel trained on stored measurements, both models timed."""
     from pathlib import Path
 
-    from cdmpp import bench_costmodel
+    from cdmpp.bench import cost_model as bench_costmodel
 
     data = Path(__file__).resolve().parent.parent / "datasets"
     r = bench_costmodel.run(["bert_tiny@1/fused_softmax_broadcast_to2"], 8, [1], None,
@@ -128,7 +132,7 @@ def test_bench_tune_short(tvm, restore_logging):
     XGBoost's run of the same seed."""
     from pathlib import Path
 
-    from cdmpp import bench_tune
+    from cdmpp.bench import tune as bench_tune
 
     table = str(Path(__file__).resolve().parent.parent / "datasets" / "tasks-llvm.json.gz")
     r = bench_tune.run(["bert_tiny@1/fused_softmax_broadcast_to2"], ["cdmpp", "xgb"], trials=4, per_iter=4,

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from cdmpp import devices as D
+from cdmpp.devices import spec as D
 
 
 def _cpu(mcpu="znver4", cores=2):
@@ -46,7 +46,7 @@ def test_hardware_slug():
 
 @pytest.fixture(scope="module")
 def probed(tvm):
-    from cdmpp import tvm_env
+    from cdmpp.program import tvm_env
 
     return D.probe_local_cpu(1), tvm_env.host_mcpu()
 

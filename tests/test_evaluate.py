@@ -21,8 +21,8 @@ import pytest
 
 import torch
 
-from cdmpp import evaluate as ev
-from cdmpp import splits
+from cdmpp.evaluation import metrics as ev
+from cdmpp.evaluation import splits
 
 torch.set_num_threads(1)  # 2 threads on the shared 2-core machine: up to 100x slower small steps
 
@@ -110,7 +110,7 @@ def real():
     """(dataset folder, its first LIMIT programs)."""
     if not TASKS.exists():
         pytest.skip("no task table")
-    from cdmpp.data import load_dataset
+    from cdmpp.records.dataset import load_dataset
     from cdmpp.zoo.tasks import TaskTable
 
     table = TaskTable.load(str(TASKS))
@@ -132,7 +132,7 @@ def held(real):
 @pytest.fixture(scope="module")
 def two_devices(real):
     """MECHANICS ONLY: every third real program copied onto FAKE_DEVICE (same latency) as a second device."""
-    from cdmpp.data import Dataset
+    from cdmpp.records.dataset import Dataset
 
     real = real[1]
     fake = [dataclasses.replace(p, device=FAKE_DEVICE, record_id=p.record_id.replace(p.device, FAKE_DEVICE))
@@ -217,7 +217,7 @@ def test_mape_capped_limits_each_error_to_100_percent():
 # ---- peers ------------------------------------------------------------------------------------------
 
 def test_peers_train_and_predict_finite(real):
-    from cdmpp.peers import MetaScheduleXGB, TensetMLP, XGBRegressorPeer
+    from cdmpp.evaluation.peers import MetaScheduleXGB, TensetMLP, XGBRegressorPeer
 
     sp = splits.random_split(real[1], seed=0)
     for peer in (MetaScheduleXGB(), XGBRegressorPeer(n_estimators=200), TensetMLP(epochs=3)):
@@ -231,9 +231,9 @@ def test_peers_train_and_predict_finite(real):
 
 def test_xgb_regressor_sees_device_specs(real):
     """Trained on two devices, the regressor needs to know which one a program runs on (as cdmpp does)."""
-    from cdmpp.devices import DeviceTable
-    from cdmpp.peers import N_FEATURES, XGBRegressorPeer
-    from cdmpp.transforms import DeviceSpecs
+    from cdmpp.devices.spec import DeviceTable
+    from cdmpp.evaluation.peers import N_FEATURES, XGBRegressorPeer
+    from cdmpp.model.transforms import DeviceSpecs
 
     table = DeviceTable(str(ROOT / "datasets" / "devices.json")).spec_table()
     programs = [p for p in real[1].programs if p.device in table]
@@ -249,7 +249,7 @@ def test_xgb_regressor_sees_device_specs(real):
 
 @pytest.fixture(scope="module")
 def tiny_recipe(tmp_path_factory):
-    from cdmpp.train import RECIPES
+    from cdmpp.defaults import RECIPES
 
     path = tmp_path_factory.mktemp("recipe") / "tiny.toml"
     path.write_text(f'base = "{RECIPES / "default"}"\nd_model = 32\nd_ff = 64\nepochs = 3\nensemble = 2\n'
@@ -279,7 +279,7 @@ def test_budget_shared_or_per_method():
     """A shared clock hands out time by weight and shrinks as jobs take theirs; a fixed one gives each the same."""
     import time
 
-    from cdmpp.experiments import _Clock
+    from cdmpp.evaluation.harness import _Clock
 
     shared = _Clock(time.monotonic() + 100, pending=2.0, reserve=0.0)
     first = shared.share(1.0)
@@ -291,8 +291,8 @@ def test_budget_shared_or_per_method():
 
 def test_cross_device_eval_mechanics(two_devices, tiny_recipe, tmp_path):
     """MECHANICS ONLY (relabeled fake device): zero-shot and k-shot rows for cdmpp, random shots, a peer."""
-    from cdmpp.devices import DeviceTable
-    from cdmpp.experiments import EvalOptions, run_eval
+    from cdmpp.devices.spec import DeviceTable
+    from cdmpp.evaluation.harness import EvalOptions, run_eval
 
     table = DeviceTable(str(ROOT / "datasets" / "devices.json")).spec_table()
     real_dev = next(iter({p.device for p in two_devices.programs} - {FAKE_DEVICE}))
@@ -309,8 +309,8 @@ def test_cross_device_eval_mechanics(two_devices, tiny_recipe, tmp_path):
 
 
 def test_train_and_sample_workflow(real, tiny_recipe, tmp_path):
-    from cdmpp.checkpoint import TrainedModel
-    from cdmpp.experiments import sample_ids, train_checkpoint
+    from cdmpp.model.checkpoint import TrainedModel
+    from cdmpp.evaluation.harness import sample_ids, train_checkpoint
 
     folder, real = real
     out = tmp_path / "model"
@@ -327,8 +327,8 @@ def test_train_and_sample_workflow(real, tiny_recipe, tmp_path):
 
 def test_train_checkpoint_leaves_out_excluded_networks(real, tiny_recipe, tmp_path):
     """A checkpoint for benchmarks on unseen networks never trains on a task of those networks."""
-    from cdmpp.checkpoint import TrainedModel
-    from cdmpp.experiments import train_checkpoint
+    from cdmpp.model.checkpoint import TrainedModel
+    from cdmpp.evaluation.harness import train_checkpoint
 
     folder, real = real
     nets = real.networks()

@@ -1,4 +1,4 @@
-"""The fast measurer (``cdmpp.fastmeasure``) and the collector options around it, on this CPU."""
+"""The fast measurer (``cdmpp.measure.fast``) and the collector options around it, on this CPU."""
 
 import os
 import threading
@@ -41,7 +41,7 @@ def _cfg(**kw):
 
 
 def test_adaptive_repeats_stop_once_the_fastest_is_stable():
-    from cdmpp.fastmeasure import adaptive_repeats
+    from cdmpp.measure.fast import adaptive_repeats
 
     # probe 1 ms -> 15 calls per repeat; the best (0.90) stops improving after the 4th repeat
     m = _FakeModule([1e-3, 1.00e-3, 0.95e-3, 0.92e-3, 0.90e-3, 0.905e-3, 0.91e-3, 0.90e-3, 0.5e-3])
@@ -87,11 +87,12 @@ def _wild_store(tvm, stride=100_000_000):
 def test_fast_measurer_runs_crashes_and_timeouts_without_losing_the_next_program(tmp_path):
     """Integer inputs are zeros (valid indices); a kernel that kills the runner process and one that runs
     past the timeout are recorded with their error, and the next program is measured."""
-    from cdmpp import tvm_env, workloads
+    from cdmpp.program import tvm_env
+    from cdmpp.zoo import workloads
 
     tvm = tvm_env.setup(1)
-    from cdmpp.collect import MeasureConfig
-    from cdmpp.fastmeasure import FastMeasurer
+    from cdmpp.measure.campaigns import MeasureConfig
+    from cdmpp.measure.fast import FastMeasurer
 
     small = workloads.matmul(16, 16, 16)
     endless = workloads.matmul(2048, 2048, 2048)  # unscheduled: one call of many seconds
@@ -116,7 +117,7 @@ def test_fast_measurer_runs_crashes_and_timeouts_without_losing_the_next_program
 
 
 def test_pause_files_in_the_dataset_folder_or_its_parent(tmp_path):
-    from cdmpp.collect import pause_files
+    from cdmpp.measure.campaigns import pause_files
 
     ds = tmp_path / "measurements"
     ds.mkdir()
@@ -130,7 +131,7 @@ def test_pause_files_in_the_dataset_folder_or_its_parent(tmp_path):
 
 
 def test_a_stop_signal_is_honoured_while_waiting_for_a_quiet_machine(monkeypatch):
-    from cdmpp.collect import CpuGuard
+    from cdmpp.measure.campaigns import CpuGuard
 
     guard = CpuGuard()
     if not guard.enabled:
@@ -145,11 +146,12 @@ def test_a_stop_signal_is_honoured_while_waiting_for_a_quiet_machine(monkeypatch
 
 
 def test_a_paused_fast_collection_waits_and_honours_a_stop(tmp_path):
-    from cdmpp import tvm_env, workloads
+    from cdmpp.program import tvm_env
+    from cdmpp.zoo import workloads
 
     tvm = tvm_env.setup(1)
-    from cdmpp.collect import STOP, MeasureConfig
-    from cdmpp.fastmeasure import FastMeasurer
+    from cdmpp.measure.campaigns import STOP, MeasureConfig
+    from cdmpp.measure.fast import FastMeasurer
 
     (tmp_path / "PAUSE.someone").write_text("")
     t = _task(tvm, "small", workloads.matmul(16, 16, 16))
@@ -174,11 +176,13 @@ def test_programs_from_measures_the_other_devices_programs_first(tmp_path):
     """Twins: device B measures A's stored programs (same hashes) before new ones; a second run skips them."""
     from types import SimpleNamespace
 
-    from cdmpp import tvm_env, workloads
+    from cdmpp.program import tvm_env
+
+    from cdmpp.zoo import workloads
 
     tvm = tvm_env.setup(1)
-    from cdmpp.collect import MeasureConfig, collect
-    from cdmpp.store import RecordStore
+    from cdmpp.measure.campaigns import MeasureConfig, collect
+    from cdmpp.records.store import RecordStore
 
     tasks = [_task(tvm, "matmul", workloads.matmul(32, 32, 32)), _task(tvm, "softmax", workloads.softmax(16, 32))]
     cfg = MeasureConfig(repeat=2, min_repeat_ms=1, builders=1, quiet_share=1.0)
@@ -200,7 +204,7 @@ def test_programs_from_measures_the_other_devices_programs_first(tmp_path):
     assert runs[sb["run"]]["programs_from"] == a.id and runs[sb["run"]]["measurer"] == "fast"
 
     # the fast collector's single-pass labels against a later check the usual way, on a probe set of their own
-    from cdmpp.collect import remeasure_noise
+    from cdmpp.measure.campaigns import remeasure_noise
     from cdmpp.zoo.tasks import TaskTable
 
     table = TaskTable()
@@ -236,7 +240,7 @@ def test_collect_help_shows_the_guard_defaults():
 
 def test_a_cuda_spec_from_what_the_runtime_reports():
     """No GPU here: the spec arithmetic from the H100's reported attributes (shared GPU-NOTES)."""
-    from cdmpp.devices import cuda_spec, gpu_slug
+    from cdmpp.devices.spec import cuda_spec, gpu_slug
 
     assert gpu_slug("NVIDIA H100 80GB HBM3") == "nvidia-h100"
     assert gpu_slug("NVIDIA GeForce RTX 4090") == "nvidia-rtx-4090"
@@ -249,7 +253,7 @@ def test_a_cuda_spec_from_what_the_runtime_reports():
 
 
 def test_bench_collect_reports_rate_and_where_the_time_went(tmp_path):
-    from cdmpp.bench import bench_collect
+    from cdmpp.bench.throughput import bench_collect
 
     r = bench_collect("datasets/tasks-llvm.json.gz", "datasets/devices.json", threads=1, mcpu=None, tasks=1,
                       per_task=2, seed=3, measurer="fast", overlap=False, quiet_share=1.0, run_budget_s=0.2,
@@ -260,7 +264,7 @@ def test_bench_collect_reports_rate_and_where_the_time_went(tmp_path):
 
 
 def test_stability_of_a_pass_and_which_labels_get_a_later_pass():
-    from cdmpp.collect import MeasureConfig, _drawn, is_stable
+    from cdmpp.measure.campaigns import MeasureConfig, _drawn, is_stable
 
     cfg = MeasureConfig()  # at least 5 repeats, 1 %, 3 repeats of patience
     assert is_stable([1.0, 0.9, 0.91, 0.9, 0.905], cfg) is True
@@ -273,7 +277,7 @@ def test_stability_of_a_pass_and_which_labels_get_a_later_pass():
 
 
 def test_collect_for_cuda_without_a_gpu_says_so(capsys):
-    from cdmpp import tvm_env
+    from cdmpp.program import tvm_env
 
     if tvm_env.setup().cuda(0).exist:
         pytest.skip("this machine has a GPU")
@@ -289,10 +293,12 @@ def test_the_fast_measurer_resumes_a_collection_the_metaschedule_one_began(tmp_p
     """Same seeds, same programs: switching measurers never measures a stored program again."""
     from types import SimpleNamespace
 
-    from cdmpp import tvm_env, workloads
+    from cdmpp.program import tvm_env
+
+    from cdmpp.zoo import workloads
 
     tvm = tvm_env.setup(1)
-    from cdmpp.collect import MeasureConfig, collect
+    from cdmpp.measure.campaigns import MeasureConfig, collect
 
     tasks = [_task(tvm, "matmul", workloads.matmul(32, 32, 32))]
     cfg = MeasureConfig(repeat=2, min_repeat_ms=1, builders=1, quiet_share=1.0)

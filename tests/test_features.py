@@ -7,10 +7,10 @@ import sys
 import numpy as np
 import pytest
 
-from cdmpp.compact_ast import END, build_compact_ast, lower_for_features
-from cdmpp.features import FEATURE_NAMES, N_FEATURES, Featurizer, compact_ast_of, featurize
+from cdmpp.program.compact_ast import END, build_compact_ast, lower_for_features
+from cdmpp.program.features import FEATURE_NAMES, N_FEATURES, Featurizer, compact_ast_of, featurize
 from cdmpp.positional import preorder_encoding, sinusoidal_table
-from cdmpp.program import ProgramError, load_program, workload_trace_json
+from cdmpp.program.inputs import ProgramError, load_program, workload_trace_json
 
 
 def test_every_workload_has_several_distinct_schedules(sampled):
@@ -37,7 +37,7 @@ def test_leaves_match_feature_rows(sampled, cpu_target, name):
 
 
 def test_flops_and_hash_of_matmul(cpu_target):
-    from cdmpp import workloads
+    from cdmpp.zoo import workloads
 
     feats = featurize(workloads.matmul(64, 64, 64), cpu_target)
     assert feats.flops == 2 * 64**3
@@ -54,7 +54,7 @@ def test_two_schedules_give_different_features(sampled):
 
 
 def _elementwise_variants():
-    from cdmpp import workloads
+    from cdmpp.zoo import workloads
     from tvm.s_tir import Schedule
 
     mod = workloads.fused_elementwise()
@@ -87,7 +87,7 @@ def test_same_program_same_output_across_processes(sampled):
     sch = sampled["conv2d"][0]
     a, b = featurize(sch.mod), Featurizer()([sch.mod])[0]
     assert a.program_hash == b.program_hash and np.array_equal(a.leaf_features, b.leaf_features)
-    code = ("import sys; from cdmpp.features import featurize; "
+    code = ("import sys; from cdmpp.program.features import featurize; "
             "f = featurize(sys.stdin.read()); print(f.program_hash, float(f.leaf_features.sum()))")
     out = subprocess.run([sys.executable, "-c", code], input=sch.mod.script(), capture_output=True, text=True, check=True)
     h, total = out.stdout.split()
@@ -95,7 +95,7 @@ def test_same_program_same_output_across_processes(sampled):
 
 
 def test_all_input_forms_agree(sampled, cpu_target):
-    from cdmpp import workloads
+    from cdmpp.zoo import workloads
 
     sch = sampled["matmul"][1]
     ref = featurize(sch.mod, cpu_target)
@@ -110,7 +110,9 @@ def test_all_input_forms_agree(sampled, cpu_target):
 
 
 def test_gpu_program_featurizes(tvm):
-    from cdmpp import schedules, tvm_env, workloads
+    from cdmpp.measure import schedules
+    from cdmpp.program import tvm_env
+    from cdmpp.zoo import workloads
 
     target = tvm_env.make_target("cuda")
     schs = schedules.sample_schedules(workloads.matmul(), target, 2, seed=0)
@@ -130,7 +132,7 @@ def test_gpu_program_featurizes(tvm):
     (None, "opencl", "unknown target"),
 ])
 def test_malformed_input_raises_program_error(tvm, bad, target, match):
-    from cdmpp import workloads
+    from cdmpp.zoo import workloads
 
     program = workloads.matmul() if bad is None else bad
     with pytest.raises(ProgramError, match=match):
@@ -143,7 +145,7 @@ def test_module_without_primfunc_is_rejected(tvm):
 
 
 def test_trace_that_does_not_fit_its_workload(sampled):
-    from cdmpp import workloads
+    from cdmpp.zoo import workloads
 
     record = workload_trace_json(workloads.softmax(), sampled["matmul"][0].trace)
     with pytest.raises(ProgramError, match="trace does not apply"):

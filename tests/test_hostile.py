@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from cdmpp.predictor import DEFAULT_MODEL
+from cdmpp.defaults import MODEL as DEFAULT_MODEL
 
 pytestmark = [pytest.mark.skipif(not (DEFAULT_MODEL / "predictor.json").exists(), reason="no shipped model"),
               pytest.mark.skipif(not os.path.isdir("/proc"), reason="needs /proc")]
@@ -174,8 +174,10 @@ CRASH_WORKLOAD = '{"root_index":0,"nodes":[{"type":"ffi.Array","data":[0]}]}'  #
 
 def tvm_programs():
     """Workload+trace items built here (trusted): real ones and valid-but-odd ones."""
-    from cdmpp import schedules, tvm_env, workloads
-    from cdmpp.program import workload_trace_json
+    from cdmpp.measure import schedules
+    from cdmpp.program import tvm_env
+    from cdmpp.zoo import workloads
+    from cdmpp.program.inputs import workload_trace_json
 
     tvm = tvm_env.setup(1)
     from tvm import te
@@ -365,7 +367,7 @@ def test_abandoned_upload_counts_499_not_500(servers):
 def test_predictor_parses_text_in_the_sandbox_unless_trusted(predictor, device):
     """``Predictor.predict`` on text from elsewhere: parsed in a sandbox worker, so the injected Python
     writes nothing; ``trusted=True`` (text you wrote) parses in process, with the same answer."""
-    from cdmpp.program import ProgramError
+    from cdmpp.program.inputs import ProgramError
 
     marker = _marker(TMP, "predictor")
     with pytest.raises(ProgramError) as e:

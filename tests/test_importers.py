@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from cdmpp.importers import import_store
-from cdmpp.store import RecordStore
+from cdmpp.records.importers import import_store
+from cdmpp.records.store import RecordStore
 
 
 def test_import_appends_records_and_runs_once(tmp_path):

@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 import torch
 
-from cdmpp.adapt import cmd, discrepancy, mmd
-from cdmpp.model import CDMPPModel, PackedPrograms, collate, sinusoidal_encoding
-from cdmpp.sampling import KMeansSampler, RandomSampler
-from cdmpp.train import BoxCox, FeatureNormalizer, Sample, TrainConfig, TrainedModel, finetune, fit
+from cdmpp.model.adaptation import cmd, discrepancy, mmd
+from cdmpp.model.network import CDMPPModel, PackedPrograms, collate, sinusoidal_encoding
+from cdmpp.model.sampling import KMeansSampler, RandomSampler
+from cdmpp.model.training import BoxCox, FeatureNormalizer, Sample, TrainConfig, TrainedModel, finetune, fit
 
 torch.set_num_threads(1)
 F = 12
@@ -28,7 +28,7 @@ DEVICES = {
 
 @dataclass
 class FakeProgram:
-    """Stand-in for cdmpp.features.ProgramFeatures (same attribute names)."""
+    """Stand-in for cdmpp.program.features.ProgramFeatures (same attribute names)."""
 
     leaf_features: np.ndarray
     positions: np.ndarray
@@ -249,7 +249,7 @@ def test_finetune_on_new_device_reduces_error(trained):
 
 
 def test_target_batches_match_source_leaf_counts():
-    from cdmpp.train import _LengthMatcher
+    from cdmpp.model.training import _LengthMatcher
 
     target_lengths = np.array([1, 1, 3, 3, 3, 8, 12])
     m = _LengthMatcher(target_lengths)
@@ -311,7 +311,7 @@ def test_new_model_options_train_save_and_load(tmp_path):
 
 
 def test_leaf_flops_counts_a_multiply_add_as_two():
-    from cdmpp.model import leaf_flops
+    from cdmpp.model.network import leaf_flops
 
     row = np.zeros((1, 164), np.float32)
     row[0, 0] = np.log2(1000 + 1)  # 1000 float multiply-adds
@@ -322,9 +322,9 @@ def test_leaf_flops_counts_a_multiply_add_as_two():
 def test_matmul_flops_are_2n3():
     """A real 64x64x64 matmul (TVM featurizer): 2·64³ FLOPs, bytes and unique bytes present."""
     pytest.importorskip("tvm")
-    from cdmpp import workloads
-    from cdmpp.features import featurize
-    from cdmpp.model import PackedPrograms
+    from cdmpp.zoo import workloads
+    from cdmpp.program.features import featurize
+    from cdmpp.model.network import PackedPrograms
 
     f = featurize(workloads.matmul(64, 64, 64))
     stats = PackedPrograms.from_programs([f]).stats[0]

@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cdmpp.predictor import DEFAULT_MODEL
+from cdmpp.defaults import MODEL as DEFAULT_MODEL
 
 pytestmark = pytest.mark.skipif(not (DEFAULT_MODEL / "predictor.json").exists(),
                                 reason=f"no shipped model at {DEFAULT_MODEL} yet")
@@ -24,20 +24,20 @@ def table():
 
 @pytest.fixture(scope="module")
 def target(tvm):
-    from cdmpp.devices import DeviceTable
+    from cdmpp.devices.spec import DeviceTable
 
     return DeviceTable(DATA / "devices.json").get(DEVICE).make_target()
 
 
 @pytest.fixture(scope="module")
 def programs(table, target):
-    from cdmpp import network
+    from cdmpp.predict import network
 
     return network.task_programs(NETWORK, table, "best-measured", DEVICE, str(DATA / "measurements"), target)
 
 
 def test_network_prediction_is_the_weighted_sum_of_its_tasks(predictor, programs, table):
-    from cdmpp import network
+    from cdmpp.predict import network
 
     assert len(programs) == len(table.tasks_of(NETWORK)) and all(p.source == "best-measured" for p in programs)
     pred = network.predict_network(predictor, NETWORK, DEVICE, programs)
@@ -50,7 +50,7 @@ def test_schedules_come_from_a_metaschedule_database(tmp_path, programs, table, 
     from tvm.s_tir import meta_schedule as ms
     from tvm.s_tir.meta_schedule.arg_info import ArgInfo
 
-    from cdmpp import network
+    from cdmpp.predict import network
 
     db = ms.database.JSONDatabase(work_dir=str(tmp_path))
     for p in programs[:3]:
@@ -68,7 +68,7 @@ def test_the_compiled_network_runs_the_chosen_programs(programs, target):
     import tvm_ffi
     from tvm import relax
 
-    from cdmpp import network
+    from cdmpp.predict import network
     from cdmpp.zoo.tasks import network_to_relax
 
     mod = network_to_relax("bert_tiny", 1)
@@ -80,7 +80,7 @@ def test_the_compiled_network_runs_the_chosen_programs(programs, target):
     assert len(funcs) == len(programs)
     assert all(any(tvm_ffi.structural_equal(f.body, c) for c in chosen) for f in funcs)
 
-    from cdmpp.devices import DeviceTable
+    from cdmpp.devices.spec import DeviceTable
 
     executable = network.compile_network(NETWORK, programs, target)
     measured = network.measure_network(executable, NETWORK, DeviceTable(DATA / "devices.json").get(DEVICE), repeat=2,

@@ -42,7 +42,7 @@ def test_wheel_in_fresh_venv_serves_the_readme_request(tmp_path):
     # the dependencies come from this environment's site-packages, appended after the venv's own (a
     # path line in a .pth does not run that folder's .pth files, so this checkout's editable cdmpp stays out)
     (site / "zz-borrowed-deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    where = subprocess.run([str(py), "-c", "import cdmpp, cdmpp.train as t; print(cdmpp.__file__); "
+    where = subprocess.run([str(py), "-c", "import cdmpp, cdmpp.model.training as t; print(cdmpp.__file__); "
                             "print(t.TrainConfig.recipe('default').epochs)"],
                            check=True, capture_output=True, text=True, cwd=cwd).stdout.split()
     assert where[0].startswith(str(site)) and int(where[1]) > 0

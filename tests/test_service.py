@@ -1,12 +1,12 @@
 """The HTTP service end to end: real uvicorn servers on 127.0.0.1 (ephemeral ports, background threads)
-serving the shipped model, driven over real sockets by httpx and ``cdmpp.client.Client``."""
+serving the shipped model, driven over real sockets by httpx and ``cdmpp.predict.client.Client``."""
 
 import json
 
 import numpy as np
 import pytest
 
-from cdmpp.predictor import DEFAULT_MODEL
+from cdmpp.defaults import MODEL as DEFAULT_MODEL
 
 pytestmark = pytest.mark.skipif(not (DEFAULT_MODEL / "predictor.json").exists(),
                                 reason=f"no shipped model at {DEFAULT_MODEL} yet")
@@ -56,9 +56,9 @@ def test_health_devices_models_docs(url, predictor):
 
 
 def test_client_round_trip_equals_in_process(url, predictor, device, sampled, texts):
-    from cdmpp import workloads
-    from cdmpp.client import Client
-    from cdmpp.program import workload_trace_json
+    from cdmpp.zoo import workloads
+    from cdmpp.predict.client import Client
+    from cdmpp.program.inputs import workload_trace_json
 
     with Client(url) as c:
         assert c.health()["status"] == "ok"
@@ -137,8 +137,8 @@ def test_bad_programs_422_name_items(url, device, texts):
 
 
 def test_client_raises_program_error(url, device, texts):
-    from cdmpp.client import Client
-    from cdmpp.program import ProgramError
+    from cdmpp.predict.client import Client
+    from cdmpp.program.inputs import ProgramError
 
     with pytest.raises(ProgramError) as e:
         Client(url).predict([texts[0], "garbage"], device)
@@ -146,8 +146,8 @@ def test_client_raises_program_error(url, device, texts):
 
 
 def test_unknown_device_404(url, predictor, texts):
-    from cdmpp.client import Client
-    from cdmpp.predictor import UnknownDeviceError
+    from cdmpp.predict.client import Client
+    from cdmpp.predict.predictor import UnknownDeviceError
 
     r = httpx.post(url + "/v1/predict", json={"device": "no-such-gpu", "programs": texts[:1]})
     assert r.status_code == 404 and r.json()["known_devices"] == predictor.devices()
@@ -157,7 +157,7 @@ def test_unknown_device_404(url, predictor, texts):
 
 
 def test_token_401(strict_url, device, texts):
-    from cdmpp.client import Client, ServiceError
+    from cdmpp.predict.client import Client, ServiceError
 
     body = {"device": device, "programs": texts[:1]}
     assert httpx.post(strict_url + "/v1/predict", json=body).status_code == 401
@@ -197,7 +197,7 @@ def test_body_too_large_413(strict_url, device):
 
 
 def test_timeout_504(predictor, device, sampled):
-    from cdmpp.client import Client, ServiceError
+    from cdmpp.predict.client import Client, ServiceError
 
     fresh = [s.mod.script() for s in sampled["conv2d"][3:6]]  # not seen by any server yet
     with _server(predictor, timeout_s=0.001, allow_tvmscript=True) as u:
@@ -210,7 +210,7 @@ def test_timeout_504(predictor, device, sampled):
 
 
 def test_client_retries_5xx_then_succeeds():
-    from cdmpp.client import Client, ServiceError
+    from cdmpp.predict.client import Client, ServiceError
 
     calls = []
 
@@ -230,7 +230,7 @@ def test_client_retries_5xx_then_succeeds():
 
 
 def test_client_retries_connection_errors():
-    from cdmpp.client import Client
+    from cdmpp.predict.client import Client
 
     tries = []
 
@@ -247,9 +247,9 @@ def test_client_retries_connection_errors():
 def test_tvmscript_off_by_default_workload_trace_on(predictor, device, sampled, texts):
     """Over HTTP TVMScript is refused unless the operator allows it (422 naming the flag); the
     MetaSchedule workload+trace form always works, and TVM objects sent by Client travel in it."""
-    from cdmpp import workloads
-    from cdmpp.client import Client
-    from cdmpp.program import workload_trace_json
+    from cdmpp.zoo import workloads
+    from cdmpp.predict.client import Client
+    from cdmpp.program.inputs import workload_trace_json
 
     schs = sampled["matmul"][:3]
     items = [workload_trace_json(workloads.matmul(), s.trace) for s in schs]
@@ -327,7 +327,7 @@ def test_killed_server_leaves_no_featurizer_processes(tmp_path):
     import signal
     import time
 
-    from cdmpp.bench_serve import _free_port, start_server
+    from cdmpp.bench.serve import _free_port, start_server
 
     proc, url = start_server(None, workers=1, threads=1, port=_free_port(), featurize_procs=2,
                              env_extra={"TMPDIR": str(tmp_path)})
@@ -344,7 +344,7 @@ def test_killed_server_leaves_no_featurizer_processes(tmp_path):
     assert not [w for w in workers if _running(w)], "featurizer processes outlived the server"
     # workers remove their own folders where they may (not here, when they run as nobody under a root-only
     # folder); the next sandbox started removes what is left
-    from cdmpp.sandbox import remove_stale_folders
+    from cdmpp.sandbox.pool import remove_stale_folders
 
     remove_stale_folders(str(tmp_path))
     assert not list(tmp_path.glob("cdmpp-sandbox-*")), "worker folders left behind"
@@ -355,9 +355,9 @@ def test_ood_flags_in_prediction(predictor, device, sampled):
     training data, a target kind the device does not run, features outside the training range."""
     import copy
 
-    from cdmpp.features import featurize
-    from cdmpp.predictor import DEVICE_UNTRAINED, FEATURES_OUT_OF_RANGE, TARGET_MISMATCH, Predictor
-    from cdmpp.transforms import FeatureNormalizer
+    from cdmpp.program.features import featurize
+    from cdmpp.predict.predictor import DEVICE_UNTRAINED, FEATURES_OUT_OF_RANGE, TARGET_MISMATCH, Predictor
+    from cdmpp.model.transforms import FeatureNormalizer
 
     feats = [featurize(s.mod) for s in sampled["matmul"][:3]]
     model = copy.copy(predictor.model)
@@ -387,8 +387,8 @@ def test_network_endpoint_answers_as_the_cli_does(predictor, tmp_path):
     """POST /v1/network: the same weighted sum ``cdmpp network`` computes; unknown names are 404s."""
     from pathlib import Path
 
-    from cdmpp import network
-    from cdmpp.devices import DeviceTable
+    from cdmpp.predict import network
+    from cdmpp.devices.spec import DeviceTable
     from cdmpp.zoo.tasks import TaskTable
 
     data = Path(__file__).resolve().parent.parent / "datasets"

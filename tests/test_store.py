@@ -6,9 +6,9 @@ import os
 
 import numpy as np
 
-from cdmpp.data import FeatureCache
-from cdmpp.features import FEATURIZER_VERSION, ProgramFeatures
-from cdmpp.store import RecordStore
+from cdmpp.records.dataset import FeatureCache
+from cdmpp.program.features import FEATURIZER_VERSION, ProgramFeatures
+from cdmpp.records.store import RecordStore
 
 
 def _ids(path):

@@ -65,7 +65,7 @@ _IMG = (((3, 16, 16), "float32"),)
 @pytest.fixture(scope="module")
 def extracted():
     """Extract the three test networks once (≈ 10 s) with the test specs patched into the registry."""
-    from cdmpp import tvm_env
+    from cdmpp.program import tvm_env
 
     extra = {
         "t_a": zn.NetworkSpec("t_a", _TinyA, _IMG),

@@ -5,7 +5,7 @@ environment variables (see ``Settings``). Bad input never costs more than a 4xx:
 before parsing, bodies are parsed strictly here (UTF-8, finite numbers, no lone surrogates, bounded
 nesting), batches are capped, bad programs are named by index, and every prediction runs in a bounded
 thread pool under a deadline, so the event loop keeps answering health checks. Program text and JSON
-are parsed and featurized only in sandbox workers (``cdmpp.sandbox``; threat model in serve/README.md).
+are parsed and featurized only in sandbox workers (``cdmpp.sandbox.pool``; threat model in serve/README.md).
 """
 
 from __future__ import annotations
@@ -28,9 +28,10 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import ValidationError
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from cdmpp.predictor import Predictor, UnknownDeviceError
-from cdmpp.program import ProgramError
-from cdmpp.sandbox import Sandbox
+from cdmpp import defaults
+from cdmpp.predict.predictor import Predictor, UnknownDeviceError
+from cdmpp.program.inputs import ProgramError
+from cdmpp.sandbox.pool import Sandbox
 from cdmpp.service.engine import BadPrograms, Cancelled, PredictEngine
 from cdmpp.service.metrics import Metrics
 from cdmpp.service.schemas import (DeviceOut, DevicesResponse, ErrorBody, HealthResponse, ItemError, ModelResponse,
@@ -56,8 +57,8 @@ class Settings:
     # of 2,000 blocks: ~12 s to parse here)
     worker_mem_mb: int = 4096  # address-space limit of a worker (TVM + featurizer use ~1.1 GB)
     worker_user: str = "nobody"  # who the workers run as when the server runs as root
-    dataset: str = "datasets/measurements"  # /v1/network: measured programs (best-measured schedules)
-    task_table: str = "datasets/tasks-llvm.json.gz"  # /v1/network: the networks and their tasks
+    dataset: str = defaults.DATASET  # /v1/network: measured programs (best-measured schedules)
+    task_table: str = defaults.TASK_TABLE  # /v1/network: the networks and their tasks
 
     @classmethod
     def from_env(cls, env: dict | None = None) -> "Settings":
@@ -398,8 +399,8 @@ def create_app(settings: Settings | None = None, predictor: Predictor | None = N
     def network_prediction(network: str, device: str, schedules: str):
         """Trusted content only: the network is looked up by name in the server's task table and its
         programs come from the server's own dataset, so TVM may run here."""
-        from cdmpp import network as net
-        from cdmpp.program import parse_target
+        from cdmpp.predict import network as net
+        from cdmpp.program.inputs import parse_target
         from cdmpp.zoo.tasks import TaskTable
 
         pred = app.state.predictor
@@ -450,7 +451,7 @@ def create_app(settings: Settings | None = None, predictor: Predictor | None = N
     @app.get("/v1/models", response_model=ModelsResponse, responses=ERRORS, dependencies=[Depends(require_token)])
     def models(predictor: Predictor = Depends(get_predictor)) -> ModelsResponse:
         """The loaded model: version, featurizer versions, devices and its training summary."""
-        from cdmpp.features import FEATURIZER_VERSION
+        from cdmpp.program.features import FEATURIZER_VERSION
 
         m = predictor.model
         training = {k: v for k, v in m.summary.items() if k not in ("members", "devices")}

@@ -8,7 +8,7 @@ keys its caches by a digest of the item as sent (plus target): features (shared 
 per device, the prediction itself, so a re-asked program costs a hash and a lookup: no parsing, no
 model. It also finds the bad items of a batch: each is parsed on its own (a ``ProgramError`` names the
 item), features are extracted for the batch at once and item by item only when the batch fails.
-Every item is parsed and featurized in a sandbox worker (``cdmpp.sandbox``), never in this process.
+Every item is parsed and featurized in a sandbox worker (``cdmpp.sandbox.pool``), never in this process.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from cdmpp.predictor import Prediction, Predictor, UnknownDeviceError
-from cdmpp.program import TARGET_KINDS, ProgramError
-from cdmpp.sandbox import TVMSCRIPT_OFF, Cancelled, Sandbox, is_tvmscript
+from cdmpp.predict.predictor import Prediction, Predictor, UnknownDeviceError
+from cdmpp.program.inputs import TARGET_KINDS, ProgramError
+from cdmpp.sandbox.pool import TVMSCRIPT_OFF, Cancelled, Sandbox, is_tvmscript
 
 
 class BadPrograms(ValueError):

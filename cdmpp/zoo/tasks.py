@@ -76,7 +76,7 @@ def task_key(mod) -> str:
 
 def load_task_mod(task: Task):
     """The task's IRModule, rebuilt from its JSON."""
-    from cdmpp import tvm_env
+    from cdmpp.program import tvm_env
 
     tvm = tvm_env.setup()
     return tvm.ir.load_json(task.mod_json)
@@ -98,7 +98,7 @@ def network_to_relax(network: str, batch_size: int):
     """Export a zoo network with torch.export and import it into Relax, ready for task extraction."""
     import torch
 
-    from cdmpp import tvm_env
+    from cdmpp.program import tvm_env
     from cdmpp.zoo.networks import get_network
 
     tvm = tvm_env.setup()
@@ -145,7 +145,7 @@ def extract_tasks(network: str, batch_size: int, target, with_flops: bool = True
     returned list sum to the number of kernel calls of the network. ``mod``: the instance's lowered
     Relax module if already made by ``network_to_relax`` (saves converting twice).
     """
-    from cdmpp import tvm_env
+    from cdmpp.program import tvm_env
 
     tvm = tvm_env.setup()
     from tvm.s_tir.meta_schedule import relax_integration
@@ -360,7 +360,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if not a.out:
         p.error("--out is required")
-    from cdmpp import tvm_env
+    from cdmpp.program import tvm_env
 
     tvm_env.setup()
     nets = list(NETWORKS) if a.networks == "all" else [n.strip() for n in a.networks.split(",") if n.strip()]

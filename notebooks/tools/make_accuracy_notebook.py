@@ -20,12 +20,12 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import torch
 
-from cdmpp.data import load_dataset
-from cdmpp.devices import DeviceTable
-from cdmpp.evaluate import noise_floor, regression_metrics
-from cdmpp.predictor import Predictor
-from cdmpp.splits import cross_model_split, choose_shots, model_free_embedding
-from cdmpp.train import TrainConfig, fit, finetune
+from cdmpp.records.dataset import load_dataset
+from cdmpp.devices.spec import DeviceTable
+from cdmpp.evaluation.metrics import noise_floor, regression_metrics
+from cdmpp.predict.predictor import Predictor
+from cdmpp.evaluation.splits import cross_model_split, choose_shots, model_free_embedding
+from cdmpp.model.training import TrainConfig, fit, finetune
 from cdmpp.zoo.tasks import TaskTable
 
 QUICK = os.environ.get("CDMPP_NOTEBOOK_QUICK") == "1"

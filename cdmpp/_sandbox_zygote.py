@@ -1,8 +1,0 @@
-"""Imported once by the sandbox's forkserver: TVM loaded, the targets of ``CDMPP_SANDBOX_KINDS`` built and
-the featurizer warm, so that every sandbox worker forked from it is ready at once (``cdmpp.sandbox``)."""
-
-import os
-
-from cdmpp import sandbox
-
-sandbox.warm_up(os.environ.get("CDMPP_SANDBOX_KINDS", "llvm").split(","))

@@ -1,0 +1,249 @@
+"""``cdmpp bench tune``: does cdmpp make MetaSchedule find fast schedules in fewer measured trials?
+
+Each task (default: a resnet18 conv2d, a bert_tiny dense layer and a bert_tiny softmax from the zoo) is
+tuned with the same trial budget, search strategy, builder and runner by ``ms.tune_tir``, once per
+cost model: ``cdmpp`` (``CDMPPCostModel``, online fine-tuning on), MetaSchedule's ``xgb`` and
+``random``; on request also ``xgb-nowarmup``. MetaSchedule's default XGBoost model returns random
+scores until it holds 100 measurements, so within a 64-trial budget ``xgb`` ranks candidates at random
+(the search still mutates the best measured ones); ``xgb-nowarmup`` trains from the first measured batch
+on. For every run: the best measured latency after each trial (the curve), the final best, and the
+trials each model needed to reach XGBoost's final best (and to come within 5 % of it). Each
+run's best schedule is compiled and timed once more in process (median of 10), because one runner
+measurement of one candidate is noisy (see TVM-NOTES). Writes ``reports/tune.json`` and prints a table.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import tempfile
+import time
+
+import numpy as np
+from cdmpp import defaults
+
+DEFAULT_TASKS = [  # from the networks the cross-model evaluation holds out (cdmpp.evaluation.splits.HELD_OUT_NETWORKS)
+    "resnet18@1/fused_conv2d4_subtract2_divide2_multiply2_add5_relu2",
+    "resnet18@1/fused_conv2d10_subtract4_divide4_multiply4_add11_relu4",
+    "mobilenet_v2@1/fused_conv2d11_subtract8_divide8_multiply8_add15_tir_clip5",
+    "bert_tiny@1/fused_matmul5_add3",
+    "bert_tiny@1/fused_softmax_broadcast_to2",
+]
+
+
+def load_tasks(specs: list[str], task_table: str) -> list[tuple[str, object]]:
+    """``network@batch/task_name`` → (spec, IRModule) from the zoo task table."""
+    from cdmpp.zoo.tasks import TaskTable, load_task_mod
+
+    table = TaskTable.load(task_table)
+    return [(spec, load_task_mod(find_task(table, spec))) for spec in specs]
+
+
+def find_task(table, spec: str):
+    """The ``Task`` named by ``network@batch/task_name`` in a ``TaskTable``."""
+    occ, _, name = spec.partition("/")
+    task = next((t for t, _ in table.tasks_of(occ) if t.name == name), None)
+    if task is None:
+        raise ValueError(f"no task {name!r} in {occ} of the task table")
+    return task
+
+
+def make_cost_model(kind: str, model: str | None, device: str | None, finetune: bool, seed: int, threads: int):
+    from tvm.s_tir import meta_schedule as ms
+
+    if kind in ("cdmpp", "cdmpp-frozen"):  # pretrained; "cdmpp" keeps learning from the tuner's measurements
+        from cdmpp.predict.cost_model import CDMPPCostModel
+
+        return CDMPPCostModel(model=model, device=device, online_finetune=finetune and kind == "cdmpp")
+    if kind == "xgb":  # exactly what tune_tir(cost_model="xgb") builds: random scores until 100 samples
+        return ms.cost_model.XGBModel(num_tuning_cores=threads)
+    if kind == "xgb-nowarmup":  # XGBoost trained from the first measured batch on
+        return ms.cost_model.XGBModel(num_tuning_cores=threads, num_warmup_samples=0)
+    if kind == "random":
+        return ms.cost_model.RandomModel(seed=seed)
+    raise ValueError(f"unknown cost model {kind!r}: expected cdmpp, cdmpp-frozen, xgb, xgb-nowarmup or random")
+
+
+def tune_one(mod, target, cost_model, trials: int, per_iter: int, threads: int, seed: int) -> dict:
+    """One ``ms.tune_tir`` run; the measured latency of every trial in order, and the best schedule."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from cdmpp.program import tvm_env
+
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory() as work_dir, _unnamed_handlers_aside():
+        db = ms.tune_tir(
+            mod, target, work_dir, max_trials_global=trials, num_trials_per_iter=per_iter,
+            builder=ms.builder.LocalBuilder(max_workers=threads, timeout_sec=60,
+                                            initializer=tvm_env.worker_initializer),
+            runner=ms.runner.LocalRunner(timeout_sec=30, initializer=tvm_env.worker_initializer,
+                                         evaluator_config=ms.runner.EvaluatorConfig(number=3, repeat=3,
+                                                                                    min_repeat_ms=50)),
+            database=ms.database.MemoryDatabase(), cost_model=cost_model, seed=seed, num_tuning_cores=threads)
+        records = db.get_all_tuning_records()
+    secs = []
+    for r in records:  # commit order = trial order
+        run = [float(s) for s in (r.run_secs or [])]
+        secs.append(float(np.median(run)) if run and max(run) < 1e9 else float("inf"))
+    best_i = int(np.argmin(secs)) if secs else -1
+    return {"trial_seconds": secs, "best_so_far": np.minimum.accumulate(secs).tolist() if secs else [],
+            "best_record": records[best_i] if best_i >= 0 else None, "wall_s": round(time.perf_counter() - t0, 1)}
+
+
+@contextlib.contextmanager
+def _unnamed_handlers_aside():
+    """``tune_tir`` puts every handler of MetaSchedule's logger into a logging dictConfig by name and fails
+    on unnamed ones (pytest's capture handlers, which a previous run leaves there): set them aside meanwhile."""
+    import logging
+
+    lg = logging.getLogger("tvm.s_tir.meta_schedule")
+    aside = [h for h in lg.handlers if h.get_name() is None]
+    for h in aside:
+        lg.removeHandler(h)
+    try:
+        yield
+    finally:
+        for h in aside:
+            lg.addHandler(h)
+
+
+def retime(mod, record, target, repeat: int = 10) -> float | None:
+    """Median latency of a tuning record's schedule, compiled and timed in this process."""
+    import tvm
+    from tvm.s_tir import Schedule
+
+    if record is None:
+        return None
+    sch = Schedule(mod)
+    record.trace.apply_to_schedule(sch, remove_postproc=False)
+    ex = tvm.compile(sch.mod, target=target)
+    dev = tvm.cpu()
+    from tvm.s_tir.meta_schedule.arg_info import ArgInfo
+
+    args = [tvm.runtime.tensor(np.random.rand(*[int(d) for d in a.shape]).astype(str(a.dtype)), dev)
+            for a in ArgInfo.from_prim_func(sch.mod["main"])]
+    f = ex.jit().time_evaluator("main", dev, number=5, repeat=repeat, min_repeat_ms=50)
+    return float(np.median(f(*args).results))
+
+
+def trials_to_reach(curve: list[float], goal: float) -> int | None:
+    for i, v in enumerate(curve):
+        if v <= goal:
+            return i + 1
+    return None
+
+
+def run(tasks: list[str], cost_models: list[str], trials: int, per_iter: int, threads: int, model: str | None,
+        device: str | None, finetune: bool, task_table: str, seeds: list[int]) -> dict:
+    """Every task x cost model x seed; a run is compared with XGBoost's run of the same task and seed."""
+    from cdmpp.program import tvm_env
+
+    tvm_env.setup(threads)
+    target = tvm_env.make_target("llvm", num_cores=threads)
+    result = {"target": str(target), "trials": trials, "per_iter": per_iter, "threads": threads, "seeds": seeds,
+              "model_saw": sorted(_networks_seen(model)), "tasks": {}}
+    for spec, mod in load_tasks(tasks, task_table):
+        runs: dict[str, list] = {}
+        for seed in seeds:
+            for kind in cost_models:
+                print(f"bench tune: {spec} with {kind}, seed {seed} ({trials} trials)", file=sys.stderr)
+                cm = make_cost_model(kind, model, device, finetune, seed, threads)
+                r = tune_one(mod, target, cm, trials, per_iter, threads, seed)
+                try:
+                    r["best_retimed_s"] = retime(mod, r.pop("best_record"), target)
+                except Exception as e:  # a report without the re-timing beats no report
+                    print(f"bench tune: could not re-time the best {kind} schedule: {e}", file=sys.stderr)
+                    r["best_retimed_s"] = None
+                if kind.startswith("cdmpp"):
+                    r["cdmpp"] = {"device": cm.device, "predict_calls": cm.n_predict_calls,
+                                  "predicted": cm.n_predicted, "results": cm.n_results, "finetunes": cm.n_finetunes}
+                r["seed"] = seed
+                runs.setdefault(kind, []).append(r)
+        for i, _ in enumerate(seeds):
+            xgb = runs.get("xgb", [{}] * len(seeds))[i].get("best_so_far")
+            goal = xgb[-1] if xgb else None
+            for kind_runs in runs.values():
+                r = kind_runs[i]
+                r["final_best_s"] = r["best_so_far"][-1] if r["best_so_far"] else None
+                r["trials_to_xgb_final"] = trials_to_reach(r["best_so_far"], goal) if goal else None
+                r["trials_to_within_5pct_of_xgb"] = trials_to_reach(r["best_so_far"], 1.05 * goal) if goal else None
+        result["tasks"][spec] = runs
+    result["verdict"] = verdict(result)
+    return result
+
+
+def _networks_seen(model: str | None) -> set[str]:
+    """Networks whose programs trained the checkpoint (from its summary), to mark unseen tasks."""
+    import json as _json
+    from pathlib import Path
+
+
+    summary = _json.loads((Path(model or defaults.MODEL) / "predictor.json").read_text()).get("summary", {})
+    per = (summary.get("data") or {}).get("per_device", {}) if isinstance(summary.get("data"), dict) else {}
+    return {n for d in per.values() for n in d.get("networks", {})}
+
+
+def verdict(result: dict, method: str = "cdmpp") -> dict:
+    """The issue's targets per task, for ``method`` against XGBoost: mean over seeds of the share of the
+    budget it needs to reach XGBoost's final best (a run that never reaches it counts as 1.0), and its
+    mean final best relative to XGBoost's."""
+    out = {}
+    for spec, runs in result["tasks"].items():
+        if method not in runs or "xgb" not in runs:
+            continue
+        shares = [(r["trials_to_xgb_final"] or result["trials"] + 1) / result["trials"] for r in runs[method]]
+        finals = [r["final_best_s"] / x["final_best_s"] for r, x in zip(runs[method], runs["xgb"])
+                  if r["final_best_s"] and x["final_best_s"]]
+        out[spec] = {"budget_share_to_xgb_final": round(float(np.mean(shares)), 3),
+                     "final_vs_xgb": round(float(np.mean(finals)), 4) if finals else None,
+                     "unseen": spec.split("@")[0] not in result.get("model_saw", [])}
+    return out
+
+
+def table(result: dict) -> str:
+    marks = sorted({max(1, result["trials"] // 4), max(1, result["trials"] // 2)})
+    lines = [f"{'task':58s} {'model':7s} {'best ms':>8s} {'retimed':>8s} "
+             + " ".join(f"{'@' + str(m):>8s}" for m in marks) + f" {'to xgb':>6s} {'<=5%':>5s} {'wall s':>6s}"]
+    for spec, runs in result["tasks"].items():
+        for kind, r in ((f"{k}/{r['seed']}", r) for k, rs in runs.items() for r in rs):
+            curve = r["best_so_far"]
+
+            def at(n):
+                return f"{1e3 * curve[min(n, len(curve)) - 1]:.3f}" if curve else "-"
+
+            lines.append(f"{spec[:58]:58s} {kind:7s} {at(len(curve)):>8s} "
+                         f"{(1e3 * r['best_retimed_s']) if r['best_retimed_s'] else float('nan'):8.3f} "
+                         + " ".join(f"{at(m):>8s}" for m in marks) + f" {str(r['trials_to_xgb_final']):>6s} "
+                         f"{str(r['trials_to_within_5pct_of_xgb']):>5s} {r['wall_s']:6.0f}")
+    return "\n".join(lines)
+
+
+def _finite(obj):
+    """inf (a failed trial) as null, so the report is standard JSON."""
+    if isinstance(obj, float) and not np.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def main(args) -> int:
+    tasks = [t.strip() for t in args.tasks.split(",")] if args.tasks else DEFAULT_TASKS
+    cms = [c.strip() for c in args.cost_models.split(",") if c.strip()]
+    seeds = [int(x) for x in str(args.seeds).split(",") if x.strip()]
+    r = run(tasks, cms, args.trials, args.per_iter, args.threads, args.model, args.device, not args.no_finetune,
+            args.task_table, seeds)
+    print(table(r))
+    for spec, v in r["verdict"].items():
+        print(f"{spec}: cdmpp needs {100 * v['budget_share_to_xgb_final']:.0f} % of the trials to reach XGBoost's "
+              f"final best; final {100 * (v['final_vs_xgb'] - 1):+.1f} % vs XGBoost"
+              f"{'' if v['unseen'] else ' (model saw this network)'}" if v["final_vs_xgb"] else spec)
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(_finite(r), f, indent=1)
+    print(f"wrote {args.out}", file=sys.stderr)
+    return 0

@@ -1,0 +1,26 @@
+"""Where cdmpp looks when it is not told: the checkout's dataset files, the shipped model, the training
+recipes and the feature cache. Every command, option and settings class takes its default from here."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent
+
+DATASET = "datasets/measurements"  # measurement records (JSON lines), appended to by `cdmpp collect`
+TASK_TABLE = "datasets/tasks-llvm.json.gz"  # the network zoo's tuning tasks
+DEVICES = "datasets/devices.json"  # the device spec table
+MODEL = PACKAGE / "models" / "default"  # the shipped checkpoint (package data)
+MODEL_OUT = "cdmpp/models/default"  # where `cdmpp train` writes by default (a checkout's shipped model)
+
+RECIPES = PACKAGE.parent / "train"  # a checkout; an installed wheel has them as package data (cdmpp/recipes)
+if not (RECIPES / "default.toml").exists():
+    RECIPES = PACKAGE / "recipes"
+
+
+def cache_dir(dataset_dir: str) -> str:
+    """The feature cache (and kept build artifacts) of a dataset folder: ``$CDMPP_CACHE`` or
+    ``~/.cache/cdmpp/<dataset folder name>``."""
+    return os.environ.get("CDMPP_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "cdmpp",
+                                                      os.path.basename(os.path.abspath(dataset_dir))))

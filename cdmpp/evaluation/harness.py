@@ -1,0 +1,458 @@
+"""``cdmpp eval``: cdmpp, its ablations and its peers trained and scored on one split, one report.
+
+Every method sees the same train/val/test programs; every fitted thing (normalizers, Box-Cox, early
+stopping, interval calibration) sees train/val only. The time budget is shared out as training goes:
+each method gets ``remaining time x its weight / remaining weight``, so a method that stops early
+leaves its time to the next. A shared budget starves the slowest learner (cdmpp got 86 s of a 5-minute
+random-split run: 45.4 % MAPE, against 37.4 % for the same recipe trained 333 s alone), so
+``minutes_per_method`` instead gives every trained model the same cap; peers that converge sooner
+stop by their own early stopping. Results go to ``reports/<name>.json`` (everything) and ``.md`` (a table).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import subprocess
+import sys
+import time
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from cdmpp import defaults
+from cdmpp.evaluation import metrics as ev
+from cdmpp.evaluation import splits
+
+ABLATIONS = {"no-pe": "ablation-no-pe", "no-da": "ablation-no-da", "random-sampler": None}
+WEIGHTS = {"cdmpp": 1.0, "xgb": 0.3, "mlp": 0.5}  # share of the budget per trained model
+
+
+@dataclass
+class EvalOptions:
+    name: str
+    split: str = "random"  # random | cross-model | cross-device
+    dataset: str = defaults.DATASET
+    task_table: str = defaults.TASK_TABLE
+    devices: str = defaults.DEVICES
+    held_out: Sequence[str] = splits.HELD_OUT_NETWORKS
+    target_device: str | None = None
+    ks: Sequence[int] = (0, 16, 64)
+    recipe: str = "default"
+    peers: Sequence[str] = ("xgb", "mlp")
+    ablations: Sequence[str] = ("no-pe", "no-da", "random-sampler")
+    max_minutes: float = 8.0
+    minutes_per_method: float | None = None  # set: every trained model gets this cap instead of a share
+    reports_dir: str = "reports"
+    limit: int | None = None
+    train_fraction: float = 1.0  # random / cross-model: train on this share of the training programs
+    seed: int = 0
+    device_table: dict | None = None  # {device: spec dict}; default: read from ``devices``
+    progress: bool = False
+    threads: int = 1  # torch and XGBoost threads for every method (see run_eval)
+
+
+@dataclass
+class _Clock:
+    """The shared budget: ``share(w)`` = seconds for a job of weight ``w`` out of the weight still to run;
+    or, with ``fixed`` seconds, the same cap for every job."""
+
+    deadline: float
+    pending: float
+    reserve: float = 0.1  # kept for predictions and the report
+    fixed: float | None = None
+
+    def share(self, weight: float) -> float:
+        if self.fixed is not None:
+            return self.fixed
+        left = (self.deadline - time.monotonic()) * (1 - self.reserve)
+        s = max(5.0, left * weight / max(self.pending, weight))
+        self.pending = max(0.0, self.pending - weight)
+        return s
+
+
+def recipe_config(recipe: str, ablation: str | None = None, **overrides):
+    """The recipe's config with an ablation's own keys on top (not the ablation file's base), so
+    ``--recipe big --ablations no-pe`` ablates ``big``, not ``default``."""
+    from cdmpp.model.training import TrainConfig
+
+    values = TrainConfig.recipe(recipe).to_dict()
+    if ablation:
+        with open(defaults.RECIPES / f"{ABLATIONS[ablation]}.toml", "rb") as f:
+            own = tomllib.load(f)
+        own.pop("base", None)
+        values.update(own)
+    values.update(overrides)
+    return TrainConfig.from_dict(values)
+
+
+def _throughput(predict, programs: Sequence, at_least: int = 2000) -> float:
+    """Programs per second of ``predict`` on the test programs, repeated to at least ``at_least``."""
+    if not programs:
+        return float("nan")
+    reps = max(1, math.ceil(at_least / len(programs)))
+    batch = list(programs) * reps
+    t = time.perf_counter()
+    predict(batch)
+    return len(batch) / max(time.perf_counter() - t, 1e-9)
+
+
+def _row(method: str, test: Sequence, *, predicted=None, lo=None, hi=None, rank_key=None, train_seconds=None,
+         predict_per_s=None, note: str = "", **extra) -> dict:
+    y = [p.seconds for p in test]
+    metrics = ev.evaluate(y, [(p.device, p.task) for p in test], predicted, lo, hi, rank_key)
+    return dict(method=method, metrics=metrics, train_seconds=train_seconds, predict_per_s=predict_per_s,
+                note=note, **extra)
+
+
+# ---- methods -------------------------------------------------------------------------------------
+
+def _fit_cdmpp(config, split: splits.Split, device_table: dict, use_pool: bool):
+    from cdmpp.model.training import fit
+
+    t = time.monotonic()
+    model = fit(config, split.train, split.val, target_pool=split.target_pool if use_pool else None,
+                device_table=device_table)
+    return model, time.monotonic() - t
+
+
+def _cdmpp_note(model, pool: bool, config) -> str:
+    s = model.summary
+    runs = s.get("members", [{}])
+    stop = ", ".join(f"stopped by {r.get('stopped')} after {len(r.get('history', []))} epochs" for r in runs)
+    da = (f"DA {config.da.upper()} (weight {config.da_weight}) on {s.get('n_target')} unlabeled target programs"
+          if pool and config.da != "none" and s.get("n_target") else "no domain adaptation")
+    return f"{da}; {stop}; val MAPE {100 * s['val']['mape']:.1f} %"
+
+
+def _cdmpp_row(method, model, test, train_seconds, note, **extra):
+    mean, lo, hi = model.predict([p.features for p in test], [p.device for p in test])
+    tp = _throughput(lambda b: model.predict([p.features for p in b], [p.device for p in b]), test)
+    return _row(method, test, predicted=mean, lo=lo, hi=hi, train_seconds=train_seconds, predict_per_s=tp,
+                note=note, **extra)
+
+
+def _peer_row(peer, test, train_seconds, note="", method=None, **extra):
+    pred = peer.predict(test)
+    tp = _throughput(peer.predict, test)
+    if peer.predicts == "score":
+        return _row(method or peer.label, test, rank_key=-pred, train_seconds=train_seconds, predict_per_s=tp,
+                    note=note or "relative-throughput scores within a task: ranking metrics only", **extra)
+    return _row(method or peer.label, test, predicted=pred, train_seconds=train_seconds, predict_per_s=tp,
+                note=note, **extra)
+
+
+def _peer_note(peer) -> str:
+    if hasattr(peer, "n_rounds_"):
+        return f"relative-throughput scores within a task: ranking metrics only; {peer.n_rounds_} boosting rounds"
+    if hasattr(peer, "epochs_run_"):
+        return f"{peer.epochs_run_} epochs, best on val MAPE"
+    m = getattr(peer, "model_", None)
+    n = getattr(m, "best_iteration", None) if m is not None else None
+    specs = " + device specs" if getattr(peer, "specs", None) else ""
+    return f"sum-pooled rows{specs} -> log latency; {n + 1 if n is not None else '?'} trees (early stopping on val)"
+
+
+def _variants(opts: EvalOptions) -> list[tuple[str, str | None]]:
+    """(row label, ablation) of the cdmpp models to train: cdmpp itself, then every trained ablation."""
+    out = [("cdmpp", None)]
+    for a in opts.ablations:
+        if a not in ABLATIONS:
+            raise ValueError(f"unknown ablation {a!r}: expected one of {sorted(ABLATIONS)}")
+        if ABLATIONS[a]:
+            out.append((f"cdmpp {a}", a))
+    return out
+
+
+def _run_same_split(opts: EvalOptions, split: splits.Split, device_table: dict, clock: _Clock, rows: list) -> None:
+    """Random and cross-model: train every method once on train/val, score it on test."""
+    from cdmpp.evaluation.peers import make_peers
+
+    pool_allowed = split.kind == "cross-model"
+    for label, ablation in _variants(opts):
+        if ablation == "no-da" and not pool_allowed:
+            rows.append(dict(method=label, metrics={}, skipped=True,
+                             note="skipped: a random split has no target domain, so it is the same model as cdmpp"))
+            continue
+        config = recipe_config(opts.recipe, ablation, max_minutes=clock.share(WEIGHTS["cdmpp"]) / 60,
+                               progress=opts.progress, seed=opts.seed)
+        model, secs = _fit_cdmpp(config, split, device_table, use_pool=pool_allowed and ablation != "no-da")
+        rows.append(_cdmpp_row(label, model, split.test, secs, _cdmpp_note(model, pool_allowed, config)))
+        _log(rows[-1])
+    if "random-sampler" in opts.ablations:
+        rows.append(dict(method="cdmpp random-sampler", metrics={}, skipped=True,
+                         note="skipped: shot sampling applies to cross-device k-shot only"))
+    for peer in make_peers(opts.peers, nthread=opts.threads, seed=opts.seed, device_table=device_table):
+        budget = clock.share(WEIGHTS["mlp" if "mlp" in peer.label else "xgb"])
+        t = time.monotonic()
+        peer.fit(split.train, split.val, budget)
+        rows.append(_peer_row(peer, split.test, time.monotonic() - t, _peer_note(peer)))
+        _log(rows[-1])
+
+
+def _run_cross_device(opts: EvalOptions, ds, device_table: dict, clock: _Clock, rows: list) -> dict:
+    """Train on the source devices once per method; zero-shot, then k-shot (KMeans vs random shots)."""
+    from cdmpp.evaluation.peers import make_peers
+    from cdmpp.model.training import finetune
+
+    base = splits.cross_device_split(ds, opts.target_device, 0, seed=opts.seed)
+    ks = sorted({int(k) for k in opts.ks})
+    for label, ablation in _variants(opts):
+        config = recipe_config(opts.recipe, ablation, max_minutes=clock.share(WEIGHTS["cdmpp"]) / 60,
+                               progress=opts.progress, seed=opts.seed)
+        use_pool = ablation != "no-da"
+        model, secs = _fit_cdmpp(config, base, device_table, use_pool)
+        note = _cdmpp_note(model, use_pool, config)
+        samplers = ["kmeans"] + (["random"] if label == "cdmpp" and "random-sampler" in opts.ablations else [])
+        for k in ks:
+            for sampler in samplers if k else ["kmeans"]:
+                sp = splits.cross_device_split(ds, opts.target_device, k, sampler, opts.seed,
+                                               embed=lambda feats: model.embed(feats))
+                m = finetune(model, sp.shots, config, device_table=device_table) if k else model
+                name = f"{label} k={k}" + (f" ({sampler} shots)" if k else " (zero-shot)")
+                rows.append(_cdmpp_row(name, m, sp.test, secs, note, k=k, sampler=sampler if k else None))
+                _log(rows[-1])
+    for peer in make_peers(opts.peers, nthread=opts.threads, seed=opts.seed, device_table=device_table):
+        t = time.monotonic()
+        peer.fit(base.train, base.val, clock.share(WEIGHTS["mlp" if "mlp" in peer.label else "xgb"]))
+        secs = time.monotonic() - t
+        for k in ks:
+            sp = splits.cross_device_split(ds, opts.target_device, k, "kmeans", opts.seed)
+            p = peer.adapt(sp.shots) if k else peer
+            name = f"{peer.label} k={k}" + (" (kmeans shots, model-free)" if k else " (zero-shot)")
+            rows.append(_peer_row(p, sp.test, secs, _peer_note(peer), method=name, k=k))
+            _log(rows[-1])
+    return base.info
+
+
+def _log(row: dict) -> None:
+    m = row.get("metrics", {})
+    print(f"eval: {row['method']}: " + ", ".join(f"{k} {v:.3g}" for k, v in m.items() if isinstance(v, float)),
+          file=sys.stderr)
+
+
+# ---- the command ---------------------------------------------------------------------------------
+
+def run_eval(opts: EvalOptions, ds=None) -> dict:
+    """Run one evaluation and write ``<reports_dir>/<name>.json`` and ``.md``; returns the report.
+
+    Every method runs with ``opts.threads`` threads (torch intra-op and XGBoost): on the 2-core dev
+    machine shared with a measurement job, 2 threads made small-batch torch steps up to 100x slower and
+    XGBoost 18x slower (OpenMP spin-waiting), which would have ranked methods by contention.
+    """
+    import torch
+
+    start = time.monotonic()
+    torch.set_num_threads(max(1, opts.threads))
+    fixed = 60 * opts.minutes_per_method if opts.minutes_per_method else None
+    clock = _Clock(start + 60 * opts.max_minutes, 0.0, fixed=fixed)
+    if ds is None:
+        ds = load(opts)
+    device_table = opts.device_table if opts.device_table is not None else _device_table(opts.devices)
+    missing = sorted(set(ds.devices()) - set(device_table))
+    if missing:
+        raise ValueError(f"devices {missing} have no spec in {opts.devices}; add them (cdmpp devices) first")
+    n_cdmpp = len(_variants(opts)) - (1 if opts.split == "random" and "no-da" in opts.ablations else 0)
+    clock.pending = n_cdmpp * WEIGHTS["cdmpp"] + sum(WEIGHTS[p] * (2 if p == "xgb" else 1) for p in opts.peers)
+    rows: list[dict] = []
+    if opts.split == "random":
+        split = splits.subsample_train(splits.random_split(ds, opts.seed), opts.train_fraction, opts.seed)
+        _run_same_split(opts, split, device_table, clock, rows)
+        info = split.info
+    elif opts.split == "cross-model":
+        split = splits.subsample_train(splits.cross_model_split(ds, opts.held_out, seed=opts.seed),
+                                       opts.train_fraction, opts.seed)
+        _run_same_split(opts, split, device_table, clock, rows)
+        info = split.info
+    elif opts.split == "cross-device":
+        if not opts.target_device:
+            raise ValueError("cross-device needs --target-device")
+        if opts.train_fraction != 1:
+            raise ValueError("--train-fraction applies to the random and cross-model splits")
+        info = _run_cross_device(opts, ds, device_table, clock, rows)
+    else:
+        raise ValueError(f"unknown split {opts.split!r}: expected random, cross-model or cross-device")
+    test_devices = [opts.target_device] if opts.split == "cross-device" else sorted({p.device for p in split.test})
+    report = dict(
+        name=opts.name, created=_dt.datetime.now().isoformat(timespec="seconds"), git_commit=_git_commit(),
+        split=info, recipe=opts.recipe, config=recipe_config(opts.recipe).to_dict(), max_minutes=opts.max_minutes,
+        minutes_per_method=opts.minutes_per_method, threads=opts.threads,
+        data=dict(dataset=opts.dataset, programs=len(ds), devices=ds.devices(), per_device=_counts(ds),
+                  limit=opts.limit),
+        noise_floor=ev.noise_floor(opts.dataset, test_devices), methods=rows, elapsed_seconds=round(time.monotonic() - start, 1))
+    out = Path(opts.reports_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{opts.name}.json").write_text(json.dumps(_finite(report), indent=1, default=_json_default))
+    (out / f"{opts.name}.md").write_text(ev.markdown_report(report))
+    return report
+
+
+def load(opts: EvalOptions):
+    from cdmpp.records.dataset import load_dataset
+    from cdmpp.zoo.tasks import TaskTable
+
+    return load_dataset(opts.dataset, TaskTable.load(opts.task_table), limit=opts.limit, progress=opts.progress)
+
+
+def _device_table(path: str) -> dict:
+    from cdmpp.devices.spec import DeviceTable
+
+    return DeviceTable(path).spec_table()
+
+
+def _counts(ds) -> dict:
+    out: dict = {}
+    for p in ds.programs:
+        d = out.setdefault(p.device, {"programs": 0, "tasks": set(), "networks": {}})
+        d["programs"] += 1
+        d["tasks"].add(p.task)
+        for net in {o.split("@")[0] for o in p.networks}:
+            d["networks"][net] = d["networks"].get(net, 0) + 1
+    return {k: {**v, "tasks": len(v["tasks"]), "networks": dict(sorted(v["networks"].items()))} for k, v in out.items()}
+
+
+def _git_commit() -> str | None:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=Path(__file__).parent, timeout=5).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _json_default(obj):
+    if isinstance(obj, (np.integer, np.floating)):
+        return obj.item()
+    if isinstance(obj, (np.ndarray, set)):
+        return list(obj)
+    raise TypeError(f"{type(obj).__name__} is not JSON serializable")
+
+
+def _finite(obj):
+    """NaN/inf → None, so the JSON report is valid JSON for every reader."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+# ---- train / sample / fine-tune: the workflow of an engineer adapting cdmpp to a device ----------
+
+def weights_hash(model) -> str:
+    """Short SHA-256 of every member's weights: a model version that changes exactly when the weights do."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for m in model.members:
+        for key, value in sorted(m.state_dict().items()):
+            h.update(key.encode())
+            h.update(value.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()[:10]
+
+
+def _version(model) -> str:
+    return f"cdmpp-{_dt.date.today().strftime('%Y%m%d')}-{weights_hash(model)}"
+
+
+def train_checkpoint(recipe: str, dataset: str, out: str, task_table: str = EvalOptions.task_table,
+                     devices: str = EvalOptions.devices, max_minutes: float | None = None, val: float = 0.1,
+                     seed: int = 0, limit: int | None = None, progress: bool = True, device_ids=None,
+                     exclude_networks=None):
+    """Train on every program of ``dataset`` (all devices, or ``device_ids``; ``val`` of the program
+    hashes held out for model selection and calibration) and save a checkpoint the ``Predictor`` can serve.
+    ``exclude_networks``: leave out every program of a task that occurs in one of them (as cross-model
+    does), so benchmarks on those networks test a model that never saw them."""
+    from cdmpp.records.dataset import load_dataset
+    from cdmpp.devices.spec import DeviceTable
+    from cdmpp.model.training import fit
+    from cdmpp.zoo.tasks import TaskTable
+
+    ds = load_dataset(dataset, TaskTable.load(task_table), devices=device_ids, limit=limit, progress=progress)
+    if exclude_networks:
+        excluded = set(exclude_networks)
+        ds.programs = [p for p in ds.programs if not any(o.split("@")[0] in excluded for o in p.networks)]
+    table = DeviceTable(devices)
+    missing = sorted(set(ds.devices()) - set(table.ids()))
+    if missing:
+        raise ValueError(f"devices {missing} have no spec in {devices}")
+    split = splits.random_split(ds, seed, val=val, test=0.0)
+    over = {"max_minutes": max_minutes} if max_minutes else {}
+    config = recipe_config(recipe, seed=seed, progress=progress, **over)
+    model = fit(config, split.train, split.val, device_table=table.spec_table())
+    model.summary.update(model_version=_version(model), recipe=recipe, dataset=dataset,
+                         trained_at=_dt.datetime.now().isoformat(timespec="seconds"), git_commit=_git_commit(),
+                         data=dict(programs=len(ds), per_device=_counts(ds)),
+                         devices={s.id: s.to_dict() for s in table})
+    model.save(out)
+    return model
+
+
+def sample_ids(k: int, pool: str, device: str, model_path: str | None = None, sampler: str = "kmeans",
+               task_table: str = EvalOptions.task_table, seed: int = 0, limit: int | None = None) -> list[str]:
+    """Record ids of the ``k`` programs of ``pool`` worth measuring on ``device`` (not measured there yet).
+
+    Candidates are the distinct programs (task, program hash) of the pool's records; KMeans on the
+    model's embeddings (or, without a model, on mean-pooled normalized features) picks the program
+    nearest each centroid.
+    """
+    ds = load(EvalOptions("sample", dataset=pool, task_table=task_table, limit=limit))
+    done = {(p.task, p.features.program_hash) for p in ds.programs if p.device == device}
+    cands, seen = [], set()
+    for p in sorted(ds.programs, key=lambda p: p.record_id):
+        key = (p.task, p.features.program_hash)
+        if key not in done and key not in seen:
+            seen.add(key)
+            cands.append(p)
+    if not cands:
+        return []
+    if model_path:
+        from cdmpp.model.checkpoint import TrainedModel
+
+        emb = TrainedModel.load(model_path).embed([p.features for p in cands])
+    else:
+        emb = splits.model_free_embedding(cands, cands)
+    return [cands[i].record_id for i in splits.choose_shots(cands, k, sampler, seed, emb)]
+
+
+def finetune_checkpoint(model_path: str, dataset: str, device: str, ids: Sequence[str], out: str,
+                        steps: int = 100, task_table: str = EvalOptions.task_table,
+                        devices: str = EvalOptions.devices, scope: str | None = None):
+    """Fine-tune a checkpoint with the programs ``ids`` (from ``sample_ids``) as measured on ``device``;
+    ``scope`` ("head" or "all") overrides the checkpoint's recipe.
+
+    An id names a program by its task and program hash (``device|task|hash``), so ids sampled from
+    another device's records match this device's measurements of the same programs.
+    """
+    from cdmpp.model.checkpoint import TrainedModel
+    from cdmpp.devices.spec import DeviceTable
+    from cdmpp.model.training import finetune
+
+    keys = {tuple(i.strip().split("|")[-2:]) for i in ids if i.strip()}
+    ds = load(EvalOptions("finetune", dataset=dataset, task_table=task_table))
+    shots = [p for p in ds.programs if p.device == device and (p.task, p.features.program_hash) in keys]
+    found = {(p.task, p.features.program_hash) for p in shots}
+    if len(found) < len(keys):
+        print(f"finetune: {len(keys) - len(found)} of {len(keys)} ids have no measurement on {device} yet",
+              file=sys.stderr)
+    if not shots:
+        raise ValueError(f"none of the {len(keys)} ids is measured on {device} in {dataset}")
+    from cdmpp.model.training import TrainConfig
+
+    trained = TrainedModel.load(model_path)
+    table = DeviceTable(devices)
+    extra = {} if device in trained.device_specs.table else {device: table.get(device).specs()}
+    config = TrainConfig.from_dict({**trained.config, **({"finetune_scope": scope} if scope else {})})
+    new = finetune(trained, shots, config, steps=steps, device_table=extra)
+    known = dict(new.summary.get("devices", {}))
+    if device in table:
+        known[device] = table.get(device).to_dict()
+    new.summary.update(model_version=_version(new), base_model_version=trained.summary.get("model_version"),
+                       devices=known)
+    new.save(out)
+    return new

@@ -1,0 +1,321 @@
+"""The evaluation protocol of docs/evaluation.md: every setting, every seed, cdmpp beside its peers.
+
+``run_protocol`` trains, per seed, one cdmpp model and one pooled GBT per setting and scores them:
+
+* ``random-new`` and ``cross-model``: train/val/test from ``cdmpp.evaluation.splits`` (grouped by program hash
+  across devices; the cross-model DA pool is a held-out share that is never tested);
+* ``cross-device-new`` and ``cross-device-seen``: one source model per seed, trained on the source
+  device without any program of the target's test half (so it serves both settings; in the seen
+  setting the twin's source label is an *input* at prediction time, never a training label); then
+  k = 0, 16, 64 and 5 % target shots, KMeans (on the model's embeddings) vs random; every method gets
+  the same shots.
+
+In the seen setting two more predictors use the twin's measured latency: ``twin-ratio`` (the twin's
+label × a small GBT of the log ratio on pooled features, fitted on the shots) and ``cdmpp + twin``
+(the same with the k-shot-tuned cdmpp model's program embedding as extra inputs). A model trained on
+one source device cannot learn the device ratio from data (its device input never varies), which is
+why the twin's label and the shots carry this setting.
+
+Each scored row is appended to ``runs`` (JSON lines, so a long run keeps what it finished);
+``pooled GBT, val-scaled`` multiplies the GBT by the factor with the lowest validation MAPE (what
+cdmpp's ``mape_scale`` option does), so that trick is never what separates the two.
+``cdmpp ⊕ pooled GBT`` is the geometric blend of the two, its weight chosen on the validation split.
+``aggregate`` turns rows into ``summary.json``: per setting and method, mean ± std over seeds.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from cdmpp import defaults
+from cdmpp.evaluation import metrics as ev
+from cdmpp.evaluation import splits
+
+SETTINGS = ("random-new", "cross-model", "cross-device-new", "cross-device-seen")
+PINNED_DEVICES = ("amd-epyc-znver4-2t/llvm-avx512", "amd-epyc-znver4-1t/llvm-avx512")
+TARGET_DEVICE = "amd-epyc-znver4-1t/llvm-avx512"
+KS = ("0", "16", "64", "5%")
+SUMMARY_KEYS = ("mape", "mape_capped", "median_ape", "within_10", "within_25", "spearman", "top1", "top5",
+                "coverage90")
+
+
+@dataclass
+class ProtocolOptions:
+    dataset: str = defaults.DATASET
+    task_table: str = defaults.TASK_TABLE
+    devices: str = defaults.DEVICES
+    device_ids: Sequence[str] = PINNED_DEVICES  # pinned: data added later on other devices is not used
+    target_device: str = TARGET_DEVICE
+    settings: Sequence[str] = SETTINGS
+    seeds: Sequence[int] = (0, 1, 2)
+    ks: Sequence[str] = KS
+    samplers: Sequence[str] = ("kmeans", "random")
+    methods: Sequence[str] = ("cdmpp", "pooled-gbt")
+    recipe: str = "default"
+    overrides: dict = field(default_factory=dict)  # TrainConfig keys on top of the recipe (ablations)
+    label: str = "cdmpp"  # row name of the cdmpp model (an ablation's name in a study)
+    minutes: float = 4.0  # cap on one cdmpp training run
+    runs: str = "reports/protocol-runs.jsonl"
+    threads: int = 1
+
+
+def load_pinned(opts: ProtocolOptions):
+    from cdmpp.records.dataset import load_dataset
+    from cdmpp.zoo.tasks import TaskTable
+
+    return load_dataset(opts.dataset, TaskTable.load(opts.task_table), devices=list(opts.device_ids), progress=False)
+
+
+def _k_value(k: str, n_target: int) -> int:
+    return max(1, round(float(k.rstrip("%")) / 100 * n_target)) if k.endswith("%") else int(k)
+
+
+def _metrics(test, predicted, lo=None, hi=None) -> dict:
+    m = ev.evaluate([p.seconds for p in test], [(p.device, p.task) for p in test], predicted, lo, hi)
+    return m
+
+
+class _Writer:
+    def __init__(self, path: str, base: dict):
+        self.path, self.base = path, base
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+
+    def row(self, setting: str, method: str, metrics: dict, **extra) -> None:
+        rec = {**self.base, "setting": setting, "method": method, **extra, "metrics": _finite(metrics),
+               "time": _dt.datetime.now().isoformat(timespec="seconds")}
+        with open(self.path, "a") as f:
+            f.write(json.dumps(rec) + "\n")
+        print(f"protocol: seed {self.base['seed']} {setting} {method}: MAPE {100 * metrics.get('mape', math.nan):.1f} %, "
+              f"capped {100 * metrics.get('mape_capped', math.nan):.1f} %, Spearman {metrics.get('spearman', math.nan):.3f}",
+              file=sys.stderr)
+
+
+def _finite(obj):
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    return obj
+
+
+def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | None = None) -> None:
+    """Every setting of ``opts`` for one seed (split seed = model seed), rows appended to ``opts.runs``."""
+    import torch
+
+    from cdmpp.evaluation.harness import recipe_config
+    from cdmpp.evaluation.peers import PooledGBT, TwinRatio
+    from cdmpp.model.training import fit, mape_scale
+
+    torch.set_num_threads(max(1, opts.threads))
+    ds = ds if ds is not None else load_pinned(opts)
+    if device_table is None:
+        from cdmpp.devices.spec import DeviceTable
+
+        device_table = DeviceTable(opts.devices).spec_table()
+    config = recipe_config(opts.recipe, seed=seed, max_minutes=opts.minutes, progress=False, **opts.overrides)
+    out = _Writer(opts.runs, dict(seed=seed, recipe=opts.recipe, overrides=opts.overrides, minutes=opts.minutes))
+
+    def train_cdmpp(split, pool):
+        t = time.monotonic()
+        model = fit(config, split.train, split.val, target_pool=pool, device_table=device_table)
+        return model, round(time.monotonic() - t, 1)
+
+    def train_gbt(split):
+        t = time.monotonic()
+        gbt = PooledGBT(device_table, nthread=opts.threads, random_state=seed).fit(split.train, split.val)
+        return gbt, round(time.monotonic() - t, 1)
+
+    blend_name = f"{opts.label} ⊕ pooled GBT"
+    for setting in [s for s in opts.settings if s in ("random-new", "cross-model")]:
+        split = splits.random_split(ds, seed) if setting == "random-new" else splits.cross_model_split(ds, seed=seed)
+        n = dict(programs=len(split.test), n_train=len(split.train))
+        mean = pred = None
+        if "cdmpp" in opts.methods:
+            model, secs = train_cdmpp(split, split.target_pool or None)
+            mean, lo, hi = model.predict([p.features for p in split.test], [p.device for p in split.test])
+            out.row(setting, opts.label, _metrics(split.test, mean, lo, hi), k=None, train_seconds=secs,
+                    val_mape=model.summary["val"]["mape"], **n)
+        if "pooled-gbt" in opts.methods:
+            gbt, gsecs = train_gbt(split)
+            pred = gbt.predict(split.test)
+            out.row(setting, "pooled GBT", _metrics(split.test, pred), k=None,
+                    train_seconds=gsecs, trees=int(gbt.model_.best_iteration) + 1, **n)
+            c = mape_scale(gbt.predict(split.val), np.array([p.seconds for p in split.val]))
+            out.row(setting, "pooled GBT, val-scaled", _metrics(split.test, c * pred), k=None, scale=c,
+                    train_seconds=gsecs, **n)
+        if mean is not None and pred is not None:
+            w = blend_weight(split.val, model.predict([p.features for p in split.val], [p.device for p in split.val])[0],
+                             gbt.predict(split.val))
+            out.row(setting, blend_name, _metrics(split.test, blend(mean, pred, w)), k=None, weight=w,
+                    train_seconds=secs + gsecs, **n)
+
+    device_settings = [s for s in opts.settings if s.startswith("cross-device")]
+    if not device_settings:
+        return
+    target = opts.target_device
+    base = splits.cross_device_split(ds, target, 0, seed=seed, programs="new")
+    model = gbt = None
+    if "cdmpp" in opts.methods:
+        model, cdmpp_secs = train_cdmpp(base, base.target_pool)
+    if "pooled-gbt" in opts.methods:
+        gbt, gbt_secs = train_gbt(base)
+        gbt_scale = mape_scale(gbt.predict(base.val), np.array([p.seconds for p in base.val]))
+    n_target = base.info["n_target"]
+    embed = (lambda feats: model.embed(feats)) if model is not None else None
+    w = None
+    if model is not None and gbt is not None:
+        w = blend_weight(base.val, model.predict([p.features for p in base.val], [p.device for p in base.val])[0],
+                         gbt.predict(base.val))
+    for k_name in opts.ks:
+        k = _k_value(k_name, n_target) if k_name != "0" else 0
+        for sampler in (opts.samplers if k else ["kmeans"]):
+            key = dict(k=k, k_name=k_name, sampler=sampler if k else None)
+            for setting in device_settings:
+                programs = setting.rsplit("-", 1)[1]
+                sp = splits.cross_device_split(ds, target, k, sampler, seed, embed=embed, programs=programs)
+                test = sp.test
+                n = dict(programs=len(test), n_train=len(sp.train), **key)
+                suffix = "" if not k else f" k={k_name} ({sampler})"
+                if model is not None:
+                    from cdmpp.model.training import finetune
+
+                    m = finetune(model, sp.shots, config, device_table=device_table) if k else model
+                    feats = [p.features for p in test]
+                    mean, lo, hi = m.predict(feats, [p.device for p in test])
+                    out.row(setting, opts.label + suffix, _metrics(test, mean, lo, hi), train_seconds=cdmpp_secs, **n)
+                    if gbt is not None:
+                        g_pred = (gbt.adapt(sp.shots) if k else gbt).predict(test)
+                        out.row(setting, blend_name + suffix, _metrics(test, blend(mean, g_pred, w)), weight=w,
+                                train_seconds=cdmpp_secs + gbt_secs, **n)
+                    if programs == "seen":  # the twin's label x a GBT of the log ratio on pooled + cdmpp embedding
+                        tr = TwinRatio(sp.twins, nthread=opts.threads, random_state=seed,
+                                       embed=lambda ps: m.embed([p.features for p in ps])).fit(sp.shots)
+                        out.row(setting, opts.label + " + twin" + suffix, _metrics(test, tr.predict(test)),
+                                train_seconds=cdmpp_secs, **n)
+                if gbt is not None:
+                    g = gbt.adapt(sp.shots) if k else gbt
+                    pred = g.predict(test)
+                    out.row(setting, "pooled GBT" + suffix, _metrics(test, pred), train_seconds=gbt_secs, **n)
+                    out.row(setting, "pooled GBT, val-scaled" + suffix, _metrics(test, gbt_scale * pred),
+                            scale=gbt_scale, train_seconds=gbt_secs, **n)
+                if programs == "seen" and "pooled-gbt" in opts.methods:
+                    tr = TwinRatio(sp.twins, nthread=opts.threads, random_state=seed).fit(sp.shots)
+                    out.row(setting, "twin-ratio" + suffix, _metrics(test, tr.predict(test)), train_seconds=0.0, **n)
+
+
+def blend_weight(val, a: np.ndarray, b: np.ndarray) -> float:
+    """The weight w in [0, 1] (step 0.1) of ``blend(a, b, w)`` with the lowest MAPE on the validation split."""
+    y = np.array([p.seconds for p in val])
+    grid = np.linspace(0.0, 1.0, 11)
+    return float(grid[int(np.argmin([np.mean(np.abs(blend(a, b, w) - y) / y) for w in grid]))])
+
+
+def blend(a: np.ndarray, b: np.ndarray, w: float) -> np.ndarray:
+    """Geometric blend of two latency predictions: exp(w log a + (1 - w) log b)."""
+    return np.exp(w * np.log(a) + (1.0 - w) * np.log(b))
+
+
+def aggregate(runs_path: str, command: str, select: dict | None = None) -> dict:
+    """Rows of ``runs_path`` → ``{setting: {method: {mape, mape_std, ..., seeds, k, programs}}}``.
+
+    Rows of the same (setting, method) from different seeds are averaged; with several rows per seed
+    (a rerun) the latest counts. ``select`` keeps rows whose fields equal its values (e.g. minutes).
+    """
+    rows: dict = {}
+    with open(runs_path) as f:
+        for line in f:
+            r = json.loads(line)
+            if select and any(r.get(k) != v for k, v in select.items()):
+                continue
+            rows[(r["setting"], r["method"], r["seed"])] = r
+    grouped: dict = {}
+    for (setting, method, seed), r in sorted(rows.items()):
+        grouped.setdefault(setting, {}).setdefault(method, []).append(r)
+    out: dict = {"command": command, "created": _dt.datetime.now().isoformat(timespec="seconds")}
+    for setting in [s for s in SETTINGS if s in grouped]:
+        out[setting] = {}
+        for method, rs in grouped[setting].items():
+            entry: dict = {}
+            for key in SUMMARY_KEYS:
+                vals = [r["metrics"].get(key) for r in rs if r["metrics"].get(key) is not None]
+                if vals:
+                    entry[key] = float(np.mean(vals))
+                    entry[f"{key}_std"] = float(np.std(vals))
+            entry.update(seeds=len(rs), k=rs[0].get("k"), sampler=rs[0].get("sampler"),
+                         programs=int(round(np.mean([r["programs"] for r in rs]))),
+                         train_seconds=float(np.mean([r.get("train_seconds") or 0.0 for r in rs])))
+            out[setting][method] = entry
+    return out
+
+
+def markdown(summary: dict, methods: Sequence[str] | None = None) -> str:
+    """One table per setting: method, MAPE ± std, capped MAPE, median APE, Spearman, seeds, programs."""
+    lines = []
+    for setting in [s for s in SETTINGS if s in summary]:
+        lines += [f"**{setting}**", "", "| method | k | MAPE | MAPE (APE ≤ 100 %) | median APE | ±25 % | Spearman | top-1 | seeds | test programs |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for method, e in summary[setting].items():
+            if methods and not any(method.startswith(m) for m in methods):
+                continue
+            pct = lambda k: f"{100 * e[k]:.1f} ± {100 * e[k + '_std']:.1f} %" if k in e else "—"  # noqa: E731
+            lines.append(f"| {method} | {e['k'] if e['k'] is not None else '—'} | {pct('mape')} | {pct('mape_capped')} | "
+                         f"{pct('median_ape')} | {pct('within_25')} | "
+                         f"{e.get('spearman', math.nan):.3f} ± {e.get('spearman_std', math.nan):.3f} | "
+                         f"{e.get('top1', math.nan):.3f} | {e['seeds']} | {e['programs']} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def run_protocol(opts: ProtocolOptions, jobs: int = 1, command: str = "", summary_path: str | None = None) -> dict:
+    """All seeds and settings (``jobs`` processes in parallel, one (seed, model) job each), then the
+    summary of ``opts.runs``."""
+    start = _dt.datetime.now().isoformat(timespec="seconds")
+    if jobs > 1:  # one job per (seed, group of settings that share a trained model)
+        from concurrent.futures import ProcessPoolExecutor
+        import multiprocessing as mp
+        from dataclasses import replace
+
+        groups = [[s] for s in opts.settings if not s.startswith("cross-device")]
+        groups += [[s for s in opts.settings if s.startswith("cross-device")]]
+        tasks = [(replace(opts, settings=g), seed) for g in groups if g for seed in opts.seeds]
+        tasks.sort(key=lambda t: (not t[0].settings[0].startswith("cross-device"), t[1]))  # longest first
+        with ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn")) as pool:
+            for f in [pool.submit(run_seed, o, s) for o, s in tasks]:
+                f.result()
+    else:
+        ds = load_pinned(opts)
+        for s in opts.seeds:
+            run_seed(opts, s, ds)
+    summary = aggregate(opts.runs, command)
+    summary["options"] = {**asdict(opts), "started": start}
+    if summary_path:
+        with open(summary_path, "w") as f:
+            json.dump(summary, f, indent=1)
+    return summary
+
+
+def headline(summary: dict, label: str = "cdmpp") -> str:
+    """The README's short table: per setting (cross-device at k = 0 and 64 KMeans shots), MAPE ± std of
+    cdmpp, the pooled GBT, their blend and (seen programs) the twin-based predictors."""
+    cols = [label, "pooled GBT", f"{label} ⊕ pooled GBT", "twin-ratio", f"{label} + twin"]
+    lines = ["| setting | " + " | ".join(cols) + " |", "|---|" + "---:|" * len(cols)]
+    rows = [("random-new", ""), ("cross-model", ""), ("cross-device-new", ""), ("cross-device-new", " k=64 (kmeans)"),
+            ("cross-device-seen", " k=64 (kmeans)"), ("cross-device-seen", " k=5% (kmeans)")]
+    for setting, suffix in rows:
+        if setting not in summary:
+            continue
+        cells = []
+        for c in cols:
+            e = summary[setting].get(c + suffix)
+            cells.append(f"{100 * e['mape']:.1f} ± {100 * e['mape_std']:.1f} %" if e else "—")
+        lines.append(f"| {setting}{suffix.replace(' (kmeans)', ', KMeans shots')} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)

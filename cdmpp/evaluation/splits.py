@@ -1,0 +1,248 @@
+"""Deterministic train/val/test splits for the three evaluation protocols (DESIGN.md §5).
+
+The original CDMPP selected models and fitted normalizers on its test split and let tasks shared with
+training networks into its cross-model test set. Here every split is a pure function of the data and a
+seed (programs are ordered by record id first, so load order does not matter), the test split is only
+ever predicted, and:
+
+* ``random_split``: programs go to train/val/test at random, grouped by program hash *across devices*:
+  the same program measured on two devices (its twins) sits on one side only, so every test program
+  is new (the "random-new" setting);
+* ``cross_model_split``: every task that occurs in a held-out network is test-only, even when another
+  network shares it; training sees only tasks of no held-out network; validation is carved *by task*
+  from training, so model selection also measures generalization to unseen tasks; a share of the
+  held-out programs (by hash) is the unlabeled domain-adaptation pool and never in the test set;
+* ``cross_device_split``: all other devices are the source (train/val); the target device's programs
+  are cut by hash into a pool (``k`` shots are chosen from it, KMeans or random; it is also the
+  unlabeled domain-adaptation pool) and a test half. ``programs="new"``: test programs whose twin is
+  on a source device are dropped from source training; ``"seen"``: the test keeps only programs
+  whose twin was measured on a source device, and ``Split.twins`` gives those source labels.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+
+HELD_OUT_NETWORKS = ("resnet18", "mobilenet_v2", "bert_tiny")
+
+
+@dataclass
+class Unlabeled:
+    """A program whose latency the trainer must not see (domain-adaptation target pool)."""
+
+    features: object
+    device: str
+    task: str = ""
+    seconds: float = math.nan
+
+
+@dataclass
+class Split:
+    kind: str
+    train: list
+    val: list
+    test: list
+    target_pool: list = field(default_factory=list)  # Unlabeled: features of the target domain, no labels
+    shots: list = field(default_factory=list)  # labeled target programs chosen for k-shot fine-tuning
+    info: dict = field(default_factory=dict)
+    twins: dict = field(default_factory=dict)  # program hash -> source-device latency (seen-programs setting)
+
+    def overlaps(self) -> dict[str, int]:
+        """Record ids (and program hashes per device) found in two labeled parts; all zero when sound."""
+        parts = dict(train=self.train, val=self.val, test=self.test, shots=self.shots)
+        out = {}
+        names = list(parts)
+        for i, a in enumerate(names):
+            for b in names[i + 1:]:
+                ids_a = {(p.device, p.features.program_hash) for p in parts[a]}
+                ids_b = {(p.device, p.features.program_hash) for p in parts[b]}
+                out[f"{a}&{b}"] = len(ids_a & ids_b)
+        return out
+
+
+def _programs(ds) -> list:
+    progs = list(getattr(ds, "programs", ds))
+    return sorted(progs, key=lambda p: p.record_id)
+
+
+def _rng(seed: int, *names: str) -> np.random.Generator:
+    return np.random.default_rng([seed, *(zlib.crc32(n.encode()) for n in names)])
+
+
+def _base_networks(p) -> set[str]:
+    return {o.split("@")[0] for o in p.networks}
+
+
+def _split_by_key(programs: list, key: Callable, fractions: Sequence[float], rng: np.random.Generator) -> list[list]:
+    """Shuffle the distinct keys and cut them into len(fractions)+1 parts (the last gets the rest)."""
+    groups: dict = defaultdict(list)
+    for p in programs:
+        groups[key(p)].append(p)
+    keys = sorted(groups)
+    keys = [keys[i] for i in rng.permutation(len(keys))]
+    parts, start = [], 0
+    for f in fractions:
+        n = int(round(f * len(keys)))
+        if f > 0 and len(keys) >= len(fractions) + 1:
+            n = max(1, n)
+        parts.append(keys[start:start + n])
+        start += n
+    parts.append(keys[start:])
+    return [[p for k in part for p in groups[k]] for part in parts]
+
+
+def random_split(ds, seed: int = 0, val: float = 0.1, test: float = 0.2, device: str | None = None) -> Split:
+    """Random split by program hash across devices (twins on one side), or only ``device``'s programs."""
+    programs = [p for p in _programs(ds) if device is None or p.device == device]
+    if not programs:
+        raise ValueError(f"no programs{' on ' + device if device else ''} to split")
+    test_, val_, train = _split_by_key(programs, lambda p: p.features.program_hash, [test, val], _rng(seed, "random"))
+    info = dict(kind="random", seed=seed, devices=sorted({p.device for p in programs}),
+                description=f"random-new: by program hash across devices (twins on one side): {1 - val - test:.0%} "
+                            f"train, {val:.0%} val, {test:.0%} test (seed {seed})")
+    return _finish(Split("random", train, val_, test_, info=info))
+
+
+def cross_model_split(ds, held_out_networks: Sequence[str] = HELD_OUT_NETWORKS, val: float = 0.1,
+                      seed: int = 0, pool: float = 0.3) -> Split:
+    """Test on the tasks of unseen networks; train only on tasks that occur in no held-out network.
+
+    A task shared by a held-out and a training network is test-only; ``info["shared_tasks_excluded"]``
+    says how many such tasks (and programs) training lost to keep the test honest.
+    """
+    held = set(held_out_networks)
+    programs = _programs(ds)
+    task_nets: dict[str, set] = defaultdict(set)
+    task_names: dict[str, str] = {}
+    for p in programs:
+        task_nets[p.task] |= _base_networks(p)
+        task_names[p.task] = p.task_name
+    test_tasks = {t for t, nets in task_nets.items() if nets & held}
+    shared = sorted(t for t in test_tasks if task_nets[t] - held)
+    held_programs = [p for p in programs if p.task in test_tasks]
+    unlabeled, test = _split_by_key(held_programs, lambda p: p.features.program_hash, [pool],
+                                    _rng(seed, "cross-model-pool")) if pool > 0 else ([], held_programs)
+    rest = [p for p in programs if p.task not in test_tasks]
+    val_, train = _split_by_key(rest, lambda p: p.task, [val], _rng(seed, "cross-model"))
+    present = {n for t in test_tasks for n in task_nets[t] & held}
+    info = dict(kind="cross-model", seed=seed, held_out=sorted(held), test_tasks=len(test_tasks),
+                train_tasks=len({p.task for p in train}), val_tasks=len({p.task for p in val_}),
+                shared_tasks_excluded=len(shared),
+                shared_programs_excluded=sum(1 for p in held_programs if p.task in set(shared)),
+                shared_task_names=[task_names[t] for t in shared],
+                held_out_without_data=sorted(held - present),
+                description=f"test = every task of {', '.join(sorted(held))}; train/val = tasks of no held-out "
+                            f"network ({len(shared)} shared tasks kept out of training); val = {val:.0%} of "
+                            f"training tasks; {pool:.0%} of held-out programs are the unlabeled DA pool, not "
+                            f"tested (seed {seed})")
+    split = Split("cross-model", train, val_, test, [Unlabeled(p.features, p.device, p.task) for p in unlabeled],
+                  info=info)
+    if not train or not test:
+        raise ValueError(f"cross-model split is empty: {len(train)} train, {len(test)} test programs "
+                         f"(held out: {sorted(held)}; networks in data: {sorted(set().union(*task_nets.values()))})")
+    return _finish(split)
+
+
+def model_free_embedding(reference: Sequence, programs: Sequence) -> np.ndarray:
+    """Mean of each program's normalized leaf features; the normalizer is fitted on ``reference`` only
+    (the training programs), so choosing shots never looks at test statistics."""
+    from cdmpp.model.network import PackedPrograms
+    from cdmpp.model.transforms import FeatureNormalizer
+
+    ref = PackedPrograms.from_programs([p.features for p in reference])
+    norm = FeatureNormalizer().fit(ref.leaves)
+    return PackedPrograms.from_programs([p.features for p in programs], norm.transform).program_means()
+
+
+def choose_shots(pool: Sequence, k: int, sampler: str = "kmeans", seed: int = 0,
+                 embedding: np.ndarray | None = None) -> np.ndarray:
+    """Indices of ``k`` distinct programs of ``pool`` to measure (``embedding``: one row per program)."""
+    from cdmpp.model.sampling import sampler as make_sampler
+
+    if k <= 0:
+        return np.zeros(0, dtype=np.int64)
+    if embedding is None:
+        raise ValueError("choose_shots needs an embedding of the pool (model.embed or model_free_embedding)")
+    idx = make_sampler(sampler, k, random_state=seed).fit_select(embedding)
+    return np.asarray(idx, dtype=np.int64)
+
+
+def cross_device_split(ds, target_device: str, k: int = 0, sampler: str = "kmeans", seed: int = 0,
+                       val: float = 0.1, embed: Callable[[list], np.ndarray] | None = None,
+                       programs: str = "new", test: float = 0.5) -> Split:
+    """Source = every other device (train/val, by program hash); target = ``target_device``.
+
+    The target's programs are cut by hash into a test share ``test`` and a pool. ``k`` shots are
+    chosen from the pool by ``sampler`` on ``embed(features)`` (a trained model's embeddings) or,
+    without ``embed``, on mean-pooled leaf features normalized on the source training split; the pool
+    (features only) is also the domain-adaptation target. ``programs="new"``: source programs with the
+    hash of a test program are left out of training. ``"seen"``: source training is untouched, the test
+    keeps only programs whose twin is on a source device, ``twins`` maps their hash to the source label,
+    and shots come from pool programs that have a twin too (so a twin-ratio fit can use them).
+    ``k = 0``: zero-shot. The split of the target (and so the test set) depends only on ``seed``.
+    """
+    if programs not in ("new", "seen"):
+        raise ValueError(f"programs = {programs!r}: expected 'new' or 'seen'")
+    every = _programs(ds)
+    target = [p for p in every if p.device == target_device]
+    source = [p for p in every if p.device != target_device]
+    if not target:
+        raise ValueError(f"no programs on target device {target_device!r}")
+    if not source:
+        raise ValueError(f"cross-device needs programs on a device other than {target_device!r}")
+    test_, pool = _split_by_key(target, lambda p: p.features.program_hash, [test], _rng(seed, "target", target_device))
+    twin_label: dict = {}
+    for p in source:  # the fastest source label of each hash (one source device in practice)
+        h = p.features.program_hash
+        twin_label[h] = min(twin_label.get(h, math.inf), p.seconds)
+    if programs == "new":
+        test_hashes = {p.features.program_hash for p in test_}
+        source = [p for p in source if p.features.program_hash not in test_hashes]
+        twins = {}
+    else:
+        test_ = [p for p in test_ if p.features.program_hash in twin_label]
+        pool = [p for p in pool if p.features.program_hash in twin_label]
+        twins = {p.features.program_hash: twin_label[p.features.program_hash] for p in test_ + pool}
+    val_, train = _split_by_key(source, lambda p: p.features.program_hash, [val], _rng(seed, "cross-device", target_device))
+    if k > 0:
+        emb = embed([p.features for p in pool]) if embed is not None else model_free_embedding(train, pool)
+        chosen = set(choose_shots(pool, k, sampler, seed, emb).tolist())
+    else:
+        chosen = set()
+    shots = [p for i, p in enumerate(pool) if i in chosen]
+    info = dict(kind="cross-device", programs=programs, seed=seed, target_device=target_device,
+                source_devices=sorted({p.device for p in source}), k=len(shots), sampler=sampler if k else None,
+                n_pool=len(pool), n_target=len(target), selector=("model embeddings" if embed is not None else
+                                            "mean-pooled normalized leaf features") if k else None,
+                description=f"cross-device-{programs}: train on {', '.join(sorted({p.device for p in source}))}; test on "
+                            f"{len(test_)} {target_device} programs ({'each with its twin measured on the source' if programs == 'seen' else 'none of them on any source device in training'}); "
+                            f"k = {len(shots)} shots from the other {len(pool)}{', ' + sampler if k else ', zero-shot'}")
+    return _finish(Split("cross-device", train, val_, test_, [Unlabeled(p.features, p.device, p.task) for p in pool],
+                         shots, info, twins))
+
+
+def subsample_train(split: Split, fraction: float, seed: int = 0) -> Split:
+    """Keep a random ``fraction`` of the training programs, validation and test unchanged: a learning
+    curve (error vs training-set size) on one fixed test set says whether more data would help."""
+    if not 0 < fraction <= 1:
+        raise ValueError(f"train fraction must be in (0, 1], got {fraction}")
+    if fraction == 1:
+        return split
+    train = sorted(split.train, key=lambda p: p.record_id)
+    keep = np.sort(_rng(seed, "train-fraction").permutation(len(train))[:max(1, round(fraction * len(train)))])
+    split.train = [train[i] for i in keep]
+    split.info.update(train_fraction=fraction,
+                      description=split.info.get("description", "") + f"; training on {fraction:.0%} of its programs")
+    return _finish(split)
+
+
+def _finish(split: Split) -> Split:
+    split.info.update(n_train=len(split.train), n_val=len(split.val), n_test=len(split.test),
+                      n_shots=len(split.shots), n_target_pool=len(split.target_pool))
+    return split

@@ -1,0 +1,210 @@
+"""A trained predictor: ensemble members plus every fitted transform they need; predict, embed, save, load.
+
+A checkpoint is a folder with ``weights.safetensors`` (tensors only, one prefix per ensemble member)
+and ``predictor.json`` (model shape, training config, feature normalizer, Box-Cox parameters, device
+table, uncertainty calibration, featurizer version, training summary). No pickle anywhere, so a
+checkpoint can be loaded safely and read by other tools.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import warnings
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+from cdmpp.model.network import CDMPPModel, PackedPrograms, length_sorted_batches
+from cdmpp.model.transforms import BoxCox, DeviceSpecs, FeatureNormalizer
+
+FORMAT_VERSION = 1
+
+
+def current_featurizer_version() -> str:
+    """Version string of the featurizer loaded in this process, if any (never imports TVM for it)."""
+    features = sys.modules.get("cdmpp.program.features")
+    return str(getattr(features, "FEATURIZER_VERSION", "unknown")) if features else "unknown"
+
+
+class TrainedModel:
+    """Ensemble of ``CDMPPModel`` members with their transforms; the object ``fit`` returns.
+
+    Uncertainty: members disagree more on programs unlike the training data. The 90 % interval in
+    Box-Cox space is ``mean +- q * (std_members + delta)``, with ``q`` and ``delta`` calibrated on the
+    validation split (split-conformal, normalized by the ensemble spread); see ``calibrate``.
+    """
+
+    def __init__(self, members: list[CDMPPModel], feature_normalizer: FeatureNormalizer, label_transform: BoxCox,
+                 device_specs: DeviceSpecs, config: dict, calibration: dict | None = None,
+                 featurizer_version: str = "unknown", summary: dict | None = None,
+                 program_inputs: dict | None = None):
+        self.members = members
+        # {"mean": [3], "std": [3]} of the training programs' log2 FLOPs/bytes/unique bytes, when the
+        # recipe feeds them (config "program_inputs") or predicts relative to the roofline ("roofline")
+        self.program_inputs = program_inputs
+        self.feature_normalizer = feature_normalizer
+        self.label_transform = label_transform
+        self.device_specs = device_specs
+        self.config = dict(config)
+        self.calibration = calibration or {"level": 0.9, "q": 1.645, "delta": 1.0}
+        self.featurizer_version = featurizer_version
+        self.summary = summary or {}
+
+    # ---- inputs -------------------------------------------------------------------------------------
+    def pack(self, programs) -> PackedPrograms:
+        """Normalize and pack programs once, e.g. to predict the same pool on several devices."""
+        if isinstance(programs, PackedPrograms):
+            return programs
+        return PackedPrograms.from_programs(programs, self.feature_normalizer.transform)
+
+    def _devices(self, devices: str | Sequence[str], n: int) -> tuple[torch.Tensor, np.ndarray]:
+        names = [devices] * n if isinstance(devices, str) else list(devices)
+        if len(names) != n:
+            raise ValueError(f"{len(names)} devices for {n} programs: pass one device name or one per program")
+        matrix, index = self.device_specs.matrix(names)
+        rows = np.fromiter((index[d] for d in names), dtype=np.int64, count=n)
+        return torch.from_numpy(matrix), rows
+
+    def model_inputs(self, packed: PackedPrograms, devices: Sequence[str] | None = None
+                     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Program-level inputs ``[n, 3]`` (standardized log2 FLOPs, bytes, unique bytes) and the output
+        offset ``[n]``: the device's roofline bound max(FLOPs / peak, unique bytes / bandwidth) in label
+        space, so the network predicts log(latency / roofline), an efficiency. None where not used
+        (the offset also without ``devices``)."""
+        extra = offset = None
+        if self.program_inputs is None or packed.stats is None:
+            return None, None
+        if self.config.get("program_inputs"):
+            extra = torch.from_numpy(((packed.stats - np.asarray(self.program_inputs["mean"]))
+                                      / np.asarray(self.program_inputs["std"])).astype(np.float32))
+        if self.config.get("roofline") and devices is not None:
+            offset = torch.from_numpy(self.label_transform.transform(self.roofline(packed, devices)).astype(np.float32))
+        return extra, offset
+
+    def roofline(self, packed: PackedPrograms, devices: Sequence[str]) -> np.ndarray:
+        """Seconds of the roofline bound of each program on its device (at least 1 ns)."""
+        table = self.device_specs.table
+        peak = np.array([float(table[d].get("peak_gflops", 1.0)) for d in devices]) * 1e9
+        bw = np.array([float(table[d].get("mem_bw_gbs", 1.0)) for d in devices]) * 1e9
+        flops, unique = np.exp2(packed.stats[:, 0]) - 1.0, np.exp2(packed.stats[:, 2]) - 1.0
+        return np.maximum(np.maximum(flops / peak, unique / bw), 1e-9)
+
+    def add_device(self, name: str, spec: dict[str, float]) -> None:
+        """Make a new device predictable (zero-shot) from its spec; normalization stays as trained."""
+        self.device_specs.add(name, spec)
+
+    # ---- prediction ---------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def predict_z(self, programs, devices: str | Sequence[str], batch_size: int = 256) -> np.ndarray:
+        """Per-member predictions in standardized Box-Cox space, ``[n_members, n_programs]``."""
+        packed = self.pack(programs)
+        dev_matrix, dev_rows = self._devices(devices, len(packed))
+        out = np.empty((len(self.members), len(packed)), dtype=np.float32)
+        for m in self.members:
+            m.eval()
+        names = [devices] * len(packed) if isinstance(devices, str) else list(devices)
+        extra, offset = self.model_inputs(packed, names)
+        for idx in length_sorted_batches(packed.lengths, batch_size):
+            x, pos, mask = packed.batch(idx)
+            dev = dev_matrix[dev_rows[idx]]
+            e = None if extra is None else extra[idx]
+            o = None if offset is None else offset[idx]
+            for i, m in enumerate(self.members):
+                out[i, idx] = m(x, pos, mask, dev, e, o).numpy()
+        return out
+
+    def interval_z(self, z: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Mean and calibrated interval bounds in Box-Cox space from member predictions ``z``."""
+        mu = z.mean(axis=0).astype(np.float64)
+        spread = z.std(axis=0) if len(z) > 1 else np.zeros_like(mu)
+        half = self.calibration["q"] * (spread + self.calibration["delta"])
+        return mu, mu - half, mu + half
+
+    def predict(self, programs, devices: str | Sequence[str], batch_size: int = 256):
+        """Latency in seconds for each program on its device: ``(mean, lo90, hi90)`` numpy arrays.
+
+        ``devices`` is one device name for all programs or one per program. ``mean`` is the inverse
+        Box-Cox of the ensemble mean (a median-like point estimate); the bounds are the calibrated
+        interval mapped back through the same monotone inverse.
+        """
+        mu, lo, hi = self.interval_z(self.predict_z(programs, devices, batch_size))
+        inv = self.label_transform.inverse_transform
+        c = self.calibration.get("scale", 1.0)  # validation-chosen MAPE factor (train.mape_scale), 1 if none
+        return c * inv(mu), c * inv(lo), c * inv(hi)
+
+    @torch.inference_mode()
+    def embed(self, programs, member: int = 0, batch_size: int = 256) -> np.ndarray:
+        """Program embeddings ``[n, d_model]`` from one member (members' spaces differ, so no averaging)."""
+        packed = self.pack(programs)
+        m = self.members[member].eval()
+        out = np.empty((len(packed), m.d_model), dtype=np.float32)
+        extra, _ = self.model_inputs(packed)
+        for idx in length_sorted_batches(packed.lengths, batch_size):
+            out[idx] = m.embed(*packed.batch(idx), None if extra is None else extra[idx]).numpy()
+        return out
+
+    def calibrate(self, z_members: np.ndarray, z_true: np.ndarray, level: float = 0.9) -> dict:
+        """Split-conformal calibration of the interval on held-out data (the validation split).
+
+        Scores are |z_true - mean| / (std + delta), delta = median member std (so a near-zero spread
+        cannot make a score explode); q is the ceil((n+1)·level)/n empirical quantile of the scores.
+        """
+        mu = z_members.mean(axis=0)
+        spread = z_members.std(axis=0) if len(z_members) > 1 else np.zeros_like(mu)
+        delta = float(max(np.median(spread), 1e-3))
+        scores = np.abs(np.asarray(z_true) - mu) / (spread + delta)
+        n = len(scores)
+        rank = min(1.0, np.ceil((n + 1) * level) / n)
+        q = float(np.quantile(scores, rank, method="higher"))
+        self.calibration = {**self.calibration, "level": level, "q": q, "delta": delta, "n": n}
+        return self.calibration
+
+    # ---- persistence --------------------------------------------------------------------------------
+    def save(self, directory: str | Path) -> Path:
+        """Write ``weights.safetensors`` and ``predictor.json`` into ``directory`` (created if needed)."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        tensors = {f"member{i}.{k}": v.detach().contiguous().cpu()
+                   for i, m in enumerate(self.members) for k, v in m.state_dict().items()}
+        save_file(tensors, str(directory / "weights.safetensors"))
+        meta = dict(format_version=FORMAT_VERSION, n_members=len(self.members),
+                    model=self.members[0].hparams, config=self.config,
+                    feature_normalizer=self.feature_normalizer.to_dict(),
+                    label_transform=self.label_transform.to_dict(), device_specs=self.device_specs.to_dict(),
+                    calibration=self.calibration, featurizer_version=self.featurizer_version, summary=self.summary,
+                    program_inputs=self.program_inputs)
+        (directory / "predictor.json").write_text(json.dumps(meta, indent=1, default=_json_default))
+        return directory
+
+    @classmethod
+    def load(cls, directory: str | Path) -> "TrainedModel":
+        directory = Path(directory)
+        meta = json.loads((directory / "predictor.json").read_text())
+        if meta.get("format_version") != FORMAT_VERSION:
+            raise ValueError(f"{directory}: checkpoint format {meta.get('format_version')}, this cdmpp reads {FORMAT_VERSION}")
+        tensors = load_file(str(directory / "weights.safetensors"))
+        members = []
+        for i in range(meta["n_members"]):
+            m = CDMPPModel(**meta["model"])
+            prefix = f"member{i}."
+            m.load_state_dict({k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)})
+            members.append(m.eval())
+        here = current_featurizer_version()
+        if here != "unknown" and meta["featurizer_version"] not in ("unknown", here):
+            warnings.warn(f"checkpoint was trained on featurizer {meta['featurizer_version']}, this process runs {here}")
+        return cls(members, FeatureNormalizer.from_dict(meta["feature_normalizer"]),
+                   BoxCox.from_dict(meta["label_transform"]), DeviceSpecs.from_dict(meta["device_specs"]),
+                   meta["config"], meta["calibration"], meta["featurizer_version"], meta["summary"],
+                   meta.get("program_inputs"))
+
+
+def _json_default(obj):
+    if isinstance(obj, (np.integer, np.floating)):
+        return obj.item()
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    raise TypeError(f"{type(obj).__name__} is not JSON serializable")

@@ -1,0 +1,218 @@
+"""``CDMPPCostModel``: cdmpp as a MetaSchedule cost model (``ms.tune_tir(..., cost_model=CDMPPCostModel())``).
+
+A search asks its cost model to score thousands of candidate schedules per iteration and then measures
+a few. Scores must be higher-is-better and non-negative: MetaSchedule's evolutionary search clamps them
+at 0 and samples mutation parents in proportion to them. So the score is predicted *throughput*
+relative to a fixed per-task reference (the fastest prediction of the first call for that task),
+``ref / seconds``, like XGBoost's normalized throughput; the order is that of -log(seconds).
+
+``update`` keeps the measured (program, seconds) pairs. With ``online_finetune`` the in-process model
+is fine-tuned (``cdmpp.model.training.finetune``) on them every ``finetune_every`` new results: a few measured
+programs of the task teach the pre-trained model this task's latency scale. The caller's ``Predictor``
+is never modified: the fine-tuned model is this cost model's own. With ``url`` the predictions come from
+a cdmpp server (``cdmpp.predict.client.Client``); candidates travel as traces over one shared workload, and
+there is no in-process model to fine-tune.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+from typing import Any
+
+import numpy as np
+
+from cdmpp.program import tvm_env
+
+tvm_env.setup()
+from tvm.ir.utils import derived_object  # noqa: E402
+from tvm.s_tir.meta_schedule.cost_model import PyCostModel  # noqa: E402
+
+
+@derived_object
+class CDMPPCostModel(PyCostModel):
+    """MetaSchedule cost model backed by a cdmpp ``Predictor`` (in process) or a cdmpp server (``url``).
+
+    ``device``: the device id the tuned programs run on; default: the model's device whose target has
+    the tuning target's mcpu and core count. Counters (``n_predict_calls``, ``n_predicted``,
+    ``n_results``, ``n_finetunes``) say what the search asked.
+    """
+
+    def __init__(self, predictor=None, url: str | None = None, device: str | None = None,
+                 online_finetune: bool = True, finetune_every: int = 16, finetune_steps: int = 20,
+                 max_buffer: int = 1024, token: str | None = None, model: str | None = None):
+        super().__init__()
+        if predictor is not None and url is not None:
+            raise ValueError("pass a predictor or a url, not both")
+        self.url = url
+        self.client = None
+        self.predictor = None
+        if url is not None:
+            from cdmpp.predict.client import Client
+
+            self.client = Client(url, token=token)
+        else:
+            from cdmpp.predict.predictor import Predictor
+
+            self.predictor = predictor if predictor is not None else Predictor.load(model)
+        self.device = device
+        self.online_finetune = bool(online_finetune and url is None)
+        self.finetune_every, self.finetune_steps, self.max_buffer = finetune_every, finetune_steps, max_buffer
+        self.model_ = None  # the fine-tuned TrainedModel, once there is one
+        self.buffer_: list = []  # cdmpp.model.training.Sample of every measured candidate (newest last)
+        self.since_finetune_ = 0
+        self._featurizer = None  # cdmpp.program.features.Featurizer, made on first use
+        self.reference_: dict[int, float] = {}  # task (workload hash) -> reference seconds of its scores
+        self.n_predict_calls = self.n_predicted = self.n_results = self.n_failed_results = self.n_finetunes = 0
+
+    # ---- MetaSchedule interface -----------------------------------------------------------------------
+    def load(self, path: str) -> None:
+        """No-op: the predictor is a cdmpp checkpoint (``Predictor.load``); measured pairs are not reloaded."""
+
+    def save(self, path: str) -> None:
+        """Write the measured (program hash, seconds) pairs as JSON, for inspection; not a checkpoint."""
+        with open(path, "w") as f:
+            json.dump({"device": self.device, "n_finetunes": self.n_finetunes,
+                       "measured": [{"program_hash": s.features.program_hash, "seconds": s.seconds, "task": s.task}
+                                    for s in self.buffer_]}, f)
+
+    def predict(self, context, candidates) -> np.ndarray:
+        self.n_predict_calls += 1
+        self.n_predicted += len(candidates)
+        if not candidates:
+            return np.zeros(0, dtype="float64")
+        device = self._device(context)
+        seconds = self._remote(context, candidates, device) if self.client else self._local(context, candidates, device)
+        key = _workload_key(context.mod)
+        ok = np.isfinite(seconds) & (seconds > 0)
+        if key not in self.reference_ and ok.any():
+            self.reference_[key] = float(seconds[ok].min())
+        ref = self.reference_.get(key, 1.0)
+        return np.where(ok, ref / np.where(ok, seconds, 1.0), 0.0).astype("float64")
+
+    def update(self, context, candidates, results) -> None:
+        from cdmpp.model.training import Sample
+
+        measured = []
+        for c, r in zip(candidates, results):
+            secs = [float(s) for s in (r.run_secs or [])]
+            if r.error_msg is None and secs and all(math.isfinite(s) and 0 < s < 1e9 for s in secs):
+                measured.append((c, float(np.median(secs))))
+            else:
+                self.n_failed_results += 1
+        self.n_results += len(measured)
+        if not measured or self.predictor is None:
+            return
+        feats = self._features(context, [c for c, _ in measured])
+        task = f"{_workload_key(context.mod) & (2**64 - 1):016x}"
+        device = self._device(context)
+        self.buffer_ += [Sample(f, device, s, task) for f, (_, s) in zip(feats, measured) if f is not None]
+        del self.buffer_[:-self.max_buffer]
+        self.since_finetune_ += len(measured)
+        if self.online_finetune and self.since_finetune_ >= self.finetune_every:
+            self.finetune()
+
+    # ---- cdmpp --------------------------------------------------------------------------------------
+    def finetune(self) -> None:
+        """Fine-tune the current model (pre-trained or already fine-tuned) on every buffered measurement."""
+        from cdmpp.model.training import finetune
+
+        if not self.buffer_:
+            return
+        self.model_ = finetune(self.model_ or self.predictor.model, self.buffer_, steps=self.finetune_steps)
+        self.since_finetune_ = 0
+        self.n_finetunes += 1
+
+    def _device(self, context) -> str:
+        if self.device is None:
+            self.device = _match_device(self._devices_with_targets(), context.target)
+        return self.device
+
+    def _devices_with_targets(self) -> dict[str, dict]:
+        if self.client is not None:
+            return {d["id"]: d.get("info", {}).get("target") or {} for d in self.client.devices()}
+        return {d: self.predictor.device_info(d).get("target") or {} for d in self.predictor.devices()}
+
+    def _features(self, context, candidates) -> list:
+        """Features per candidate, extracted on the tuning context's threads; None for one that fails."""
+        from cdmpp.program.features import Featurizer
+
+        if self._featurizer is None:
+            self._featurizer = Featurizer()
+        try:
+            return self._featurizer.from_candidates(context, candidates)
+        except Exception:
+            out = []
+            for c in candidates:
+                try:
+                    out.append(self._featurizer.from_candidates(context, [c])[0])
+                except Exception:
+                    out.append(None)
+            return out
+
+    def _local(self, context, candidates, device: str) -> np.ndarray:
+        feats = self._features(context, candidates)
+        good = [i for i, f in enumerate(feats) if f is not None]
+        seconds = np.full(len(candidates), np.nan)
+        if good:
+            fs = [feats[i] for i in good]
+            with _torch_threads(1):
+                if self.model_ is not None:
+                    seconds[good] = self.model_.predict(fs, device)[0]
+                else:
+                    seconds[good] = [p.seconds for p in self.predictor.predict_features(fs, device)]
+        return seconds
+
+    def _remote(self, context, candidates, device: str) -> np.ndarray:
+        from cdmpp.program.inputs import ProgramError, to_json_value
+        from tvm.s_tir.meta_schedule.database import Workload
+
+        # JSON text of each {"trace": ...}: the server parses text only for programs it has not seen
+        items: list[Any] = [json.dumps({"trace": to_json_value(c.sch.trace.as_json())}, separators=(",", ":"))
+                            for c in candidates]
+        workload = Workload(context.mod).as_json()
+        seconds = np.full(len(candidates), np.nan)
+        try:
+            preds = self.client.predict(items, device, target=str(context.target.kind.name), workload=workload)
+            seconds[:] = [p.seconds for p in preds]
+        except ProgramError as e:  # score the bad candidates 0 and ask again for the rest
+            bad = {int(x["index"]) for x in getattr(e, "errors", None) or []}
+            keep = [i for i in range(len(items)) if i not in bad]
+            if bad and keep:
+                preds = self.client.predict([items[i] for i in keep], device, target=str(context.target.kind.name),
+                                            workload=workload)
+                seconds[keep] = [p.seconds for p in preds]
+        return seconds
+
+
+@contextlib.contextmanager
+def _torch_threads(n: int):
+    """Run torch on ``n`` intra-op threads meanwhile: a batch of candidates is small work, and torch's
+    default (one thread per core) spins against the tuner's own threads (20-70x slower when they are busy)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _workload_key(mod) -> int:
+    import tvm_ffi
+
+    return int(tvm_ffi.structural_hash(mod))
+
+
+def _match_device(devices: dict[str, dict], target) -> str:
+    """The device whose recorded target has the tuning target's kind, mcpu and core count."""
+    kind = str(target.kind.name)
+    attrs = {str(k): v for k, v in target.attrs.items()}
+    mcpu, cores = str(attrs.get("mcpu", "")), int(attrs.get("num-cores", 0) or 0)
+    for d, t in sorted(devices.items()):
+        if t.get("kind") == kind and str(t.get("mcpu", "")) == mcpu and int(t.get("num-cores", 0) or 0) == cores:
+            return d
+    raise ValueError(f"no device of the model matches target {target}; "
+                     f"pass device= one of {', '.join(sorted(devices))}")

@@ -1,0 +1,223 @@
+"""``Predictor``: programs in any accepted form + a device id → latency with a 90 % interval.
+
+The one object that the CLI, the HTTP service, the MetaSchedule cost model and notebooks call. It
+featurizes (with an in-memory cache keyed by program hash), then runs the trained ensemble, and says
+for each prediction whether it lies outside what the model was trained on (``Prediction.ood``).
+
+Text and JSON (TVMScript, workload+trace) may come from anywhere and TVMScript is parsed by running
+Python, so ``predict`` parses them in a sandbox worker (``cdmpp.sandbox.pool``) unless the caller passes
+``trusted=True``; TVM objects (PrimFunc, IRModule, Schedule) were built in this process and stay here.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+from cdmpp import defaults
+
+
+
+class UnknownDeviceError(KeyError):
+    def __init__(self, device: str, known: Sequence[str]):
+        super().__init__(device)
+        self.device, self.known = device, list(known)
+
+    def __str__(self) -> str:
+        return f"unknown device {self.device!r}; known devices: {', '.join(self.known)}"
+
+
+# Out-of-distribution flags (``Prediction.ood``): why a prediction deserves less trust than the model's
+# validation error suggests.
+DEVICE_UNTRAINED = "device_untrained"  # the device had no training data (predicted from its specs only)
+TARGET_MISMATCH = "target_kind_mismatch"  # the program's target kind is not the one the device runs
+FEATURES_OUT_OF_RANGE = "features_out_of_range"  # a leaf feature lies far outside the training values
+
+
+@dataclass
+class Prediction:
+    seconds: float
+    lo90: float
+    hi90: float
+    ood: tuple[str, ...] = ()  # empty: program and device lie inside what the model was trained on
+
+    @property
+    def in_distribution(self) -> bool:
+        return not self.ood
+
+
+class Predictor:
+    """A loaded model plus featurization. Thread-safe for concurrent ``predict`` calls."""
+
+    def __init__(self, model, path: str | os.PathLike | None = None, cache_size: int = 100_000):
+        self.model = model
+        self.path = str(path) if path else None
+        self._cache: OrderedDict[str, object] = OrderedDict()
+        self._cache_size = cache_size
+        self._lock = threading.Lock()
+        self._featurizer = None
+
+    @classmethod
+    def load(cls, path: str | os.PathLike | None = None) -> "Predictor":
+        """Load a checkpoint folder (default: the model shipped with cdmpp)."""
+        from cdmpp.model.checkpoint import TrainedModel
+
+        path = Path(path) if path else defaults.MODEL
+        if not (path / "predictor.json").exists():
+            raise FileNotFoundError(f"no cdmpp checkpoint at {path} (expected predictor.json + weights.safetensors)")
+        return cls(TrainedModel.load(path), path)
+
+    # ---- what the model knows -------------------------------------------------------------------
+    @property
+    def version(self) -> str:
+        s = self.model.summary
+        return str(s.get("model_version") or s.get("name") or "unversioned")
+
+    def devices(self) -> list[str]:
+        return sorted(self.model.device_specs.table)
+
+    def device_info(self, device: str) -> dict:
+        if device not in self.model.device_specs.table:
+            raise UnknownDeviceError(device, self.devices())
+        known = self.model.summary.get("devices")
+        info = dict(known.get(device, {})) if isinstance(known, dict) else {}  # fit() stores a plain list
+        info.setdefault("specs", self.model.device_specs.table[device])
+        return info
+
+    def target_kind(self, device: str) -> str:
+        target = self.device_info(device).get("target") or {}
+        return "cuda" if (target.get("kind") == "cuda" or "/cuda" in device) else "llvm"
+
+    def trained_on(self, device: str) -> bool:
+        """Whether the model saw measurements of ``device`` (else its predictions rest on specs alone)."""
+        train = self.model.summary.get("train_devices")
+        return True if train is None else device in train
+
+    def ood_flags(self, features: Sequence, device: str, target_kind: str | None = None) -> list[tuple[str, ...]]:
+        """Out-of-distribution flags per program. Features are out of range when a leaf value lies outside
+        the training leaves' [min, max] of its column (checkpoints that record it), or, for older
+        checkpoints, differs from a column that was constant in training or is not finite: values the model
+        certainly never saw. (A z-score rule flagged half of ordinary programs: rare binary columns.)"""
+        common = []
+        if not self.trained_on(device):
+            common.append(DEVICE_UNTRAINED)
+        if target_kind is not None and target_kind != self.target_kind(device):
+            common.append(TARGET_MISMATCH)
+        norm = self.model.feature_normalizer
+        lo, hi = getattr(norm, "min_", None), getattr(norm, "max_", None)
+        if lo is None or hi is None:  # the column's one training value, where it had only one
+            const = norm.inv_scale_ == 0
+            center = np.where(norm.log_cols_, np.expm1(np.abs(norm.center_)) * np.sign(norm.center_), norm.center_)
+            lo = hi = None
+        out = []
+        for f in features:
+            x = np.asarray(f.leaf_features, dtype=np.float64)
+            with np.errstate(all="ignore"):
+                if lo is not None:
+                    tol = 1e-5 * (1.0 + np.abs(hi.astype(np.float64)))
+                    far = (x < lo - tol) | (x > hi + tol)
+                else:
+                    far = const & (np.abs(x - center) > 1e-3 * (1.0 + np.abs(center)))
+                far = far | ~np.isfinite(x)
+            out.append(tuple(common + ([FEATURES_OUT_OF_RANGE] if far.any() else [])))
+        return out
+
+    # ---- featurization with a cache ---------------------------------------------------------------
+    def featurize(self, programs: Sequence, target: str = "llvm", trusted: bool = False) -> list:
+        """ProgramFeatures for each program; repeated programs (same structural hash) are featurized once.
+
+        Text and dict items are parsed in a sandbox worker unless ``trusted``; a bad one raises
+        ``ProgramError`` with ``errors`` = ``[{"index", "reason"}]``.
+        """
+        from cdmpp.program.inputs import Program
+
+        tvm_objects = [i for i, p in enumerate(programs) if trusted or not isinstance(p, (str, dict))]
+        out: list = [None] * len(programs)
+        if len(tvm_objects) < len(programs):
+            out = self._featurize_untrusted(programs, target, set(tvm_objects))
+        if not tvm_objects:
+            return out
+        from cdmpp.program.features import Featurizer, program_hash
+        from cdmpp.program.inputs import load_program
+
+        progs = {i: programs[i] if isinstance(programs[i], Program) else load_program(programs[i], target)
+                 for i in tvm_objects}
+        hashes = {i: program_hash(p.mod) for i, p in progs.items()}
+        todo = []
+        with self._lock:
+            for i, h in hashes.items():
+                f = self._cache.get(h)
+                if f is not None:
+                    self._cache.move_to_end(h)
+                    out[i] = f
+                else:
+                    todo.append(i)
+            if self._featurizer is None and todo:
+                self._featurizer = Featurizer()
+        if todo:
+            feats = self._featurizer([progs[i] for i in todo])
+            with self._lock:
+                for i, f in zip(todo, feats):
+                    out[i] = f
+                    self._cache[hashes[i]] = f
+                while len(self._cache) > self._cache_size:
+                    self._cache.popitem(last=False)
+        return out
+
+    def _featurize_untrusted(self, programs: Sequence, target, skip: set[int]) -> list:
+        from cdmpp.program.inputs import TARGET_KINDS, ProgramError
+        from cdmpp.sandbox.pool import default_sandbox
+
+        kind = target.strip() if isinstance(target, str) else str(target.kind.name)  # a str or a tvm Target
+        if kind not in TARGET_KINDS:
+            raise ProgramError(f"unknown target {target!r}: expected one of {', '.join(TARGET_KINDS)}")
+        idx = [i for i in range(len(programs)) if i not in skip]
+        feats, errors, _, _ = default_sandbox(kind).run([programs[i] for i in idx], idx, kind, tvmscript=True)
+        if errors:
+            err = ProgramError("; ".join(f"program {i}: {r}" for i, r in errors[:5]))
+            err.errors = [{"index": i, "reason": r} for i, r in errors]
+            raise err
+        out: list = [None] * len(programs)
+        for i, f in zip(idx, feats):
+            out[i] = f
+        return out
+
+    # ---- prediction -----------------------------------------------------------------------------
+    def predict_features(self, features: Sequence, device: str, target_kind: str | None = None) -> list[Prediction]:
+        """Predictions for featurized programs; ``target_kind`` (the programs' target) feeds the OOD flags."""
+        if device not in self.model.device_specs.table:
+            raise UnknownDeviceError(device, self.devices())
+        if not features:
+            return []
+        empty = [i for i, f in enumerate(features) if f.n_leaves == 0]
+        if empty:
+            from cdmpp.program.inputs import ProgramError
+            from cdmpp.sandbox.pool import NO_COMPUTATION
+
+            err = ProgramError(f"program {empty[0]}: {NO_COMPUTATION}")
+            err.errors = [{"index": i, "reason": NO_COMPUTATION} for i in empty]
+            raise err
+        mean, lo, hi = self.model.predict(list(features), device)
+        flags = self.ood_flags(features, device, target_kind)
+        return [Prediction(float(m), float(a), float(b), f) for m, a, b, f in zip(mean, lo, hi, flags)]
+
+    def predict(self, programs: Sequence, device: str, trusted: bool = False, target: str | None = None) -> list[Prediction]:
+        """Latency (seconds) with a 90 % interval and OOD flags for each program on ``device``.
+
+        Programs: PrimFunc, IRModule, Schedule, TVMScript text or workload+trace JSON (see
+        ``cdmpp.program.inputs``); text and JSON are parsed in a sandbox worker unless ``trusted=True`` (say so
+        only for text you wrote or generated yourself). ``target``: "llvm"/"cuda", default the device's.
+        Raises ``UnknownDeviceError`` or ``cdmpp.program.inputs.ProgramError``.
+        """
+        if device not in self.model.device_specs.table:
+            raise UnknownDeviceError(device, self.devices())
+        kind = target or self.target_kind(device)
+        return self.predict_features(self.featurize(programs, kind, trusted), device, kind)
+
+    def predict_seconds(self, programs: Sequence, device: str, trusted: bool = False) -> np.ndarray:
+        return np.array([p.seconds for p in self.predict(programs, device, trusted)])

@@ -1,0 +1,166 @@
+"""Leaf features of a scheduled program: one TVM per-store feature row per compact-AST leaf.
+
+``featurize`` returns ``ProgramFeatures``: the leaf feature matrix, each leaf's pre-order position,
+the program's FLOP count and a stable hash. Feature values come from MetaSchedule's own
+``PerStoreFeature`` extractor (164 values per row; names and meaning in ``FEATURE_NAMES`` and
+docs/features.md); the compact AST (``cdmpp.program.compact_ast``) supplies the positions. Row *i* belongs to
+leaf *i* by construction (one leaf per stored buffer, in first-store order); ``featurize`` checks that
+the counts agree and raises ``ProgramError`` if they ever do not.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from cdmpp.program import tvm_env
+from cdmpp.program.compact_ast import CompactAST, build_compact_ast, lower_for_features
+from cdmpp.program.inputs import Program, ProgramError, load_program
+
+FEATURIZER_VERSION = "1"
+
+
+def _feature_names() -> list[str]:
+    """Column names of TVM's PerStoreFeature (buffers_per_store=5, 10 intensity samples)."""
+    names = [f"{t}_{op}" for t in ("float", "int") for op in
+             ("mad", "addsub", "mul", "divmod", "cmp", "math_func", "other_func")]
+    names += ["bool_op", "select_op"]
+    positions = ["none", "inner_spatial", "middle_spatial", "outer_spatial", "inner_reduce",
+                 "middle_reduce", "outer_reduce", "mixed"]
+    for ann in ("vec", "unroll", "parallel"):
+        names += [f"{ann}_num", f"{ann}_prod", f"{ann}_len"] + [f"{ann}_pos_{p}" for p in positions]
+    names += ["is_gpu", "blockIdx_x_len", "blockIdx_y_len", "blockIdx_z_len", "threadIdx_x_len",
+              "threadIdx_y_len", "threadIdx_z_len", "vthread_len"]
+    for b in range(5):
+        names += [f"B{b}_{n}" for n in (
+            "acc_read", "acc_write", "acc_readwrite", "bytes", "unique_bytes", "lines", "unique_lines",
+            "reuse_loop_multiple_read", "reuse_serial_multiple_read_write", "reuse_none",
+            "reuse_dis_iter", "reuse_dis_bytes", "reuse_ct", "bytes_d_reuse_ct",
+            "unique_bytes_d_reuse_ct", "lines_d_reuse_ct", "unique_lines_d_reuse_ct", "stride")]
+    names += [f"arith_intensity_{i}" for i in range(10)]
+    names += ["alloc_size", "alloc_prod", "alloc_outer_prod", "alloc_inner_prod"]
+    names += ["outer_prod", "num_loops", "auto_unroll_max_step"]
+    return names
+
+
+FEATURE_NAMES = _feature_names()
+N_FEATURES = len(FEATURE_NAMES)  # 164
+_FLOAT_OP_COLUMNS = slice(0, 7)  # float mad/addsub/mul/divmod/cmp/math/other, log2(x+1)-scaled
+
+
+@dataclass
+class ProgramFeatures:
+    """What the predictor sees of one program."""
+
+    leaf_features: np.ndarray  # float32 [n_leaves, N_FEATURES]
+    positions: np.ndarray  # int64 [n_leaves]: pre-order index of each leaf in the compact AST
+    flops: float
+    program_hash: str
+
+    @property
+    def n_leaves(self) -> int:
+        return int(self.leaf_features.shape[0])
+
+
+def program_hash(mod) -> str:
+    """Structural hash of the scheduled module: equal programs hash equal across processes."""
+    import tvm_ffi
+
+    return f"{tvm_ffi.structural_hash(mod) & (2**64 - 1):016x}"
+
+
+def flops_from_rows(rows: np.ndarray) -> float:
+    """Floating-point operations of the program, undoing TVM's log2(x+1) scaling of its op counts."""
+    if rows.size == 0:
+        return 0.0
+    return float(np.rint(np.sum(np.exp2(rows[:, _FLOAT_OP_COLUMNS].astype(np.float64)) - 1.0)))
+
+
+class Featurizer:
+    """Featurizes batches of programs; keeps one TVM extractor and tuning context per target."""
+
+    def __init__(self, num_threads: int = 1):
+        self.num_threads = num_threads
+        self._contexts: dict[str, object] = {}
+        tvm_env.setup()
+        from tvm.s_tir import meta_schedule as ms
+
+        self._ms = ms
+        self._extractor = ms.feature_extractor.PerStoreFeature()
+
+    def _context(self, target):
+        key = str(target)
+        if key not in self._contexts:
+            self._contexts[key] = self._ms.TuneContext(target=target, num_threads=self.num_threads)
+        return self._contexts[key]
+
+    def __call__(self, programs, target="llvm") -> list[ProgramFeatures]:
+        progs = [p if isinstance(p, Program) else load_program(p, target) for p in programs]
+        out: list[ProgramFeatures] = []
+        by_target: dict[str, list[int]] = {}
+        for i, p in enumerate(progs):
+            by_target.setdefault(str(p.target), []).append(i)
+        result: list[ProgramFeatures | None] = [None] * len(progs)
+        for idx in by_target.values():
+            rows = self._extract([progs[i] for i in idx])
+            for i, r in zip(idx, rows):
+                result[i] = self._assemble(progs[i], r)
+        out.extend(result)  # type: ignore[arg-type]
+        return out
+
+    def from_candidates(self, context, candidates) -> list[ProgramFeatures]:
+        """Features of MetaSchedule ``MeasureCandidate``s inside a tuner: the candidates' own schedules
+        (none rebuilt) and the tuning context's thread count, as MetaSchedule's own cost models do."""
+        try:
+            tensors = self._extractor.extract_from(context, candidates)
+        except Exception as e:
+            raise ProgramError(f"feature extraction failed: {str(e).strip().splitlines()[-1][:300]}") from None
+        return [self._assemble(Program(c.sch.mod, context.target), t.numpy().astype(np.float32))
+                for c, t in zip(candidates, tensors)]
+
+    def _extract(self, progs: list[Program]) -> list[np.ndarray]:
+        ms = self._ms
+        from tvm.s_tir import Schedule
+
+        cands = []
+        for p in progs:
+            try:
+                cands.append(ms.MeasureCandidate(Schedule(p.mod), ms.arg_info.ArgInfo.from_prim_func(p.mod["main"])))
+            except Exception as e:
+                raise ProgramError(f"program is not a valid scheduled PrimFunc: {str(e).strip().splitlines()[-1][:300]}") from None
+        try:
+            tensors = self._extractor.extract_from(self._context(progs[0].target), cands)
+        except Exception as e:
+            raise ProgramError(f"feature extraction failed: {str(e).strip().splitlines()[-1][:300]}") from None
+        return [t.numpy().astype(np.float32) for t in tensors]
+
+    @staticmethod
+    def _assemble(p: Program, rows: np.ndarray) -> ProgramFeatures:
+        ast = compact_ast_of(p, expected_leaves=rows.shape[0])
+        return ProgramFeatures(rows, np.asarray(ast.leaf_positions, dtype=np.int64), flops_from_rows(rows),
+                               program_hash(p.mod))
+
+
+def compact_ast_of(p: Program, expected_leaves: int | None = None) -> CompactAST:
+    """The compact AST, walked on the scheduled module when that agrees with TVM's rows (CPU), else on
+    the module after TVM's feature passes (which GPU programs always need: thread-binding unification)."""
+    if not p.is_gpu:
+        ast = build_compact_ast(p.mod)
+        if expected_leaves is None or ast.n_leaves == expected_leaves:
+            return ast
+    ast = build_compact_ast(lower_for_features(p.mod))
+    if expected_leaves is not None and ast.n_leaves != expected_leaves:
+        raise ProgramError(f"compact AST has {ast.n_leaves} leaves but TVM extracted {expected_leaves} feature rows")
+    return ast
+
+
+_DEFAULT: Featurizer | None = None
+
+
+def featurize(program, target="llvm") -> ProgramFeatures:
+    """Featurize one program given in any form ``load_program`` accepts."""
+    global _DEFAULT
+    if _DEFAULT is None:
+        _DEFAULT = Featurizer()
+    return _DEFAULT([program], target)[0]

@@ -1,0 +1,213 @@
+"""Load a measured dataset as training samples: features, device, latency label, task and networks.
+
+Records come from ``cdmpp.records.store.RecordStore``; programs are rebuilt from the task's workload and the
+record's trace, then featurized. Features are cached on disk keyed by program hash and
+``FEATURIZER_VERSION`` (a changed featurizer never reuses stale features), in append-only ``.npz``
+chunks, so a second load of the same data does not touch TVM at all.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from cdmpp import defaults
+from cdmpp.measure.campaigns import label, usable
+from cdmpp.program.features import FEATURIZER_VERSION, ProgramFeatures
+from cdmpp.records.store import LoadReport, RecordStore, publish_numbered
+
+
+@dataclass
+class LabeledProgram:
+    """One successfully measured program."""
+
+    features: ProgramFeatures
+    device: str
+    seconds: float  # the fastest measured repeat over all passes (collect.label)
+    task: str
+    task_name: str
+    networks: list[str]  # "network@batch" occurrences of its task
+    record_id: str
+
+
+@dataclass
+class Dataset:
+    programs: list[LabeledProgram] = field(default_factory=list)
+    failed: int = 0  # records with a build/run error or measured while others were busy (never labels)
+    report: LoadReport = field(default_factory=LoadReport)
+
+    def __len__(self) -> int:
+        return len(self.programs)
+
+    def filter(self, devices=None, networks=None, tasks=None) -> "Dataset":
+        nets = set(networks) if networks else None
+        out = [p for p in self.programs
+               if (not devices or p.device in devices)
+               and (not tasks or p.task in tasks or p.task_name in tasks)
+               and (nets is None or any(o.split("@")[0] in nets or o in nets for o in p.networks))]
+        return Dataset(out, self.failed, self.report)
+
+    def devices(self) -> list[str]:
+        return sorted({p.device for p in self.programs})
+
+    def networks(self) -> list[str]:
+        return sorted({o.split("@")[0] for p in self.programs for o in p.networks})
+
+
+class FeatureCache:
+    """program hash → ProgramFeatures, persisted as ``features-v<version>-NNNN.npz`` chunks."""
+
+    def __init__(self, directory: str):
+        self.directory = directory
+        self.items: dict[str, ProgramFeatures] = {}
+        self._new: list[ProgramFeatures] = []
+        os.makedirs(directory, exist_ok=True)
+        for path in sorted(glob.glob(os.path.join(directory, f"features-v{FEATURIZER_VERSION}-*.npz"))):
+            try:
+                with np.load(path, allow_pickle=False) as z:
+                    rows, pos, off, flops, hashes = z["rows"], z["positions"], z["offsets"], z["flops"], z["hashes"]
+            except Exception as e:  # a torn chunk only costs re-featurization
+                print(f"feature cache: skipping unreadable {path}: {e}", file=sys.stderr)
+                continue
+            for i, h in enumerate(hashes):
+                a, b = off[i], off[i + 1]
+                self.items[str(h)] = ProgramFeatures(rows[a:b], pos[a:b], float(flops[i]), str(h))
+
+    def get(self, h: str) -> ProgramFeatures | None:
+        return self.items.get(h)
+
+    def put(self, f: ProgramFeatures) -> None:
+        if f.program_hash not in self.items:
+            self.items[f.program_hash] = f
+            self._new.append(f)
+
+    def flush(self) -> None:
+        if not self._new:
+            return
+        off = np.cumsum([0] + [f.n_leaves for f in self._new])
+        fd, tmp = tempfile.mkstemp(prefix=".features-", suffix=".tmp.npz", dir=self.directory)
+        os.close(fd)
+        np.savez_compressed(tmp, rows=np.concatenate([f.leaf_features for f in self._new]),
+                            positions=np.concatenate([f.positions for f in self._new]), offsets=off,
+                            flops=np.array([f.flops for f in self._new]),
+                            hashes=np.array([f.program_hash for f in self._new]))
+        publish_numbered(tmp, self.directory, f"features-v{FEATURIZER_VERSION}-", ".npz")
+        self._new = []
+
+
+def load_dataset(dataset_dir: str, task_table, devices=None, networks=None, tasks=None,
+                 cache_dir: str | None = None, limit: int | None = None, progress: bool = True) -> Dataset:
+    """Every successfully measured record of ``dataset_dir`` (filtered), featurized (cached)."""
+    from tqdm import tqdm
+
+    store = RecordStore(dataset_dir)
+    report = LoadReport()
+    cache = FeatureCache(cache_dir or defaults.cache_dir(dataset_dir))
+    records, failed = [], 0
+    for rec in store.iter_records(report=report):
+        if devices and rec.get("device") not in devices:
+            continue
+        y = label(rec)
+        if y is None:
+            failed += 1
+            continue
+        records.append((rec, y))
+        if limit and len(records) >= limit:
+            break
+    for p in report.problems:
+        print(f"dataset: {p}", file=sys.stderr)
+    missing = [r for r, _ in records if cache.get(r["program_hash"]) is None]
+    if missing:
+        _featurize_records(missing, task_table, cache, progress)
+    ds = Dataset(failed=failed, report=report)
+    for rec, y in records:
+        f = cache.get(rec["program_hash"])
+        if f is None:
+            continue  # its task is not in the table or its program no longer loads (reported above)
+        ds.programs.append(LabeledProgram(f, rec["device"], y, rec["task"], rec.get("task_name", ""),
+                                          list(rec.get("networks", [])), rec["id"]))
+    return ds.filter(devices, networks, tasks)
+
+
+def _featurize_records(records: list[dict], task_table, cache: FeatureCache, progress: bool) -> None:
+    from tqdm import tqdm
+
+    from cdmpp.program.features import Featurizer
+    from cdmpp.program.inputs import ProgramError, apply_trace, load_program
+    from cdmpp.zoo.tasks import load_task_mod
+
+    featurizer = Featurizer()
+    mods: dict[str, object] = {}
+    last_flush = time.time()
+    for rec in tqdm(records, desc="featurize", unit="prog", disable=not progress, dynamic_ncols=True):
+        key = rec["task"]
+        if key not in mods:
+            mods[key] = load_task_mod(task_table[key]) if key in task_table.tasks else None
+        if mods[key] is None:
+            print(f"dataset: task {key} of {rec['id']} is not in the task table; skipped", file=sys.stderr)
+            continue
+        try:
+            mod = apply_trace(mods[key], rec["trace"])
+            f = featurizer([load_program(mod, "cuda" if "cuda" in rec["device"] else "llvm")])[0]
+        except ProgramError as e:
+            print(f"dataset: {rec['id']}: cannot featurize: {str(e).splitlines()[-1][:200]}", file=sys.stderr)
+            continue
+        f.program_hash = rec["program_hash"]  # the hash the collector stored (same function)
+        cache.put(f)
+        if time.time() - last_flush > 60:
+            cache.flush()
+            last_flush = time.time()
+    cache.flush()
+
+
+def summarize(dataset_dir: str, task_table=None) -> dict:
+    """Counts per device, network and task straight from the records (no featurization)."""
+    from collections import Counter, defaultdict
+
+    report = LoadReport()
+    per_device: Counter = Counter()
+    failed: Counter = Counter()
+    disturbed: Counter = Counter()  # measured while other processes were busy: kept, not labels
+    repassed: Counter = Counter()  # labels with more than one pass (cdmpp remeasure)
+    tasks: dict[str, set] = defaultdict(set)
+    per_network: dict[str, Counter] = defaultdict(Counter)
+    for rec in RecordStore(dataset_dir).iter_records(report=report):
+        dev = rec.get("device", "?")
+        if label(rec) is None:
+            (failed if rec.get("error") or not rec.get("seconds") else disturbed)[dev] += 1
+            continue
+        per_device[dev] += 1
+        repassed[dev] += any(usable(p) for p in rec.get("remeasures", []))
+        tasks[dev].add(rec["task"])
+        for net in {o.split("@")[0] for o in rec.get("networks", [])}:
+            per_network[dev][net] += 1
+    return {
+        "devices": {d: {"programs": per_device[d], "failed": failed[d], "disturbed": disturbed[d], "tasks": len(tasks[d]),
+                        "with_later_passes": repassed[d],
+                        "networks": dict(sorted(per_network[d].items()))} for d in sorted(set(per_device) | set(failed))},
+        "problems": report.problems, "duplicates": report.duplicates,
+    }
+
+
+def summary_markdown(dataset_dir: str, task_table=None) -> str:
+    """Tables for datasets/README.md: programs per device, per network and the tasks covered."""
+    s = summarize(dataset_dir, task_table)
+    lines = ["| device | measured programs (labels) | of them re-measured later | failed builds/runs "
+             "| disturbed (others busy) | tasks |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for dev, d in s["devices"].items():
+        lines.append(f"| `{dev}` | {d['programs']:,} | {d['with_later_passes']:,} | {d['failed']:,} "
+                     f"| {d['disturbed']:,} | {d['tasks']} |")
+    for dev, d in s["devices"].items():
+        lines += ["", f"Programs per network on `{dev}` (a program counts for every network that calls its task):", "",
+                  "| network | programs |", "|---|---:|"]
+        lines += [f"| {net} | {n:,} |" for net, n in d["networks"].items()]
+    if s["problems"]:
+        lines += ["", "Problems found while reading:", ""] + [f"- {p}" for p in s["problems"]]
+    return "\n".join(lines)
