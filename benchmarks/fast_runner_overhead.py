@@ -6,7 +6,8 @@ def cpu(pid):
     f=open(f"/proc/{pid}/stat").read().rsplit(")",1)[1].split(); return (float(f[11])+float(f[12]))/os.sysconf("SC_CLK_TCK")
 def main():
     tvm = tvm_env.setup(1)
-    from cdmpp.measure.campaigns import MeasureConfig, task_seed
+    from cdmpp.measure.campaigns import task_seed
+    from cdmpp.measure.measurer import MeasureConfig
     from cdmpp.measure.fast import FastMeasurer
     from cdmpp.zoo.tasks import TaskTable
     import random

@@ -10,8 +10,9 @@ import tempfile
 import time
 
 from cdmpp.program import tvm_env
-from cdmpp.measure.campaigns import MeasureConfig, Measurer, label
-from cdmpp.devices.spec import DeviceTable
+from cdmpp.measure.measurer import MeasureConfig, Measurer
+from cdmpp.records.labels import label
+from cdmpp.devices.table import DeviceTable
 from cdmpp.program.inputs import apply_trace
 from cdmpp.records.store import RecordStore
 from cdmpp.zoo.tasks import TaskTable, load_task_mod

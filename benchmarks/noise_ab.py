@@ -6,7 +6,8 @@ tvm = tvm_env.setup(2)
 from tvm.s_tir import meta_schedule as ms, Schedule
 from tvm.s_tir.schedule import Trace
 from cdmpp.records.store import RecordStore
-from cdmpp.measure.campaigns import label, CpuGuard
+from cdmpp.measure.guard import CpuGuard
+from cdmpp.records.labels import label
 from cdmpp.zoo.tasks import TaskTable, load_task_mod
 table = TaskTable.load("datasets/tasks-llvm.json.gz")
 recs = [r for r in RecordStore("datasets/measurements").iter_records() if label(r)]

@@ -10,7 +10,7 @@ from collections import Counter, defaultdict
 
 import numpy as np
 
-from cdmpp.measure.campaigns import label, usable
+from cdmpp.records.labels import label, usable
 from cdmpp.records.store import RecordStore
 
 device = sys.argv[1] if len(sys.argv) > 1 else "amd-epyc-znver4-2t/llvm-avx512"

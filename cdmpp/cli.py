@@ -57,8 +57,10 @@ def _add_artifacts_arg(parser) -> None:
 
 def cmd_collect(args) -> int:
     from cdmpp.program import tvm_env
-    from cdmpp.measure.campaigns import MeasureConfig, collect
-    from cdmpp.devices.spec import DeviceTable, probe_local_cpu
+    from cdmpp.measure.campaigns import collect
+    from cdmpp.measure.measurer import MeasureConfig
+    from cdmpp.devices.probe import probe_local_cpu
+    from cdmpp.devices.table import DeviceTable
     from cdmpp.zoo.tasks import TaskTable
 
     threads = args.threads if args.target == "llvm" else 1  # CUDA: the host runs one thread
@@ -74,7 +76,7 @@ def cmd_collect(args) -> int:
               file=sys.stderr)
         return 2
     if args.target == "cuda":
-        from cdmpp.devices.spec import probe_cuda_gpu
+        from cdmpp.devices.cuda import probe_cuda_gpu
 
         device = probe_cuda_gpu()
         target = device.make_target()
@@ -107,7 +109,7 @@ def cmd_collect(args) -> int:
 
 
 def _add_guard_args(parser) -> None:
-    """The quiet-machine rule of every measuring command (``cdmpp.measure.campaigns.CpuGuard``)."""
+    """The quiet-machine rule of every measuring command (``cdmpp.measure.guard.CpuGuard``)."""
     parser.add_argument("--quiet-share", type=float, default=0.05, metavar="SHARE",
                         help="programs run only while other processes use less than this share of all cores; "
                              "a run phase they exceeded it in is measured again (default %(default)s)")
@@ -118,8 +120,9 @@ def _add_guard_args(parser) -> None:
 
 def cmd_noise(args) -> int:
     from cdmpp.program import tvm_env
-    from cdmpp.measure.campaigns import MeasureConfig, remeasure_noise
-    from cdmpp.devices.spec import DeviceTable
+    from cdmpp.measure.measurer import MeasureConfig
+    from cdmpp.measure.remeasure import remeasure_noise
+    from cdmpp.devices.table import DeviceTable
     from cdmpp.zoo.tasks import TaskTable
 
     spec = DeviceTable(args.devices).get(args.device)
@@ -142,8 +145,9 @@ def cmd_noise(args) -> int:
 
 def cmd_remeasure(args) -> int:
     from cdmpp.program import tvm_env
-    from cdmpp.measure.campaigns import MeasureConfig, remeasure
-    from cdmpp.devices.spec import DeviceTable
+    from cdmpp.measure.measurer import MeasureConfig
+    from cdmpp.measure.remeasure import remeasure
+    from cdmpp.devices.table import DeviceTable
     from cdmpp.zoo.tasks import TaskTable
 
     try:
@@ -345,7 +349,7 @@ def _refuse_overwrite(out: str, force: bool, command: str) -> bool:
 
 
 def cmd_train(args) -> int:
-    from cdmpp.evaluation.harness import train_checkpoint
+    from cdmpp.workflows import train_checkpoint
 
     if _refuse_overwrite(args.out, args.force, "train"):
         return 2
@@ -364,7 +368,7 @@ def cmd_train(args) -> int:
 
 
 def cmd_sample(args) -> int:
-    from cdmpp.evaluation.harness import sample_ids
+    from cdmpp.workflows import sample_ids
 
     ids = sample_ids(args.k, args.pool, args.device, args.model, args.sampler, args.task_table, args.seed)
     text = "\n".join(ids) + ("\n" if ids else "")
@@ -378,7 +382,7 @@ def cmd_sample(args) -> int:
 
 
 def cmd_finetune(args) -> int:
-    from cdmpp.evaluation.harness import finetune_checkpoint
+    from cdmpp.workflows import finetune_checkpoint
 
     if _refuse_overwrite(args.out, args.force, "finetune"):
         return 2
@@ -525,7 +529,7 @@ def cmd_network(args) -> int:
     import json
 
     from cdmpp.predict import network as net
-    from cdmpp.devices.spec import DeviceTable
+    from cdmpp.devices.table import DeviceTable
     from cdmpp.predict.predictor import Predictor
     from cdmpp.zoo.tasks import TaskTable
 
@@ -665,7 +669,7 @@ def stop_signals_interrupt():
     While a batch is measured, the Measurer stops at its next build or run instead (``request_stop``).
     Yields the list of signals received: a KeyboardInterrupt raised while TVM calls back into Python
     comes back out of TVM as a RuntimeError."""
-    from cdmpp.measure.campaigns import STOP, request_stop
+    from cdmpp.measure.stop import STOP, request_stop
 
     received: list[int] = []
 

@@ -19,7 +19,8 @@ SCRIPT = textwrap.dedent("""
     from cdmpp.program import tvm_env
     from cdmpp.zoo import workloads
     tvm = tvm_env.setup(1)
-    from cdmpp.measure.campaigns import MeasureConfig, collect
+    from cdmpp.measure.campaigns import collect
+    from cdmpp.measure.measurer import MeasureConfig
     from cdmpp.zoo.tasks import Task, task_key
     target = tvm_env.make_target("llvm", num_cores=1)
     tasks = []
@@ -105,7 +106,8 @@ def test_collect_kill_resume_and_load(tmp_path, monkeypatch):
     from types import SimpleNamespace
 
     from cdmpp.program import tvm_env
-    from cdmpp.measure.campaigns import MeasureConfig, remeasure_noise
+    from cdmpp.measure.measurer import MeasureConfig
+    from cdmpp.measure.remeasure import remeasure_noise
 
     dev = SimpleNamespace(id="test-cpu-1t/llvm", threads=1)
     cfg = MeasureConfig(repeat=3, min_repeat_ms=5, builders=1, quiet_share=1.0)
@@ -119,7 +121,8 @@ def test_collect_kill_resume_and_load(tmp_path, monkeypatch):
     assert len(history) == 2 and 0 <= history[-1]["median_rel_diff"] <= history[-1]["p90_rel_diff"]
 
     # a later pass over every program: real measurements appended, labels the fastest over both passes
-    from cdmpp.measure.campaigns import label, remeasure
+    from cdmpp.measure.remeasure import remeasure
+    from cdmpp.records.labels import label
 
     assert remeasure(table, ds, dev, target, passes=2, min_gap_minutes=60, cfg=cfg, progress=False)["too_recent"] == 8
     killed_run = {r["run"] for r in before.values()}  # only the programs the killed run measured
@@ -185,7 +188,7 @@ def test_sealed_parts_are_gzip_json_lines(tmp_path):
 
 def _quiet_guard(max_share: float):
     """A ``CpuGuard`` and the share others use now; skips the test when the machine is too busy to tell."""
-    from cdmpp.measure.campaigns import CpuGuard
+    from cdmpp.measure.guard import CpuGuard
 
     guard = CpuGuard()
     mark = guard.start()
@@ -228,7 +231,7 @@ def test_a_disturbed_record_is_measured_again_and_superseded(tmp_path):
 
 
 def test_later_passes_attach_to_their_record_and_lower_its_label(tmp_path):
-    from cdmpp.measure.campaigns import label
+    from cdmpp.records.labels import label
 
     store = RecordStore(str(tmp_path))
     store.append("d", [{"id": "d|t|0", "seconds": [3.0, 2.0], "error": None, "disturbed": False},
@@ -250,7 +253,7 @@ def measurer():
     from cdmpp.program import tvm_env
 
     tvm_env.setup(1)
-    from cdmpp.measure.campaigns import Measurer
+    from cdmpp.measure.measurer import Measurer
 
     made = []
 
@@ -271,7 +274,7 @@ def test_integer_inputs_are_valid_indices(measurer):
     tvm = tvm_env.setup(1)
     from tvm import te
 
-    from cdmpp.measure.campaigns import MeasureConfig
+    from cdmpp.measure.measurer import MeasureConfig
 
     table = te.placeholder((100_000, 64), name="table")
     idx = te.placeholder((256,), dtype="int64", name="idx")
@@ -288,7 +291,7 @@ def test_a_slow_program_gets_fewer_repeats_instead_of_a_timeout(measurer):
     from cdmpp.zoo import workloads
 
     tvm_env.setup(1)
-    from cdmpp.measure.campaigns import MeasureConfig
+    from cdmpp.measure.measurer import MeasureConfig
 
     slow = workloads.matmul(768, 768, 768)  # unscheduled: a naive triple loop, ~0.1-1 s here
     cfg = MeasureConfig(repeat=15, min_repeat_ms=15, builders=1, quiet_share=1.0, run_budget_s=3.0)
@@ -304,7 +307,7 @@ def test_a_task_whose_programs_time_out_is_skipped_for_the_batch(measurer):
     from cdmpp.zoo import workloads
 
     tvm_env.setup(1)
-    from cdmpp.measure.campaigns import SKIP_AFTER_TIMEOUTS, MeasureConfig
+    from cdmpp.measure.measurer import MeasureConfig, SKIP_AFTER_TIMEOUTS
 
     slow, fast = workloads.matmul(768, 768, 768), workloads.matmul(16, 16, 16)
     m = measurer(MeasureConfig(repeat=3, min_repeat_ms=1, builders=1, quiet_share=1.0, run_timeout_s=0.5))
@@ -321,7 +324,7 @@ def test_a_kernel_that_ignores_the_timeout_is_killed(measurer):
     from cdmpp.zoo import workloads
 
     tvm_env.setup(1)
-    from cdmpp.measure.campaigns import MeasureConfig
+    from cdmpp.measure.measurer import MeasureConfig
 
     endless = workloads.matmul(2048, 2048, 2048)  # unscheduled: one call of many seconds
     m = measurer(MeasureConfig(repeat=3, min_repeat_ms=1, builders=1, quiet_share=1.0, run_timeout_s=0.5,
@@ -342,7 +345,7 @@ def test_measuring_leaves_no_built_artifacts_behind():
     from cdmpp.zoo import workloads
 
     tvm_env.setup(1)
-    from cdmpp.measure.campaigns import MeasureConfig, Measurer
+    from cdmpp.measure.measurer import MeasureConfig, Measurer
 
     with Measurer(tvm_env.make_target("llvm", num_cores=1),
                   MeasureConfig(repeat=2, min_repeat_ms=1, builders=1, quiet_share=1.0)) as m:
@@ -361,7 +364,7 @@ TERM_SCRIPT = textwrap.dedent("""
     from cdmpp.zoo import workloads
     tvm_env.setup(1)
     from cdmpp.cli import stop_signals_interrupt
-    from cdmpp.measure.campaigns import MeasureConfig, Measurer
+    from cdmpp.measure.measurer import MeasureConfig, Measurer
     cfg = MeasureConfig(repeat=3, min_repeat_ms=1, builders=1, quiet_share=1.0)
     with stop_signals_interrupt(), Measurer(tvm_env.make_target("llvm", num_cores=1), cfg) as m:
         print(m.tmp_root, flush=True)
@@ -389,7 +392,8 @@ def test_sigterm_midway_leaves_no_build_folders():
 def test_a_stop_request_ends_measuring_before_the_next_program(measurer):
     """TVM may swallow the KeyboardInterrupt of a stop signal; ``STOP`` still ends the batch."""
     from cdmpp.zoo import workloads
-    from cdmpp.measure.campaigns import STOP, MeasureConfig
+    from cdmpp.measure.measurer import MeasureConfig
+    from cdmpp.measure.stop import STOP
 
     m = measurer(MeasureConfig(repeat=2, min_repeat_ms=1, builders=1, quiet_share=1.0))
     runs, run_one = [], m._run_one
@@ -438,7 +442,7 @@ def test_a_kept_artifact_is_run_again_without_building(tmp_path, measurer):
     from cdmpp.zoo import workloads
 
     tvm_env.setup(1)
-    from cdmpp.measure.campaigns import MeasureConfig
+    from cdmpp.measure.measurer import MeasureConfig
 
     kept = tmp_path / "artifacts"
     m = measurer(MeasureConfig(repeat=2, min_repeat_ms=1, builders=1, quiet_share=1.0), artifact_dir=str(kept))
@@ -481,7 +485,7 @@ def test_pause_stops_a_run_phase_midway_and_reruns_it_once_resumed(tmp_path, mea
     from cdmpp.zoo import workloads
 
     tvm_env.setup(1)
-    from cdmpp.measure.campaigns import MeasureConfig
+    from cdmpp.measure.measurer import MeasureConfig
 
     flag = tmp_path / "PAUSE"
     m = measurer(MeasureConfig(repeat=2, min_repeat_ms=1, builders=1, quiet_share=1.0), pause_flag=str(flag))

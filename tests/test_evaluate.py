@@ -231,7 +231,7 @@ def test_peers_train_and_predict_finite(real):
 
 def test_xgb_regressor_sees_device_specs(real):
     """Trained on two devices, the regressor needs to know which one a program runs on (as cdmpp does)."""
-    from cdmpp.devices.spec import DeviceTable
+    from cdmpp.devices.table import DeviceTable
     from cdmpp.evaluation.peers import N_FEATURES, XGBRegressorPeer
     from cdmpp.model.transforms import DeviceSpecs
 
@@ -291,7 +291,7 @@ def test_budget_shared_or_per_method():
 
 def test_cross_device_eval_mechanics(two_devices, tiny_recipe, tmp_path):
     """MECHANICS ONLY (relabeled fake device): zero-shot and k-shot rows for cdmpp, random shots, a peer."""
-    from cdmpp.devices.spec import DeviceTable
+    from cdmpp.devices.table import DeviceTable
     from cdmpp.evaluation.harness import EvalOptions, run_eval
 
     table = DeviceTable(str(ROOT / "datasets" / "devices.json")).spec_table()
@@ -310,7 +310,7 @@ def test_cross_device_eval_mechanics(two_devices, tiny_recipe, tmp_path):
 
 def test_train_and_sample_workflow(real, tiny_recipe, tmp_path):
     from cdmpp.model.checkpoint import TrainedModel
-    from cdmpp.evaluation.harness import sample_ids, train_checkpoint
+    from cdmpp.workflows import sample_ids, train_checkpoint
 
     folder, real = real
     out = tmp_path / "model"
@@ -328,7 +328,7 @@ def test_train_and_sample_workflow(real, tiny_recipe, tmp_path):
 def test_train_checkpoint_leaves_out_excluded_networks(real, tiny_recipe, tmp_path):
     """A checkpoint for benchmarks on unseen networks never trains on a task of those networks."""
     from cdmpp.model.checkpoint import TrainedModel
-    from cdmpp.evaluation.harness import train_checkpoint
+    from cdmpp.workflows import train_checkpoint
 
     folder, real = real
     nets = real.networks()

@@ -91,7 +91,7 @@ def test_fast_measurer_runs_crashes_and_timeouts_without_losing_the_next_program
     from cdmpp.zoo import workloads
 
     tvm = tvm_env.setup(1)
-    from cdmpp.measure.campaigns import MeasureConfig
+    from cdmpp.measure.measurer import MeasureConfig
     from cdmpp.measure.fast import FastMeasurer
 
     small = workloads.matmul(16, 16, 16)
@@ -117,7 +117,7 @@ def test_fast_measurer_runs_crashes_and_timeouts_without_losing_the_next_program
 
 
 def test_pause_files_in_the_dataset_folder_or_its_parent(tmp_path):
-    from cdmpp.measure.campaigns import pause_files
+    from cdmpp.measure.stop import pause_files
 
     ds = tmp_path / "measurements"
     ds.mkdir()
@@ -131,7 +131,7 @@ def test_pause_files_in_the_dataset_folder_or_its_parent(tmp_path):
 
 
 def test_a_stop_signal_is_honoured_while_waiting_for_a_quiet_machine(monkeypatch):
-    from cdmpp.measure.campaigns import CpuGuard
+    from cdmpp.measure.guard import CpuGuard
 
     guard = CpuGuard()
     if not guard.enabled:
@@ -150,7 +150,8 @@ def test_a_paused_fast_collection_waits_and_honours_a_stop(tmp_path):
     from cdmpp.zoo import workloads
 
     tvm = tvm_env.setup(1)
-    from cdmpp.measure.campaigns import STOP, MeasureConfig
+    from cdmpp.measure.measurer import MeasureConfig
+    from cdmpp.measure.stop import STOP
     from cdmpp.measure.fast import FastMeasurer
 
     (tmp_path / "PAUSE.someone").write_text("")
@@ -181,7 +182,8 @@ def test_programs_from_measures_the_other_devices_programs_first(tmp_path):
     from cdmpp.zoo import workloads
 
     tvm = tvm_env.setup(1)
-    from cdmpp.measure.campaigns import MeasureConfig, collect
+    from cdmpp.measure.campaigns import collect
+    from cdmpp.measure.measurer import MeasureConfig
     from cdmpp.records.store import RecordStore
 
     tasks = [_task(tvm, "matmul", workloads.matmul(32, 32, 32)), _task(tvm, "softmax", workloads.softmax(16, 32))]
@@ -204,7 +206,7 @@ def test_programs_from_measures_the_other_devices_programs_first(tmp_path):
     assert runs[sb["run"]]["programs_from"] == a.id and runs[sb["run"]]["measurer"] == "fast"
 
     # the fast collector's single-pass labels against a later check the usual way, on a probe set of their own
-    from cdmpp.measure.campaigns import remeasure_noise
+    from cdmpp.measure.remeasure import remeasure_noise
     from cdmpp.zoo.tasks import TaskTable
 
     table = TaskTable()
@@ -240,7 +242,7 @@ def test_collect_help_shows_the_guard_defaults():
 
 def test_a_cuda_spec_from_what_the_runtime_reports():
     """No GPU here: the spec arithmetic from the H100's reported attributes (shared GPU-NOTES)."""
-    from cdmpp.devices.spec import cuda_spec, gpu_slug
+    from cdmpp.devices.cuda import cuda_spec, gpu_slug
 
     assert gpu_slug("NVIDIA H100 80GB HBM3") == "nvidia-h100"
     assert gpu_slug("NVIDIA GeForce RTX 4090") == "nvidia-rtx-4090"
@@ -264,7 +266,9 @@ def test_bench_collect_reports_rate_and_where_the_time_went(tmp_path):
 
 
 def test_stability_of_a_pass_and_which_labels_get_a_later_pass():
-    from cdmpp.measure.campaigns import MeasureConfig, _drawn, is_stable
+    from cdmpp.measure.measurer import MeasureConfig
+    from cdmpp.measure.remeasure import _drawn
+    from cdmpp.measure.results import is_stable
 
     cfg = MeasureConfig()  # at least 5 repeats, 1 %, 3 repeats of patience
     assert is_stable([1.0, 0.9, 0.91, 0.9, 0.905], cfg) is True
@@ -298,7 +302,8 @@ def test_the_fast_measurer_resumes_a_collection_the_metaschedule_one_began(tmp_p
     from cdmpp.zoo import workloads
 
     tvm = tvm_env.setup(1)
-    from cdmpp.measure.campaigns import MeasureConfig, collect
+    from cdmpp.measure.campaigns import collect
+    from cdmpp.measure.measurer import MeasureConfig
 
     tasks = [_task(tvm, "matmul", workloads.matmul(32, 32, 32))]
     cfg = MeasureConfig(repeat=2, min_repeat_ms=1, builders=1, quiet_share=1.0)

@@ -24,7 +24,7 @@ def table():
 
 @pytest.fixture(scope="module")
 def target(tvm):
-    from cdmpp.devices.spec import DeviceTable
+    from cdmpp.devices.table import DeviceTable
 
     return DeviceTable(DATA / "devices.json").get(DEVICE).make_target()
 
@@ -80,7 +80,7 @@ def test_the_compiled_network_runs_the_chosen_programs(programs, target):
     assert len(funcs) == len(programs)
     assert all(any(tvm_ffi.structural_equal(f.body, c) for c in chosen) for f in funcs)
 
-    from cdmpp.devices.spec import DeviceTable
+    from cdmpp.devices.table import DeviceTable
 
     executable = network.compile_network(NETWORK, programs, target)
     measured = network.measure_network(executable, NETWORK, DeviceTable(DATA / "devices.json").get(DEVICE), repeat=2,

@@ -388,7 +388,7 @@ def test_network_endpoint_answers_as_the_cli_does(predictor, tmp_path):
     from pathlib import Path
 
     from cdmpp.predict import network
-    from cdmpp.devices.spec import DeviceTable
+    from cdmpp.devices.table import DeviceTable
     from cdmpp.zoo.tasks import TaskTable
 
     data = Path(__file__).resolve().parent.parent / "datasets"

@@ -36,7 +36,7 @@ def _measured(task_key: str, mod, dataset_dir: str, device: str) -> tuple[list, 
     from tvm.s_tir import meta_schedule as ms
     from tvm.s_tir.schedule import Trace
 
-    from cdmpp.measure.campaigns import usable
+    from cdmpp.records.labels import usable
     from cdmpp.records.store import RecordStore
 
     cands, results = [], []

@@ -25,7 +25,7 @@ def _seen_networks(predictor, device: str) -> set[str]:
 def run(networks: list[str], device: str, schedules: str, model: str | None, dataset_dir: str,
         task_table: str) -> dict:
     from cdmpp.predict import network as net
-    from cdmpp.devices.spec import DeviceTable
+    from cdmpp.devices.table import DeviceTable
     from cdmpp.predict.predictor import Predictor
     from cdmpp.zoo.tasks import TaskTable, split_occurrence
 

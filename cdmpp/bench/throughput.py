@@ -39,8 +39,10 @@ def bench_collect(task_table: str, devices: str, threads: int, mcpu: str | None,
     import tempfile
 
     from cdmpp.program import tvm_env
-    from cdmpp.measure.campaigns import MeasureConfig, collect
-    from cdmpp.devices.spec import DeviceTable, probe_local_cpu
+    from cdmpp.measure.campaigns import collect
+    from cdmpp.measure.measurer import MeasureConfig
+    from cdmpp.devices.probe import probe_local_cpu
+    from cdmpp.devices.table import DeviceTable
     from cdmpp.zoo.tasks import TaskTable
 
     tvm_env.setup(threads)

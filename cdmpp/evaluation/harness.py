@@ -27,6 +27,7 @@ import numpy as np
 from cdmpp import defaults
 from cdmpp.evaluation import metrics as ev
 from cdmpp.evaluation import splits
+from cdmpp.records.dataset import per_device_counts
 
 ABLATIONS = {"no-pe": "ablation-no-pe", "no-da": "ablation-no-da", "random-sampler": None}
 WEIGHTS = {"cdmpp": 1.0, "xgb": 0.3, "mlp": 0.5}  # share of the budget per trained model
@@ -278,10 +279,10 @@ def run_eval(opts: EvalOptions, ds=None) -> dict:
         raise ValueError(f"unknown split {opts.split!r}: expected random, cross-model or cross-device")
     test_devices = [opts.target_device] if opts.split == "cross-device" else sorted({p.device for p in split.test})
     report = dict(
-        name=opts.name, created=_dt.datetime.now().isoformat(timespec="seconds"), git_commit=_git_commit(),
+        name=opts.name, created=_dt.datetime.now().isoformat(timespec="seconds"), git_commit=git_commit(),
         split=info, recipe=opts.recipe, config=recipe_config(opts.recipe).to_dict(), max_minutes=opts.max_minutes,
         minutes_per_method=opts.minutes_per_method, threads=opts.threads,
-        data=dict(dataset=opts.dataset, programs=len(ds), devices=ds.devices(), per_device=_counts(ds),
+        data=dict(dataset=opts.dataset, programs=len(ds), devices=ds.devices(), per_device=per_device_counts(ds),
                   limit=opts.limit),
         noise_floor=ev.noise_floor(opts.dataset, test_devices), methods=rows, elapsed_seconds=round(time.monotonic() - start, 1))
     out = Path(opts.reports_dir)
@@ -299,23 +300,13 @@ def load(opts: EvalOptions):
 
 
 def _device_table(path: str) -> dict:
-    from cdmpp.devices.spec import DeviceTable
+    from cdmpp.devices.table import DeviceTable
 
     return DeviceTable(path).spec_table()
 
 
-def _counts(ds) -> dict:
-    out: dict = {}
-    for p in ds.programs:
-        d = out.setdefault(p.device, {"programs": 0, "tasks": set(), "networks": {}})
-        d["programs"] += 1
-        d["tasks"].add(p.task)
-        for net in {o.split("@")[0] for o in p.networks}:
-            d["networks"][net] = d["networks"].get(net, 0) + 1
-    return {k: {**v, "tasks": len(v["tasks"]), "networks": dict(sorted(v["networks"].items()))} for k, v in out.items()}
 
-
-def _git_commit() -> str | None:
+def git_commit() -> str | None:
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                               cwd=Path(__file__).parent, timeout=5).stdout.strip() or None
@@ -342,117 +333,5 @@ def _finite(obj):
     return obj
 
 
-# ---- train / sample / fine-tune: the workflow of an engineer adapting cdmpp to a device ----------
-
-def weights_hash(model) -> str:
-    """Short SHA-256 of every member's weights: a model version that changes exactly when the weights do."""
-    import hashlib
-
-    h = hashlib.sha256()
-    for m in model.members:
-        for key, value in sorted(m.state_dict().items()):
-            h.update(key.encode())
-            h.update(value.detach().cpu().contiguous().numpy().tobytes())
-    return h.hexdigest()[:10]
 
 
-def _version(model) -> str:
-    return f"cdmpp-{_dt.date.today().strftime('%Y%m%d')}-{weights_hash(model)}"
-
-
-def train_checkpoint(recipe: str, dataset: str, out: str, task_table: str = EvalOptions.task_table,
-                     devices: str = EvalOptions.devices, max_minutes: float | None = None, val: float = 0.1,
-                     seed: int = 0, limit: int | None = None, progress: bool = True, device_ids=None,
-                     exclude_networks=None):
-    """Train on every program of ``dataset`` (all devices, or ``device_ids``; ``val`` of the program
-    hashes held out for model selection and calibration) and save a checkpoint the ``Predictor`` can serve.
-    ``exclude_networks``: leave out every program of a task that occurs in one of them (as cross-model
-    does), so benchmarks on those networks test a model that never saw them."""
-    from cdmpp.records.dataset import load_dataset
-    from cdmpp.devices.spec import DeviceTable
-    from cdmpp.model.training import fit
-    from cdmpp.zoo.tasks import TaskTable
-
-    ds = load_dataset(dataset, TaskTable.load(task_table), devices=device_ids, limit=limit, progress=progress)
-    if exclude_networks:
-        excluded = set(exclude_networks)
-        ds.programs = [p for p in ds.programs if not any(o.split("@")[0] in excluded for o in p.networks)]
-    table = DeviceTable(devices)
-    missing = sorted(set(ds.devices()) - set(table.ids()))
-    if missing:
-        raise ValueError(f"devices {missing} have no spec in {devices}")
-    split = splits.random_split(ds, seed, val=val, test=0.0)
-    over = {"max_minutes": max_minutes} if max_minutes else {}
-    config = recipe_config(recipe, seed=seed, progress=progress, **over)
-    model = fit(config, split.train, split.val, device_table=table.spec_table())
-    model.summary.update(model_version=_version(model), recipe=recipe, dataset=dataset,
-                         trained_at=_dt.datetime.now().isoformat(timespec="seconds"), git_commit=_git_commit(),
-                         data=dict(programs=len(ds), per_device=_counts(ds)),
-                         devices={s.id: s.to_dict() for s in table})
-    model.save(out)
-    return model
-
-
-def sample_ids(k: int, pool: str, device: str, model_path: str | None = None, sampler: str = "kmeans",
-               task_table: str = EvalOptions.task_table, seed: int = 0, limit: int | None = None) -> list[str]:
-    """Record ids of the ``k`` programs of ``pool`` worth measuring on ``device`` (not measured there yet).
-
-    Candidates are the distinct programs (task, program hash) of the pool's records; KMeans on the
-    model's embeddings (or, without a model, on mean-pooled normalized features) picks the program
-    nearest each centroid.
-    """
-    ds = load(EvalOptions("sample", dataset=pool, task_table=task_table, limit=limit))
-    done = {(p.task, p.features.program_hash) for p in ds.programs if p.device == device}
-    cands, seen = [], set()
-    for p in sorted(ds.programs, key=lambda p: p.record_id):
-        key = (p.task, p.features.program_hash)
-        if key not in done and key not in seen:
-            seen.add(key)
-            cands.append(p)
-    if not cands:
-        return []
-    if model_path:
-        from cdmpp.model.checkpoint import TrainedModel
-
-        emb = TrainedModel.load(model_path).embed([p.features for p in cands])
-    else:
-        emb = splits.model_free_embedding(cands, cands)
-    return [cands[i].record_id for i in splits.choose_shots(cands, k, sampler, seed, emb)]
-
-
-def finetune_checkpoint(model_path: str, dataset: str, device: str, ids: Sequence[str], out: str,
-                        steps: int = 100, task_table: str = EvalOptions.task_table,
-                        devices: str = EvalOptions.devices, scope: str | None = None):
-    """Fine-tune a checkpoint with the programs ``ids`` (from ``sample_ids``) as measured on ``device``;
-    ``scope`` ("head" or "all") overrides the checkpoint's recipe.
-
-    An id names a program by its task and program hash (``device|task|hash``), so ids sampled from
-    another device's records match this device's measurements of the same programs.
-    """
-    from cdmpp.model.checkpoint import TrainedModel
-    from cdmpp.devices.spec import DeviceTable
-    from cdmpp.model.training import finetune
-
-    keys = {tuple(i.strip().split("|")[-2:]) for i in ids if i.strip()}
-    ds = load(EvalOptions("finetune", dataset=dataset, task_table=task_table))
-    shots = [p for p in ds.programs if p.device == device and (p.task, p.features.program_hash) in keys]
-    found = {(p.task, p.features.program_hash) for p in shots}
-    if len(found) < len(keys):
-        print(f"finetune: {len(keys) - len(found)} of {len(keys)} ids have no measurement on {device} yet",
-              file=sys.stderr)
-    if not shots:
-        raise ValueError(f"none of the {len(keys)} ids is measured on {device} in {dataset}")
-    from cdmpp.model.training import TrainConfig
-
-    trained = TrainedModel.load(model_path)
-    table = DeviceTable(devices)
-    extra = {} if device in trained.device_specs.table else {device: table.get(device).specs()}
-    config = TrainConfig.from_dict({**trained.config, **({"finetune_scope": scope} if scope else {})})
-    new = finetune(trained, shots, config, steps=steps, device_table=extra)
-    known = dict(new.summary.get("devices", {}))
-    if device in table:
-        known[device] = table.get(device).to_dict()
-    new.summary.update(model_version=_version(new), base_model_version=trained.summary.get("model_version"),
-                       devices=known)
-    new.save(out)
-    return new

@@ -118,7 +118,7 @@ def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | Non
     torch.set_num_threads(max(1, opts.threads))
     ds = ds if ds is not None else load_pinned(opts)
     if device_table is None:
-        from cdmpp.devices.spec import DeviceTable
+        from cdmpp.devices.table import DeviceTable
 
         device_table = DeviceTable(opts.devices).spec_table()
     config = recipe_config(opts.recipe, seed=seed, max_minutes=opts.minutes, progress=False, **opts.overrides)

@@ -1,7 +1,7 @@
 """The fast local measurer: a task's programs sampled, built and linked as one module in a worker
 process, then run in one long-lived runner process with adaptive repeats.
 
-Why not MetaSchedule's ``LocalBuilder``/``LocalRunner`` (``cdmpp.measure.campaigns.Measurer``): per program they
+Why not MetaSchedule's ``LocalBuilder``/``LocalRunner`` (``cdmpp.measure.measurer.Measurer``): per program they
 export a tar, link it with gcc in the runner, load it, and go through a process-pool round trip; the
 builder starts a new pool (and imports TVM) per batch. Here one ``tvm.tirx.build`` of an IRModule that
 holds all of a task's schedules (each PrimFunc under its own symbol) is linked once into one ``.so``,
@@ -13,7 +13,7 @@ zero integers: random indices read out of bounds).
 Repeats are adaptive: after a probe run (also the warm-up) fixes how many calls make one repeat last
 ``min_repeat_ms``, repeats are taken until the fastest one has not improved by more than ``stable_tol``
 for ``stable_patience`` repeats (at least ``min_repeats``, at most ``repeat``, within ``run_budget_s``).
-The label is still the fastest repeat (``cdmpp.measure.campaigns.label``).
+The label is still the fastest repeat (``cdmpp.records.labels.label``).
 
 Overlap (``overlap=True``, for 1-thread programs on a machine with 2+ cores): the runner is pinned to
 core 0 and the build workers to the other cores, and the next tasks are built while one runs.
@@ -349,13 +349,14 @@ def remove_dir(path: str) -> None:
 
 class FastMeasurer:
     """Prepares tasks in build workers and runs their programs in the runner process, guarded like
-    ``cdmpp.measure.campaigns.Measurer``: no program runs while another process is busy (``CpuGuard``), a task
+    ``cdmpp.measure.measurer.Measurer``: no program runs while another process is busy (``CpuGuard``), a task
     whose run phase others disturbed is run again, ``PAUSE`` files pause it, a stop signal ends it
     after the program in flight (KeyboardInterrupt)."""
 
     def __init__(self, target, cfg, threads: int, pause_dir: str | None = None, overlap: bool = False):
         from cdmpp.program import tvm_env
-        from cdmpp.measure.campaigns import CpuGuard, ROOT_PREFIX, _remove_stale_roots
+        from cdmpp.measure.guard import CpuGuard
+        from cdmpp.measure.stop import ROOT_PREFIX, _remove_stale_roots
 
         tvm_env.setup(threads)
         _remove_stale_roots()
@@ -391,7 +392,7 @@ class FastMeasurer:
         ``skip``). Yields ``(job, [(Built, seconds, error, others_cpu)])`` per job, in order."""
         from collections import deque
 
-        from cdmpp.measure.campaigns import STOP, _measuring
+        from cdmpp.measure.stop import STOP, _measuring
 
         jobs, queue = iter(jobs), deque()
 
@@ -438,12 +439,12 @@ class FastMeasurer:
             _measuring.clear()
 
     def _paused(self) -> bool:
-        from cdmpp.measure.campaigns import pause_files
+        from cdmpp.measure.stop import pause_files
 
         return bool(self.pause_dir and pause_files(self.pause_dir))
 
     def _wait_while_paused(self) -> None:
-        from cdmpp.measure.campaigns import STOP
+        from cdmpp.measure.stop import STOP
 
         t0 = time.monotonic()
         while self._paused():
@@ -457,7 +458,8 @@ class FastMeasurer:
         self.times["paused"] += time.monotonic() - t0
 
     def _run_task(self, progs: list[Built]) -> list:
-        from cdmpp.measure.campaigns import SKIP_AFTER_TIMEOUTS, STOP
+        from cdmpp.measure.measurer import SKIP_AFTER_TIMEOUTS
+        from cdmpp.measure.stop import STOP
 
         cfg, rcfg = self.cfg, runner_cfg(self.cfg)
         ok = [b for b in progs if b.error is None]

@@ -224,7 +224,7 @@ def fit(config: TrainConfig, train_set: Sequence[Sample], val_set: Sequence[Samp
     ``cdmpp.records.dataset.LabeledProgram``). Everything fitted (normalizers, Box-Cox, device-spec scaling) sees ``train_set`` only; model
     selection, early stopping and the interval calibration see ``val_set`` only. Without a
     ``val_set`` a random ``val_fraction`` of the training programs is held out. ``device_table`` maps
-    every device that appears to its spec dict (or is a ``cdmpp.devices.spec.DeviceTable``); without one,
+    every device that appears to its spec dict (or is a ``cdmpp.devices.table.DeviceTable``); without one,
     all devices share a zero spec vector.
     ``target_pool`` (unlabeled) switches on domain adaptation unless ``config.da == "none"``.
     """
@@ -415,7 +415,7 @@ def finetune(trained: TrainedModel, labeled_set: Sequence[Sample], config: Train
     """
     config = config or TrainConfig.from_dict(trained.config)
     new = copy.deepcopy(trained)
-    for name, spec in DeviceSpecs(device_table).table.items():  # a dict or a cdmpp.devices.spec.DeviceTable
+    for name, spec in DeviceSpecs(device_table).table.items():  # a dict or a cdmpp.devices.table.DeviceTable
         new.add_device(name, spec)
     labeled_set = list(labeled_set)
     dev_matrix, dev_index = new.device_specs.matrix([s.device for s in labeled_set])

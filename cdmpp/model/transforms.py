@@ -141,7 +141,7 @@ class DeviceSpecs:
     so a new device still maps to a distinct vector. Missing specs count as the training mean (0)."""
 
     def __init__(self, table=None, keys: tuple[str, ...] = DEVICE_SPEC_KEYS):
-        if hasattr(table, "ids") and hasattr(table, "get"):  # a cdmpp.devices.spec.DeviceTable
+        if hasattr(table, "ids") and hasattr(table, "get"):  # a cdmpp.devices.table.DeviceTable
             table = {i: table.get(i) for i in table.ids()}
         self.table = {name: dict(spec.specs() if hasattr(spec, "specs") else spec) for name, spec in (table or {}).items()}
         self.keys = tuple(keys)

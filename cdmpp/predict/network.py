@@ -47,7 +47,7 @@ class NetworkPrediction:
 
 def _best_measured(dataset_dir: str, device: str) -> dict[str, tuple[object, float]]:
     """task key → (trace JSON, label) of the fastest stored program of each task on ``device``."""
-    from cdmpp.measure.campaigns import label
+    from cdmpp.records.labels import label
     from cdmpp.records.store import RecordStore
 
     best: dict[str, tuple[object, float]] = {}
@@ -136,7 +136,7 @@ def _database(programs: list[TaskProgram], target):
 def measure_network(executable, network: str, device_spec, repeat: int = 15, min_repeat_ms: int = 50,
                     max_wait_s: float = 600.0) -> dict:
     """Fastest of ``repeat`` end-to-end runs (zero inputs) on this machine with the device's threads,
-    after waiting up to ``max_wait_s`` for a quiet machine like the collector (``cdmpp.measure.campaigns.CpuGuard``);
+    after waiting up to ``max_wait_s`` for a quiet machine like the collector (``cdmpp.measure.guard.CpuGuard``);
     ``others_cpu`` says how busy other processes were meanwhile."""
     import numpy as np
 
@@ -145,7 +145,7 @@ def measure_network(executable, network: str, device_spec, repeat: int = 15, min
     tvm = tvm_env.setup(device_spec.threads)
     from tvm import relax
 
-    from cdmpp.measure.campaigns import CpuGuard
+    from cdmpp.measure.guard import CpuGuard
     from cdmpp.zoo.networks import get_network
     from cdmpp.zoo.tasks import split_occurrence
 

@@ -197,7 +197,7 @@ class Predictor:
         empty = [i for i, f in enumerate(features) if f.n_leaves == 0]
         if empty:
             from cdmpp.program.inputs import ProgramError
-            from cdmpp.sandbox.pool import NO_COMPUTATION
+            from cdmpp.sandbox.wire import NO_COMPUTATION
 
             err = ProgramError(f"program {empty[0]}: {NO_COMPUTATION}")
             err.errors = [{"index": i, "reason": NO_COMPUTATION} for i in empty]

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from cdmpp import defaults
-from cdmpp.measure.campaigns import label, usable
+from cdmpp.records.labels import label, usable
 from cdmpp.program.features import FEATURIZER_VERSION, ProgramFeatures
 from cdmpp.records.store import LoadReport, RecordStore, publish_numbered
 
@@ -211,3 +211,16 @@ def summary_markdown(dataset_dir: str, task_table=None) -> str:
     if s["problems"]:
         lines += ["", "Problems found while reading:", ""] + [f"- {p}" for p in s["problems"]]
     return "\n".join(lines)
+
+
+def per_device_counts(ds: "Dataset") -> dict:
+    """Per device: programs, distinct tasks, and programs per network (a report's data summary)."""
+    out: dict = {}
+    for p in ds.programs:
+        d = out.setdefault(p.device, {"programs": 0, "tasks": set(), "networks": {}})
+        d["programs"] += 1
+        d["tasks"].add(p.task)
+        for net in {o.split("@")[0] for o in p.networks}:
+            d["networks"][net] = d["networks"].get(net, 0) + 1
+    return {k: {**v, "tasks": len(v["tasks"]), "networks": dict(sorted(v["networks"].items()))} for k, v in out.items()}
+

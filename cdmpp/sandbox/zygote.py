@@ -3,6 +3,6 @@ the featurizer warm, so that every sandbox worker forked from it is ready at onc
 
 import os
 
-from cdmpp.sandbox import pool
+from cdmpp.sandbox import worker
 
-pool.warm_up(os.environ.get("CDMPP_SANDBOX_KINDS", "llvm").split(","))
+worker.warm_up(os.environ.get("CDMPP_SANDBOX_KINDS", "llvm").split(","))

@@ -23,7 +23,8 @@ from typing import Any, Sequence
 
 from cdmpp.predict.predictor import Prediction, Predictor, UnknownDeviceError
 from cdmpp.program.inputs import TARGET_KINDS, ProgramError
-from cdmpp.sandbox.pool import TVMSCRIPT_OFF, Cancelled, Sandbox, is_tvmscript
+from cdmpp.sandbox.pool import Sandbox
+from cdmpp.sandbox.wire import Cancelled, TVMSCRIPT_OFF, is_tvmscript
 
 
 class BadPrograms(ValueError):

@@ -21,7 +21,7 @@ import matplotlib.pyplot as plt
 import torch
 
 from cdmpp.records.dataset import load_dataset
-from cdmpp.devices.spec import DeviceTable
+from cdmpp.devices.table import DeviceTable
 from cdmpp.evaluation.metrics import noise_floor, regression_metrics
 from cdmpp.predict.predictor import Predictor
 from cdmpp.evaluation.splits import cross_model_split, choose_shots, model_free_embedding

@@ -1,0 +1,44 @@
+"""What a measurement pass writes: the fields of a record (or of a later pass), whether its fastest repeat
+was stable, and the provenance of the run that measured it."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import platform
+import sys
+import time
+
+from cdmpp.measure.guard import cpu_model
+from cdmpp.measure.measurer import MeasureConfig
+from cdmpp.program import tvm_env
+
+
+def measurement_fields(secs: list, err: str | None, build_s: float, others: float, cfg: MeasureConfig, run_id: str) -> dict:
+    """The fields every measurement record has, first pass or later one."""
+    return {"seconds": secs, "error": err, "build_s": round(build_s, 3), "others_cpu": round(others, 3),
+            "disturbed": others >= cfg.quiet_share, "run": run_id, "measured_at": round(time.time())}
+
+
+def provenance(device, target, cfg: MeasureConfig, rpc, **extra) -> dict:
+    """What a run entry in ``runs.jsonl`` says about the machine, the software and the settings."""
+    tvm = tvm_env.setup()
+    return {
+        "device": device.id, "cpu_model": cpu_model(), "cores": os.cpu_count(), "threads": device.threads,
+        "target": str(target), "tvm_version": tvm.__version__, "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "host": platform.node(), "measure": dataclasses.asdict(cfg),
+        "rpc": f"{rpc[0]}:{rpc[1]}/{rpc[2]}" if rpc else None, "command": " ".join(sys.argv), **extra,
+    }
+
+
+
+
+
+def is_stable(secs: list[float], cfg: MeasureConfig) -> bool | None:
+    """Whether a pass's fastest repeat was stable (the fast measurer's stopping rule held): it came before
+    the last ``stable_patience`` repeats, or they beat it by no more than ``stable_tol``. None when the
+    pass has too few repeats to tell (slow programs: their few long repeats vary little)."""
+    if len(secs) < max(cfg.min_repeats, cfg.stable_patience + 1):
+        return None
+    head = min(secs[:-cfg.stable_patience])
+    return min(secs) >= head * (1 - cfg.stable_tol)

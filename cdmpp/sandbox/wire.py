@@ -1,0 +1,58 @@
+"""What passes between the sandbox's parent and its workers, and the errors both sides name.
+
+Wire protocol (pipes, 4-byte big-endian length + JSON; no pickle from worker to parent, so a subverted
+worker cannot run code in the parent through its answers): parent → ``{"items", "indices", "kind",
+"workload", "tvmscript"}``; worker → ``{"feats": [{"rows": base64 float32, "n", "positions", "flops",
+"hash"}], "errors": [[index, reason]], "parse_s", "feat_s", "retiring"}``."""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+import numpy as np
+
+from cdmpp.program.inputs import ProgramError
+
+MAX_MESSAGE = 1 << 30  # bytes of one worker answer (1,024 programs of 100 leaves: ~90 MB)
+
+
+TVMSCRIPT_OFF = ("TVMScript input is off on this server: it is parsed by running Python. Send the "
+                 "MetaSchedule workload + trace form, or start the server with --allow-tvmscript "
+                 "(CDMPP_ALLOW_TVMSCRIPT=1) if every caller is trusted")
+
+
+NO_COMPUTATION = ("program computes nothing: no buffer store is left to featurize (only loops that never run "
+                  "or constant stores), so there is no latency to predict")
+
+
+class Cancelled(RuntimeError):
+    """The request was cancelled or ran past its deadline; its busy workers were killed."""
+
+
+class SharedWorkloadError(ProgramError):
+    """The request's shared workload does not load: every item that needs it fails."""
+
+
+def is_tvmscript(item: Any) -> bool:
+    """A text item that is not JSON: TVMScript (the only wire form that is evaluated as Python)."""
+    return isinstance(item, str) and not item.lstrip().startswith("{")
+
+
+def decode_features(f: dict):
+    from cdmpp.program.features import N_FEATURES, ProgramFeatures
+
+    n = int(f["n"])
+    rows = np.frombuffer(base64.b64decode(f["rows"], validate=True), dtype="<f4")
+    if n < 0 or rows.size != n * N_FEATURES:
+        raise ValueError(f"feature rows of {rows.size} values for {n} leaves")
+    pos = np.asarray(f["positions"], dtype=np.int64)
+    if pos.shape != (n,):
+        raise ValueError("positions do not match the leaves")
+    return ProgramFeatures(rows.reshape(n, N_FEATURES).astype(np.float32), pos, float(f["flops"]),
+                           str(f["hash"])[:64])
+
+
+def encode_features(f) -> dict:
+    return {"rows": base64.b64encode(np.ascontiguousarray(f.leaf_features, dtype="<f4").tobytes()).decode(),
+            "n": f.n_leaves, "positions": [int(p) for p in f.positions], "flops": f.flops, "hash": f.program_hash}

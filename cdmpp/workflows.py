@@ -1,0 +1,119 @@
+"""Train, sample, fine-tune: the workflow of an engineer adapting cdmpp to a device (``cdmpp train``,
+``cdmpp sample``, ``cdmpp finetune``). Each reads the dataset, fits or picks, and writes a checkpoint or ids."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import sys
+from typing import Sequence
+
+from cdmpp import defaults
+from cdmpp.devices.table import DeviceTable
+from cdmpp.evaluation import splits
+from cdmpp.evaluation.harness import git_commit
+from cdmpp.model.checkpoint import TrainedModel
+from cdmpp.model.training import TrainConfig, finetune, fit
+from cdmpp.records.dataset import load_dataset, per_device_counts
+from cdmpp.zoo.tasks import TaskTable
+
+
+def weights_hash(model) -> str:
+    """Short SHA-256 of every member's weights: a model version that changes exactly when the weights do."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for m in model.members:
+        for key, value in sorted(m.state_dict().items()):
+            h.update(key.encode())
+            h.update(value.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()[:10]
+
+
+def _version(model) -> str:
+    return f"cdmpp-{_dt.date.today().strftime('%Y%m%d')}-{weights_hash(model)}"
+
+
+def train_checkpoint(recipe: str, dataset: str, out: str, task_table: str = defaults.TASK_TABLE,
+                     devices: str = defaults.DEVICES, max_minutes: float | None = None, val: float = 0.1,
+                     seed: int = 0, limit: int | None = None, progress: bool = True, device_ids=None,
+                     exclude_networks=None):
+    """Train on every program of ``dataset`` (all devices, or ``device_ids``; ``val`` of the program
+    hashes held out for model selection and calibration) and save a checkpoint the ``Predictor`` can serve.
+    ``exclude_networks``: leave out every program of a task that occurs in one of them (as cross-model
+    does), so benchmarks on those networks test a model that never saw them."""
+    ds = load_dataset(dataset, TaskTable.load(task_table), devices=device_ids, limit=limit, progress=progress)
+    if exclude_networks:
+        excluded = set(exclude_networks)
+        ds.programs = [p for p in ds.programs if not any(o.split("@")[0] in excluded for o in p.networks)]
+    table = DeviceTable(devices)
+    missing = sorted(set(ds.devices()) - set(table.ids()))
+    if missing:
+        raise ValueError(f"devices {missing} have no spec in {devices}")
+    split = splits.random_split(ds, seed, val=val, test=0.0)
+    over = {"max_minutes": max_minutes} if max_minutes else {}
+    config = dataclasses.replace(TrainConfig.recipe(recipe), seed=seed, progress=progress, **over)
+    model = fit(config, split.train, split.val, device_table=table.spec_table())
+    model.summary.update(model_version=_version(model), recipe=recipe, dataset=dataset,
+                         trained_at=_dt.datetime.now().isoformat(timespec="seconds"), git_commit=git_commit(),
+                         data=dict(programs=len(ds), per_device=per_device_counts(ds)),
+                         devices={s.id: s.to_dict() for s in table})
+    model.save(out)
+    return model
+
+
+def sample_ids(k: int, pool: str, device: str, model_path: str | None = None, sampler: str = "kmeans",
+               task_table: str = defaults.TASK_TABLE, seed: int = 0, limit: int | None = None) -> list[str]:
+    """Record ids of the ``k`` programs of ``pool`` worth measuring on ``device`` (not measured there yet).
+
+    Candidates are the distinct programs (task, program hash) of the pool's records; KMeans on the
+    model's embeddings (or, without a model, on mean-pooled normalized features) picks the program
+    nearest each centroid.
+    """
+    ds = load_dataset(pool, TaskTable.load(task_table), limit=limit, progress=False)
+    done = {(p.task, p.features.program_hash) for p in ds.programs if p.device == device}
+    cands, seen = [], set()
+    for p in sorted(ds.programs, key=lambda p: p.record_id):
+        key = (p.task, p.features.program_hash)
+        if key not in done and key not in seen:
+            seen.add(key)
+            cands.append(p)
+    if not cands:
+        return []
+    if model_path:
+        emb = TrainedModel.load(model_path).embed([p.features for p in cands])
+    else:
+        emb = splits.model_free_embedding(cands, cands)
+    return [cands[i].record_id for i in splits.choose_shots(cands, k, sampler, seed, emb)]
+
+
+def finetune_checkpoint(model_path: str, dataset: str, device: str, ids: Sequence[str], out: str,
+                        steps: int = 100, task_table: str = defaults.TASK_TABLE,
+                        devices: str = defaults.DEVICES, scope: str | None = None):
+    """Fine-tune a checkpoint with the programs ``ids`` (from ``sample_ids``) as measured on ``device``;
+    ``scope`` ("head" or "all") overrides the checkpoint's recipe.
+
+    An id names a program by its task and program hash (``device|task|hash``), so ids sampled from
+    another device's records match this device's measurements of the same programs.
+    """
+    keys = {tuple(i.strip().split("|")[-2:]) for i in ids if i.strip()}
+    ds = load_dataset(dataset, TaskTable.load(task_table), progress=False)
+    shots = [p for p in ds.programs if p.device == device and (p.task, p.features.program_hash) in keys]
+    found = {(p.task, p.features.program_hash) for p in shots}
+    if len(found) < len(keys):
+        print(f"finetune: {len(keys) - len(found)} of {len(keys)} ids have no measurement on {device} yet",
+              file=sys.stderr)
+    if not shots:
+        raise ValueError(f"none of the {len(keys)} ids is measured on {device} in {dataset}")
+    trained = TrainedModel.load(model_path)
+    table = DeviceTable(devices)
+    extra = {} if device in trained.device_specs.table else {device: table.get(device).specs()}
+    config = TrainConfig.from_dict({**trained.config, **({"finetune_scope": scope} if scope else {})})
+    new = finetune(trained, shots, config, steps=steps, device_table=extra)
+    known = dict(new.summary.get("devices", {}))
+    if device in table:
+        known[device] = table.get(device).to_dict()
+    new.summary.update(model_version=_version(new), base_model_version=trained.summary.get("model_version"),
+                       devices=known)
+    new.save(out)
+    return new
