@@ -410,6 +410,7 @@ def test_a_stop_signal_ends_a_command_as_interrupted(monkeypatch, capsys):
     """SIGTERM mid-command runs its cleanup and exits 130, also when the interrupt was raised inside a
     TVM callback and came back out of TVM as a RuntimeError; the handlers are restored afterwards."""
     from cdmpp import cli
+    from cdmpp.cli import measure
 
     cleaned, handler = [], signal.getsignal(signal.SIGTERM)
 
@@ -423,7 +424,7 @@ def test_a_stop_signal_ends_a_command_as_interrupted(monkeypatch, capsys):
         finally:
             cleaned.append(True)
 
-    monkeypatch.setattr(cli, "cmd_noise", noise)
+    monkeypatch.setattr(measure, "cmd_noise", noise)
     assert cli.main(["noise", "--device", "d"]) == 130
     assert cleaned == [True] and "cdmpp noise: interrupted" in capsys.readouterr().err
     assert signal.getsignal(signal.SIGTERM) is handler
@@ -431,7 +432,7 @@ def test_a_stop_signal_ends_a_command_as_interrupted(monkeypatch, capsys):
     def broken(args):
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr(cli, "cmd_noise", broken)
+    monkeypatch.setattr(measure, "cmd_noise", broken)
     with pytest.raises(RuntimeError, match="a bug"):  # without a signal a RuntimeError is a bug
         cli.main(["noise", "--device", "d"])
 
@@ -466,7 +467,8 @@ def test_a_kept_artifact_is_run_again_without_building(tmp_path, measurer):
 
 
 def test_cli_keeps_artifacts_beside_the_feature_cache_unless_told(tmp_path, monkeypatch):
-    from cdmpp.cli import _artifact_dir, build_parser
+    from cdmpp.cli import build_parser
+    from cdmpp.cli.measure import _artifact_dir
 
     monkeypatch.setenv("CDMPP_CACHE", str(tmp_path / "cache"))
     parse = build_parser().parse_args

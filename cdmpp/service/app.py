@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import hmac
-import json
 import os
 import threading
 import time
@@ -24,8 +23,7 @@ from importlib import resources
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse
-from pydantic import ValidationError
+from fastapi.responses import PlainTextResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from cdmpp import defaults
@@ -37,6 +35,8 @@ from cdmpp.service.metrics import Metrics
 from cdmpp.service.schemas import (DeviceOut, DevicesResponse, ErrorBody, HealthResponse, ItemError, ModelResponse,
                                    ModelsResponse, NetworkRequest, NetworkResponse, NetworkTaskOut, PredictionOut,
                                    PredictRequest, PredictResponse)
+from cdmpp.service.body import ApiError, error_response, validated, validation_errors
+from cdmpp.service.middleware import BodyLimit, RecordMetrics
 
 
 @dataclass
@@ -83,17 +83,6 @@ class Settings:
         )
 
 
-class ApiError(Exception):
-    """An error with a status code and an ``ErrorBody``; the handler below turns it into a response."""
-
-    def __init__(self, status: int, body: ErrorBody, headers: dict | None = None):
-        self.status, self.body, self.headers = status, body, headers
-
-
-def _error_response(status: int, body: ErrorBody, headers: dict | None = None) -> JSONResponse:
-    return JSONResponse(body.model_dump(exclude_none=True), status_code=status, headers=headers)
-
-
 ERRORS = {s: {"model": ErrorBody} for s in (401, 404, 413, 422, 503, 504)}
 
 
@@ -117,175 +106,6 @@ def require_token(request: Request, creds: HTTPAuthorizationCredentials | None =
     if not hmac.compare_digest(given.encode(), expected.encode()):
         raise ApiError(401, ErrorBody(detail="missing or wrong bearer token (Authorization: Bearer <CDMPP_TOKEN>)"),
                        {"WWW-Authenticate": "Bearer"})
-
-
-# ---- ASGI middleware ------------------------------------------------------------------------------------
-class BodyLimit:
-    """413 for a body over ``max_bytes``, judged on Content-Length and on the bytes actually received,
-    before anything parses it. An over-long body is drained (up to 4x the limit) before answering, so the
-    client, still uploading, reads the 413 instead of a reset connection."""
-
-    def __init__(self, app, max_bytes: int):
-        self.app, self.max_bytes = app, max_bytes
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS"):
-            return await self.app(scope, receive, send)
-        length = dict(scope["headers"]).get(b"content-length")
-        if length is not None and (not length.isdigit() or int(length) > self.max_bytes):
-            await self._drain(receive, 4 * self.max_bytes)
-            return await self._reject(scope, send)
-        body, more = bytearray(), True
-        while more:
-            msg = await receive()
-            if msg["type"] == "http.disconnect":
-                return
-            body += msg.get("body", b"")
-            more = msg.get("more_body", False)
-            if len(body) > self.max_bytes:
-                if more:
-                    await self._drain(receive, 4 * self.max_bytes)
-                return await self._reject(scope, send)
-        replayed = False
-
-        async def replay():
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": bytes(body), "more_body": False}
-            return await receive()
-
-        await self.app(scope, replay, send)
-
-    @staticmethod
-    async def _drain(receive, budget: int) -> None:
-        seen, more = 0, True
-        while more and seen <= budget:
-            msg = await receive()
-            if msg["type"] == "http.disconnect":
-                return
-            seen += len(msg.get("body", b""))
-            more = msg.get("more_body", False)
-
-    async def _reject(self, scope, send) -> None:
-        body = ErrorBody(detail=f"request body over the {self.max_bytes}-byte limit (CDMPP_MAX_BODY_BYTES); "
-                                "send fewer programs per request", limit=self.max_bytes)
-        await _error_response(413, body, {"Connection": "close"})(scope, None, send)
-
-
-class RecordMetrics:
-    """Counts every response (including the 413s of ``BodyLimit``) by endpoint and status, with its latency.
-    A client that went away before any answer counts as 499 (nginx's "client closed request"), not 500."""
-
-    def __init__(self, app, metrics: Metrics):
-        self.app, self.metrics = app, metrics
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        t0, status, gone = time.perf_counter(), [None], [False]
-
-        async def receive_wrapper():
-            msg = await receive()
-            if msg["type"] == "http.disconnect":
-                gone[0] = True
-            return msg
-
-        async def send_wrapper(msg):
-            if msg["type"] == "http.response.start":
-                status[0] = msg["status"]
-            await send(msg)
-
-        try:
-            await self.app(scope, receive_wrapper, send_wrapper)
-        finally:
-            code = status[0] if status[0] is not None else (499 if gone[0] else 500)
-            self.metrics.observe(scope["path"], code, time.perf_counter() - t0)
-
-
-# ---- strict request bodies ------------------------------------------------------------------------------
-MAX_DEPTH = 64  # nesting of a request body (a workload+trace item needs ~8)
-
-
-class BadBody(ValueError):
-    """A request body that is not strict JSON; the message says where and why."""
-
-
-def _no_constant(name: str):
-    raise BadBody(f"{name} is not a JSON number (NaN and Infinity are not allowed)")
-
-
-def _finite_float(text: str) -> float:
-    x = float(text)
-    if x != x or x in (float("inf"), float("-inf")):
-        raise BadBody(f"number {text[:40]} is out of range (not a finite double)")
-    return x
-
-
-def _check_values(obj, path: str = "body") -> None:
-    """Depth and strings of a parsed body: lone surrogates (``"\\ud800"``) cannot be encoded, and a
-    deep structure would overflow the recursion of every later step."""
-    stack = [(obj, path, 0)]
-    while stack:
-        x, where, depth = stack.pop()
-        if depth > MAX_DEPTH:
-            raise BadBody(f"{where}: nested deeper than {MAX_DEPTH} levels")
-        if isinstance(x, str):
-            if not x.isascii():
-                try:
-                    x.encode("utf-8")
-                except UnicodeEncodeError as e:
-                    raise BadBody(f"{where}: string holds a lone surrogate ({e.reason} at character {e.start})")
-        elif isinstance(x, dict):
-            for k, v in x.items():
-                stack.append((k, f"{where} key", depth + 1))
-                stack.append((v, f"{where}[{json.dumps(k, ensure_ascii=True)[:40]}]", depth + 1))
-        elif isinstance(x, list):
-            stack.extend((v, f"{where}[{i}]", depth + 1) for i, v in enumerate(x))
-
-
-def parse_body(raw: bytes):
-    """Strict JSON: UTF-8, finite numbers, no lone surrogates, at most ``MAX_DEPTH`` levels."""
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise BadBody(f"body is not valid UTF-8 (byte {e.start}: {e.reason})") from None
-    try:
-        obj = json.loads(text, parse_constant=_no_constant, parse_float=_finite_float)
-    except json.JSONDecodeError as e:
-        raise BadBody(f"body is not JSON: {e}") from None
-    except RecursionError:
-        raise BadBody(f"body is nested deeper than {MAX_DEPTH} levels") from None
-    except BadBody:
-        raise
-    except ValueError as e:  # e.g. an integer of more digits than Python converts (sys.set_int_max_str_digits)
-        raise BadBody(f"body holds a number that cannot be read: {str(e)[:200]}") from None
-    _check_values(obj)
-    return obj
-
-
-def _validated(model, raw: bytes):
-    """A request body as ``model``, parsed strictly (``parse_body``); a 422 that says where, otherwise."""
-    try:
-        return model.model_validate(parse_body(raw))
-    except BadBody as e:
-        raise ApiError(422, ErrorBody(detail=str(e)))
-    except ValidationError as e:
-        raise ApiError(422, _validation_errors(e.errors(include_input=False)))
-
-
-def _validation_errors(errors) -> ErrorBody:
-    """pydantic errors as an ErrorBody; item errors keep their index; never echoes the input."""
-    by_item: dict[int, list[str]] = {}
-    lines = []
-    for e in errors:
-        loc = [str(x) for x in e.get("loc", ()) if x != "body"]
-        lines.append(f"{'.'.join(loc) or 'body'}: {e.get('msg', 'invalid')}")
-        if len(loc) >= 2 and loc[0] == "programs" and loc[1].isdigit():  # one entry per item, however
-            by_item.setdefault(int(loc[1]), []).append(e.get("msg", "invalid"))  # many union members failed
-    items = [ItemError(index=i, reason="not a program (TVMScript/JSON text or a workload+trace object): "
-                                       + "; ".join(dict.fromkeys(r))) for i, r in sorted(by_item.items())]
-    return ErrorBody(detail="invalid request: " + "; ".join(lines[:5]), errors=items or None)
 
 
 # ---- the app --------------------------------------------------------------------------------------------
@@ -347,11 +167,11 @@ def create_app(settings: Settings | None = None, predictor: Predictor | None = N
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError):
-        return _error_response(exc.status, exc.body, exc.headers)
+        return error_response(exc.status, exc.body, exc.headers)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError):
-        return _error_response(422, _validation_errors(exc.errors()))
+        return error_response(422, validation_errors(exc.errors()))
 
     body_schema = {"requestBody": {"required": True, "content": {"application/json": {
         "schema": PredictRequest.model_json_schema(ref_template="#/components/schemas/{model}")}}}}
@@ -364,7 +184,7 @@ def create_app(settings: Settings | None = None, predictor: Predictor | None = N
 
         Body: ``PredictRequest`` as strict JSON (parsed here, not by FastAPI, so that NaN, huge numbers,
         lone surrogates, invalid UTF-8 and deep nesting get a 422 that says where)."""
-        req = _validated(PredictRequest, await request.body())
+        req = validated(PredictRequest, await request.body())
         if len(req.programs) > settings.max_batch:
             raise ApiError(413, ErrorBody(detail=f"batch of {len(req.programs)} programs is over the limit of "
                                                  f"{settings.max_batch} (CDMPP_MAX_BATCH); split it",
@@ -423,7 +243,7 @@ def create_app(settings: Settings | None = None, predictor: Predictor | None = N
     async def network(request: Request, predictor: Predictor = Depends(get_predictor)) -> NetworkResponse:
         """Predict a whole network's latency on one device: the weighted sum of its tasks' programs
         (``cdmpp network``)."""
-        req = _validated(NetworkRequest, await request.body())
+        req = validated(NetworkRequest, await request.body())
         if req.device not in predictor.devices():
             raise _unknown_device(UnknownDeviceError(req.device, predictor.devices()))
         job = asyncio.get_running_loop().run_in_executor(request.app.state.executor, network_prediction,

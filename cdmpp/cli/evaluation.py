@@ -1,0 +1,192 @@
+"""``cdmpp eval | protocol | train | sample | finetune``: evaluation and the train / sample / fine-tune workflow."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from cdmpp import defaults
+
+
+def _csv(text: str | None) -> list[str]:
+    return [t.strip() for t in (text or "").split(",") if t.strip()]
+
+
+def cmd_eval(args) -> int:
+    from cdmpp.evaluation.harness import EvalOptions, run_eval
+
+    opts = EvalOptions(
+        name=args.name, split=args.split, dataset=args.dataset, task_table=args.task_table, devices=args.devices,
+        held_out=_csv(args.held_out), target_device=args.target_device, ks=[int(k) for k in _csv(args.k)],
+        recipe=args.recipe, peers=_csv(args.peers), ablations=_csv(args.ablations), max_minutes=args.max_minutes,
+        minutes_per_method=args.minutes_per_method, reports_dir=args.reports_dir, limit=args.limit,
+        train_fraction=args.train_fraction, seed=args.seed, progress=args.progress, threads=args.threads)
+    try:
+        report = run_eval(opts)
+    except ValueError as e:
+        print(f"cdmpp eval: {e}", file=sys.stderr)
+        return 2
+    print(open(f"{args.reports_dir}/{args.name}.md").read())
+    print(f"wrote {args.reports_dir}/{args.name}.json and .md ({report['elapsed_seconds']:.0f} s)", file=sys.stderr)
+    return 0
+
+
+def cmd_protocol(args) -> int:
+    import shlex
+    import tomllib
+
+    from cdmpp.evaluation.protocol import ProtocolOptions, markdown, run_protocol
+
+    overrides = tomllib.loads("\n".join(args.set)) if args.set else {}
+    opts = ProtocolOptions(dataset=args.dataset, task_table=args.task_table, devices=args.devices,
+                           device_ids=_csv(args.device_ids), target_device=args.target_device,
+                           settings=_csv(args.settings), seeds=[int(s) for s in _csv(args.seeds)], ks=_csv(args.k),
+                           samplers=_csv(args.samplers), methods=_csv(args.methods), recipe=args.recipe,
+                           overrides=overrides, label=args.label, minutes=args.minutes, runs=args.runs)
+    summary = run_protocol(opts, jobs=args.jobs, command="cdmpp " + shlex.join(sys.argv[1:]),
+                           summary_path=args.summary or None)
+    print(markdown(summary))
+    return 0
+
+
+def _refuse_overwrite(out: str, force: bool, command: str) -> bool:
+    """A trained checkpoint is never replaced by accident: the caller must pass --force."""
+    if os.path.exists(os.path.join(out, "predictor.json")) and not force:
+        print(f"cdmpp {command}: {out} already holds a checkpoint; pass --force to replace it", file=sys.stderr)
+        return True
+    return False
+
+
+def cmd_train(args) -> int:
+    from cdmpp.workflows import train_checkpoint
+
+    if _refuse_overwrite(args.out, args.force, "train"):
+        return 2
+    try:
+        model = train_checkpoint(args.recipe, args.dataset, args.out, args.task_table, args.devices,
+                                 args.max_minutes, args.val, args.seed, args.limit,
+                                 device_ids=_csv(args.device_ids) or None,
+                                 exclude_networks=_csv(args.exclude_networks) or None)
+    except ValueError as e:
+        print(f"cdmpp train: {e}", file=sys.stderr)
+        return 2
+    s = model.summary
+    print(f"saved {s['model_version']} to {args.out}: {s['n_train']} train / {s['n_val']} val programs, "
+          f"val MAPE {100 * s['val']['mape']:.1f} %, {s['train_seconds']} s")
+    return 0
+
+
+def cmd_sample(args) -> int:
+    from cdmpp.workflows import sample_ids
+
+    ids = sample_ids(args.k, args.pool, args.device, args.model, args.sampler, args.task_table, args.seed)
+    text = "\n".join(ids) + ("\n" if ids else "")
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text)
+        print(f"wrote {len(ids)} record ids to {args.out}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return 0 if ids else 1
+
+
+def cmd_finetune(args) -> int:
+    from cdmpp.workflows import finetune_checkpoint
+
+    if _refuse_overwrite(args.out, args.force, "finetune"):
+        return 2
+    with open(args.ids) as f:
+        ids = f.read().split()
+    try:
+        model = finetune_checkpoint(args.model, args.dataset, args.device, ids, args.out, args.steps,
+                                    args.task_table, args.devices, scope=args.scope)
+    except (ValueError, KeyError) as e:
+        print(f"cdmpp finetune: {e}", file=sys.stderr)
+        return 2
+    print(f"saved {model.summary['model_version']} to {args.out} "
+          f"({model.summary['finetune']['n']} programs measured on {args.device})")
+    return 0
+
+
+def add_eval_commands(sub) -> None:
+    data = argparse.ArgumentParser(add_help=False)
+    data.add_argument("--dataset", default=defaults.DATASET, help="dataset folder")
+    data.add_argument("--task-table", default=defaults.TASK_TABLE)
+    data.add_argument("--devices", default=defaults.DEVICES, help="device spec table")
+    data.add_argument("--seed", type=int, default=0)
+    data.add_argument("--force", action="store_true", help="train/finetune: replace an existing checkpoint")
+
+    e = sub.add_parser("eval", parents=[data], help="train cdmpp, ablations and peers on one split; write a report")
+    e.add_argument("--name", required=True, help="report name: reports/NAME.json and .md")
+    e.add_argument("--split", choices=("random", "cross-model", "cross-device"), default="random")
+    e.add_argument("--held-out", default="resnet18,mobilenet_v2,bert_tiny", help="cross-model: networks to hold out")
+    e.add_argument("--target-device", help="cross-device: the device to adapt to")
+    e.add_argument("--k", default="0,16,64", help="cross-device: shot counts (0 = zero-shot)")
+    e.add_argument("--recipe", default="default", help="training recipe (train/NAME.toml)")
+    e.add_argument("--peers", default="xgb,mlp", help="peers: xgb, mlp (empty: none)")
+    e.add_argument("--ablations", default="no-pe,no-da,random-sampler", help="no-pe, no-da, random-sampler")
+    e.add_argument("--max-minutes", type=float, default=8.0, help="time budget for all training (default 8)")
+    e.add_argument("--minutes-per-method", type=float,
+                   help="instead of sharing --max-minutes: every trained model gets this cap (fairer, slower)")
+    e.add_argument("--reports-dir", default="reports")
+    e.add_argument("--limit", type=int, help="use only the first N records (smoke runs)")
+    e.add_argument("--train-fraction", type=float, default=1.0,
+                   help="random/cross-model: train on this share of the training programs, same test set "
+                        "(a learning curve; default 1)")
+    e.add_argument("--progress", action="store_true", help="show progress bars")
+    e.add_argument("--threads", type=int, default=1, help="torch/XGBoost threads per method (default 1)")
+    e.set_defaults(func=cmd_eval)
+
+    pr = sub.add_parser("protocol", parents=[data], help="the evaluation protocol (docs/evaluation.md): every "
+                                                         "setting and seed, cdmpp vs peers; writes a summary JSON")
+    pr.add_argument("--settings", default=",".join(("random-new", "cross-model", "cross-device-new", "cross-device-seen")))
+    pr.add_argument("--seeds", default="0,1,2", help="split and model seeds (default 0,1,2)")
+    pr.add_argument("--k", default="0,16,64,5%", help="cross-device shot counts; N%% = share of the target's programs")
+    pr.add_argument("--samplers", default="kmeans,random")
+    pr.add_argument("--methods", default="cdmpp,pooled-gbt", help="cdmpp, pooled-gbt (with the twin-ratio baseline)")
+    pr.add_argument("--recipe", default="default")
+    pr.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a training setting on top of the recipe (TOML value; repeatable), e.g. pooling=\"sum\"")
+    pr.add_argument("--label", default="cdmpp", help="row name of the cdmpp model (ablations)")
+    pr.add_argument("--minutes", type=float, default=4.0, help="cap on each cdmpp training run (default 4)")
+    pr.add_argument("--device-ids", default="amd-epyc-znver4-2t/llvm-avx512,amd-epyc-znver4-1t/llvm-avx512",
+                    help="devices whose programs are used (pinned, so added data does not move the numbers)")
+    pr.add_argument("--target-device", default="amd-epyc-znver4-1t/llvm-avx512")
+    pr.add_argument("--runs", default="reports/protocol-runs.jsonl", help="every scored row is appended here")
+    pr.add_argument("--summary", default="reports/summary.json", help="summary of --runs (empty: none)")
+    pr.add_argument("--jobs", type=int, default=1, help="seeds run in parallel processes (1 thread each)")
+    pr.set_defaults(func=cmd_protocol)
+
+    t = sub.add_parser("train", parents=[data], help="train on a whole dataset (all devices) and save a checkpoint")
+    t.add_argument("--recipe", default="default")
+    t.add_argument("--out", default=defaults.MODEL_OUT, help="checkpoint folder")
+    t.add_argument("--max-minutes", type=float, help="override the recipe's time budget")
+    t.add_argument("--val", type=float, default=0.1, help="validation fraction per device (default 0.1)")
+    t.add_argument("--limit", type=int, help="use only the first N records")
+    t.add_argument("--device-ids", help="comma-separated devices to train on (default: every device in the data)")
+    t.add_argument("--exclude-networks", help="comma-separated networks whose tasks are left out of training (a "
+                                              "checkpoint for benchmarks on networks it never saw)")
+    t.set_defaults(func=cmd_train)
+
+    s = sub.add_parser("sample", help="choose k programs to measure on a new device (KMeans on embeddings)")
+    s.add_argument("--k", type=int, required=True)
+    s.add_argument("--pool", required=True, help="dataset folder whose programs are the candidates")
+    s.add_argument("--device", required=True, help="the device to measure on (its programs are skipped)")
+    s.add_argument("--model", help="checkpoint whose embeddings to cluster (default: model-free features)")
+    s.add_argument("--sampler", choices=("kmeans", "random"), default="kmeans")
+    s.add_argument("--out", help="write the record ids here (default: stdout)")
+    s.add_argument("--task-table", default=defaults.TASK_TABLE)
+    s.add_argument("--seed", type=int, default=0)
+    s.set_defaults(func=cmd_sample)
+
+    ft = sub.add_parser("finetune", parents=[data], help="fine-tune a checkpoint with programs measured on a device")
+    ft.add_argument("--model", required=True, help="checkpoint folder")
+    ft.add_argument("--device", required=True)
+    ft.add_argument("--ids", required=True, help="file of record ids (from `cdmpp sample`)")
+    ft.add_argument("--out", required=True, help="new checkpoint folder")
+    ft.add_argument("--steps", type=int, default=100)
+    ft.add_argument("--scope", choices=["head", "all"], default="head",
+                    help="weights to tune: decoder + device encoder (head, default; better on the cross-device "
+                         "report) or all")
+    ft.set_defaults(func=cmd_finetune)
