@@ -32,6 +32,8 @@ import time
 import traceback
 from dataclasses import dataclass, field
 
+from cdmpp.errors import error_message
+
 BUILD_SECONDS_PER_PROGRAM = 60.0  # a task's build job fails after this many seconds per program
 STARTUP_S = 120.0  # a new runner process imports TVM
 
@@ -79,10 +81,6 @@ def build_worker_init(threads: int, cores: list[int] | None) -> None:
     tvm_env.setup(threads)
 
 
-def _short(msg: str) -> str:
-    lines = [ln for ln in str(msg).strip().splitlines() if ln.strip()]
-    return (" | ".join(lines[-3:]) if lines else "unknown error")[:600]
-
 
 def prepare_task(task_key: str, mod_json: str, target_json: str, out_dir: str, traces: list | None = None,
                  n: int = 0, seed: int = 0, skip: frozenset = frozenset()) -> tuple[list[Built], float, int]:
@@ -108,7 +106,7 @@ def prepare_task(task_key: str, mod_json: str, target_json: str, out_dir: str, t
             try:
                 smod = apply_trace(mod, tr)
             except Exception as e:  # a trace that no longer applies: record it, go on
-                progs.append((Built(task_key, "", tr, error="trace: " + _short(e)), None))
+                progs.append((Built(task_key, "", tr, error="trace: " + error_message(e, lines=3, limit=600)), None))
                 continue
             h = program_hash(smod)
             skipped += h in skip
@@ -156,7 +154,7 @@ def _build(tvm, todo: list, target, out_dir: str) -> None:
         try:
             b.so = _compile(tvm, {b.fname: funcs[b.fname]}, target, out_dir)
         except Exception as e:
-            b.error = "build: " + _short(e)
+            b.error = "build: " + error_message(e, lines=3, limit=600)
         b.build_s = time.perf_counter() - t1
 
 
@@ -208,7 +206,7 @@ def runner_main(conn, threads: int, cores: list[int] | None, device_type: str = 
                 inputs = {key: arrays}
             conn.send(("ok", adaptive_repeats(loaded[1], fname, dev, inputs[key], cfg)))
         except Exception as e:
-            conn.send(("error", _short(f"{e}\n{traceback.format_exc(limit=1)}")))
+            conn.send(("error", error_message(f"{e}\n{traceback.format_exc(limit=1)}", lines=3, limit=600)))
 
 
 def adaptive_repeats(rt_mod, fname: str, dev, arrays: list, cfg: dict) -> list[float]:
@@ -318,7 +316,7 @@ class Builders:
             self.close(kill=True)
             return None, 0.0, 0, "build: worker process crashed"
         except Exception as e:
-            return None, 0.0, 0, "build: " + _short(e)
+            return None, 0.0, 0, "build: " + error_message(e, lines=3, limit=600)
 
     def close(self, kill: bool = False) -> None:
         if self.pool is None:

@@ -24,6 +24,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from cdmpp.errors import error_message
 from cdmpp.measure.guard import CpuGuard
 from cdmpp.measure.stop import ROOT_PREFIX, STOP, _measuring, _remove_stale_roots, pause_files
 from cdmpp.program import tvm_env
@@ -209,7 +210,7 @@ class Measurer:
         inputs, where = [], []
         for i, (m, b) in enumerate(zip(mods, builds)):
             if b.error_msg:
-                out[i] = ([], "build: " + _short(b.error_msg), build_s[i])
+                out[i] = ([], "build: " + error_message(b.error_msg, lines=3, limit=600), build_s[i])
             else:
                 inputs.append(ms.runner.RunnerInput(b.artifact_path, self.device_type,
                                                     ms.arg_info.ArgInfo.from_prim_func(m["main"])))
@@ -228,7 +229,7 @@ class Measurer:
                 break
         for i, (secs, err) in zip(where, results):
             if err:
-                out[i] = ([], "run: " + _short(err), build_s[i], others)
+                out[i] = ([], "run: " + error_message(err, lines=3, limit=600), build_s[i], others)
             else:
                 out[i] = ([float(s) for s in secs], None, build_s[i], others)
         for i, b in enumerate(out):
@@ -315,7 +316,3 @@ class Measurer:
 
 SKIP_AFTER_TIMEOUTS = 2
 
-
-def _short(msg: str) -> str:
-    lines = [ln for ln in str(msg).strip().splitlines() if ln.strip()]
-    return (" | ".join(lines[-3:]) if lines else "unknown error")[:600]

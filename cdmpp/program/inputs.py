@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from cdmpp.errors import error_message
 from cdmpp.program import tvm_env
 
 
@@ -50,7 +51,7 @@ def parse_target(target: Any = "llvm"):
         try:
             return tvm.target.Target(target)
         except Exception as e:  # TVM raises its own error types
-            raise ProgramError(f"invalid target {target!r}: {_first_line(e)}") from None
+            raise ProgramError(f"invalid target {target!r}: {error_message(e)}") from None
     raise ProgramError(f"unsupported target type {type(target).__name__}")
 
 
@@ -93,7 +94,7 @@ def _from_tvmscript(text: str):
     try:
         parsed = tvm.script.from_source(text)
     except Exception as e:
-        raise ProgramError(f"TVMScript does not parse: {_first_line(e)}") from None
+        raise ProgramError(f"TVMScript does not parse: {error_message(e)}") from None
     return parsed
 
 
@@ -111,7 +112,7 @@ def _from_workload_trace(obj: dict):
         else:
             mod = Workload.from_json(workload).mod
     except Exception as e:
-        raise ProgramError(f"workload does not load: {_first_line(e)}") from None
+        raise ProgramError(f"workload does not load: {error_message(e)}") from None
     return apply_trace(_single_primfunc_module(mod), obj["trace"])
 
 
@@ -125,7 +126,7 @@ def apply_trace(mod, trace_json):
         sch = Schedule(mod)
         Trace.apply_json_to_schedule(trace_json, sch)
     except Exception as e:
-        raise ProgramError(f"trace does not apply to its workload: {_first_line(e)}") from None
+        raise ProgramError(f"trace does not apply to its workload: {error_message(e)}") from None
     return sch.mod
 
 
@@ -165,14 +166,3 @@ def to_json_value(obj: Any) -> Any:
         return [to_json_value(v) for v in obj]
     raise TypeError(f"cannot turn {type(obj).__name__} into JSON")
 
-
-def _first_line(e: BaseException) -> str:
-    """The informative line of an error: TVMScript diagnostics start with ``error: ...`` followed by a
-    source excerpt; TVM's C++ errors end with ``...Error: message``."""
-    lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
-    for ln in lines:
-        if ln.lower().startswith("error:"):
-            line = ln[len("error:"):].strip()
-            loc = next((x[3:].strip() for x in lines if x.startswith("-->")), "")
-            return (f"{line} (at {loc})" if loc else line)[:300]
-    return (lines[-1] if lines else type(e).__name__)[:300]

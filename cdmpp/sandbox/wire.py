@@ -12,7 +12,6 @@ from typing import Any
 
 import numpy as np
 
-from cdmpp.program.inputs import ProgramError
 
 MAX_MESSAGE = 1 << 30  # bytes of one worker answer (1,024 programs of 100 leaves: ~90 MB)
 
@@ -29,9 +28,6 @@ NO_COMPUTATION = ("program computes nothing: no buffer store is left to featuriz
 class Cancelled(RuntimeError):
     """The request was cancelled or ran past its deadline; its busy workers were killed."""
 
-
-class SharedWorkloadError(ProgramError):
-    """The request's shared workload does not load: every item that needs it fails."""
 
 
 def is_tvmscript(item: Any) -> bool:

@@ -21,11 +21,12 @@ import threading
 import time
 from typing import Any, Sequence
 
+from cdmpp.errors import error_message
 from cdmpp.program.inputs import ProgramError
-from cdmpp.sandbox.wire import NO_COMPUTATION, TVMSCRIPT_OFF, SharedWorkloadError, encode_features, is_tvmscript
+from cdmpp.program.items import SharedWorkloadError, load_item, load_workload
+from cdmpp.sandbox.wire import NO_COMPUTATION, TVMSCRIPT_OFF, encode_features, is_tvmscript
 
 
-# ---- shared by the worker (and by trusted in-process callers) ------------------------------------------
 def featurize_items(items: list, indices: list[int], tgt, workload: Any = None, featurize=None,
                     tvmscript: bool = True, item_limit=None):
     """Parse and featurize wire items: ``(features, [(index, reason)], parse s, feature s)``.
@@ -34,25 +35,22 @@ def featurize_items(items: list, indices: list[int], tgt, workload: Any = None, 
     are extracted for the batch at once, item by item only when the batch fails (to name the bad ones).
     ``item_limit(n)`` (the worker's) re-arms the CPU limit for the next ``n`` items.
     """
-    from cdmpp.program.inputs import load_program
-
     featurize = featurize or _process_featurizer()
     arm = item_limit or (lambda n: None)
     t0 = time.perf_counter()
-    parsed, errors, shared_mod = [], [], None
+    parsed, errors, loaded = [], [], []
+
+    def shared():
+        if not loaded:
+            loaded.append(load_workload(workload, tgt))
+        return loaded[0]
+
     for i, item in zip(indices, items):
         arm(1)
         try:
-            if isinstance(item, str) and not item.lstrip().startswith("{") and not tvmscript:
+            if is_tvmscript(item) and not tvmscript:
                 raise ProgramError(TVMSCRIPT_OFF)
-            if isinstance(item, str) and item.lstrip().startswith("{"):
-                item = _json_item(item)
-            if isinstance(item, dict) and "workload" not in item and workload is not None:
-                if shared_mod is None:
-                    shared_mod = _load_workload(workload, tgt)
-                parsed.append(load_program(_apply_trace(shared_mod, item), tgt))
-            else:
-                parsed.append(load_program(item, tgt))
+            parsed.append(load_item(item, tgt, shared if workload is not None else None))
         except SharedWorkloadError:
             raise
         except ProgramError as e:
@@ -62,7 +60,7 @@ def featurize_items(items: list, indices: list[int], tgt, workload: Any = None, 
         except MemoryError:
             errors.append((i, "program needs more memory than a featurizer worker may use"))
         except Exception as e:  # anything TVM raises on odd input is still the input's fault
-            errors.append((i, f"program does not load: {_first_line(e)}"))
+            errors.append((i, f"program does not load: {error_message(e)}"))
     t1 = time.perf_counter()
     if errors:
         return [], errors, t1 - t0, 0.0
@@ -78,7 +76,7 @@ def featurize_items(items: list, indices: list[int], tgt, workload: Any = None, 
             except ProgramError as e:
                 errors.append((i, str(e)))
             except Exception as e:
-                errors.append((i, f"feature extraction failed: {_first_line(e)}"))
+                errors.append((i, f"feature extraction failed: {error_message(e)}"))
     errors += [(i, NO_COMPUTATION) for i, f in zip(indices, feats) if f.n_leaves == 0]
     return ([] if errors else feats), errors, t1 - t0, time.perf_counter() - t1
 
@@ -95,42 +93,7 @@ def _process_featurizer():
     return _FEATURIZER
 
 
-def _json_item(text: str) -> Any:
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ProgramError(f"program looks like JSON but does not parse: {e}") from None
 
-
-def _load_workload(workload: Any, tgt):
-    """The shared workload as a one-PrimFunc module (``Workload.as_json()`` or a ``tvm.ir.save_json`` string)."""
-    from cdmpp.program import tvm_env
-    from cdmpp.program.inputs import load_program
-
-    tvm = tvm_env.setup()
-    from tvm.s_tir.meta_schedule.database import Workload
-
-    try:
-        mod = tvm.ir.load_json(workload) if isinstance(workload, str) else Workload.from_json(workload).mod
-        return load_program(mod, tgt).mod
-    except Exception as e:
-        raise SharedWorkloadError(f"shared workload does not load: {_first_line(e)}") from None
-
-
-def _apply_trace(mod, item: dict):
-    from cdmpp.program.inputs import apply_trace
-
-    if "trace" not in item:
-        raise ProgramError("workload+trace program lacks ['trace']")
-    return apply_trace(mod, item["trace"])
-
-
-def _first_line(e: BaseException) -> str:
-    lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
-    return (lines[-1] if lines else type(e).__name__)[:300]
-
-
-# ---- the worker process --------------------------------------------------------------------------------
 _DENIED_EVENTS = ("subprocess.", "os.system", "os.exec", "os.spawn", "os.posix_spawn", "os.fork", "os.forkpty",
                   "pty.spawn", "os.kill", "os.killpg", "socket.", "ctypes.", "os.remove", "os.rename",
                   "os.rmdir", "os.mkdir", "os.symlink", "os.link", "os.truncate", "os.chmod", "os.chown",
