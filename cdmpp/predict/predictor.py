@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import os
 import threading
-from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
+
 from cdmpp import defaults
+from cdmpp.lru import LRU
 
 
 
@@ -57,8 +58,7 @@ class Predictor:
     def __init__(self, model, path: str | os.PathLike | None = None, cache_size: int = 100_000):
         self.model = model
         self.path = str(path) if path else None
-        self._cache: OrderedDict[str, object] = OrderedDict()
-        self._cache_size = cache_size
+        self._cache = LRU(cache_size)  # program hash -> ProgramFeatures
         self._lock = threading.Lock()
         self._featurizer = None
 
@@ -153,7 +153,6 @@ class Predictor:
             for i, h in hashes.items():
                 f = self._cache.get(h)
                 if f is not None:
-                    self._cache.move_to_end(h)
                     out[i] = f
                 else:
                     todo.append(i)
@@ -164,9 +163,7 @@ class Predictor:
             with self._lock:
                 for i, f in zip(todo, feats):
                     out[i] = f
-                    self._cache[hashes[i]] = f
-                while len(self._cache) > self._cache_size:
-                    self._cache.popitem(last=False)
+                    self._cache.put(hashes[i], f)
         return out
 
     def _featurize_untrusted(self, programs: Sequence, target, skip: set[int]) -> list:

@@ -17,10 +17,10 @@ import hashlib
 import json
 import threading
 import time
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from cdmpp.lru import LRU
 from cdmpp.predict.predictor import Prediction, Predictor, UnknownDeviceError
 from cdmpp.program.inputs import TARGET_KINDS, ProgramError
 from cdmpp.sandbox.pool import Sandbox
@@ -80,8 +80,8 @@ class PredictEngine:
         self.allow_tvmscript = allow_tvmscript
         self.cache_size = cache_size
         self.stats = EngineStats()
-        self._cache: OrderedDict[bytes, object] = OrderedDict()  # item digest -> ProgramFeatures
-        self._preds: OrderedDict[tuple[bytes, bytes], Prediction] = OrderedDict()  # (digest, device) -> answer
+        self._cache = LRU(cache_size)  # item digest -> ProgramFeatures
+        self._preds = LRU(cache_size)  # (digest, device) -> Prediction
         self._lock = threading.Lock()
 
     def predict(self, programs: Sequence[Any], device: str, target: str | None = None, workload: Any = None,
@@ -111,7 +111,6 @@ class PredictEngine:
                 if hit is None:
                     todo.append(i)
                 else:
-                    self._preds.move_to_end((k, dev))
                     out[i] = hit
             self.stats.prediction_hits += len(programs) - len(todo)
             self.stats.programs_predicted += len(programs)
@@ -126,9 +125,7 @@ class PredictEngine:
             self.stats.model_seconds += time.perf_counter() - t0
             for i, pr in zip(todo, preds):
                 out[i] = pr
-                self._preds[(keys[i], dev)] = pr
-            while len(self._preds) > self.cache_size:
-                self._preds.popitem(last=False)
+                self._preds.put((keys[i], dev), pr)
         return out
 
     def features(self, programs: Sequence[Any], keys: list[bytes], indices: list[int], total: int, kind: str,
@@ -143,7 +140,6 @@ class PredictEngine:
                 if f is None:
                     todo.append(j)
                 else:
-                    self._cache.move_to_end(k)
                     out[j] = f
             self.stats.cache_hits += len(programs) - len(todo)
             self.stats.cache_misses += len(todo)
@@ -165,10 +161,7 @@ class PredictEngine:
             self.stats.programs_featurized += len(todo)
             for j, f in zip(todo, feats):
                 out[j] = f
-                self._cache[keys[j]] = f
-                self._cache.move_to_end(keys[j])
-            while len(self._cache) > self.cache_size:
-                self._cache.popitem(last=False)
+                self._cache.put(keys[j], f)
         return out
 
     @staticmethod
