@@ -217,7 +217,8 @@ def test_mape_capped_limits_each_error_to_100_percent():
 # ---- peers ------------------------------------------------------------------------------------------
 
 def test_peers_train_and_predict_finite(real):
-    from cdmpp.evaluation.peers import MetaScheduleXGB, TensetMLP, XGBRegressorPeer
+    from cdmpp.evaluation.methods.mlp import TensetMLP
+    from cdmpp.evaluation.methods.xgb import MetaScheduleXGB, XGBRegressorPeer
 
     sp = splits.random_split(real[1], seed=0)
     for peer in (MetaScheduleXGB(), XGBRegressorPeer(n_estimators=200), TensetMLP(epochs=3)):
@@ -232,7 +233,8 @@ def test_peers_train_and_predict_finite(real):
 def test_xgb_regressor_sees_device_specs(real):
     """Trained on two devices, the regressor needs to know which one a program runs on (as cdmpp does)."""
     from cdmpp.devices.table import DeviceTable
-    from cdmpp.evaluation.peers import N_FEATURES, XGBRegressorPeer
+    from cdmpp.evaluation.methods.common import N_FEATURES
+    from cdmpp.evaluation.methods.xgb import XGBRegressorPeer
     from cdmpp.model.transforms import DeviceSpecs
 
     table = DeviceTable(str(ROOT / "datasets" / "devices.json")).spec_table()
@@ -341,3 +343,22 @@ def test_train_checkpoint_leaves_out_excluded_networks(real, tiny_recipe, tmp_pa
     assert nets[0] not in seen and seen
     kept = [p for p in real.programs[:120] if not any(o.split("@")[0] == nets[0] for o in p.networks)]
     assert s["data"]["programs"] == len(kept)
+
+
+def test_protocol_seed_writes_a_row_per_setting_and_method(two_devices, tiny_recipe, tmp_path):
+    """MECHANICS ONLY (relabeled fake device): one seed of the protocol writes cdmpp, pooled GBT, their
+    blend and the twin rows for every setting asked for."""
+    from cdmpp.devices.table import DeviceTable
+    from cdmpp.evaluation.protocol import ProtocolOptions, run_seed
+
+    table = DeviceTable(str(ROOT / "datasets" / "devices.json")).spec_table()
+    real_dev = next(iter({p.device for p in two_devices.programs} - {FAKE_DEVICE}))
+    table[FAKE_DEVICE] = {**table[real_dev], "cores": 1, "simd_width_bits": 256}
+    runs = tmp_path / "runs.jsonl"
+    opts = ProtocolOptions(target_device=FAKE_DEVICE, settings=("random-new", "cross-device-seen"), ks=("0", "4"),
+                           samplers=("kmeans",), recipe=tiny_recipe, minutes=0.05, runs=str(runs))
+    run_seed(opts, 0, ds=two_devices, device_table=table)
+    rows = {(r["setting"], r["method"]) for r in map(json.loads, runs.read_text().splitlines())}
+    assert {("random-new", "cdmpp"), ("random-new", "pooled GBT"), ("random-new", "cdmpp ⊕ pooled GBT"),
+            ("cross-device-seen", "cdmpp k=4 (kmeans)"), ("cross-device-seen", "twin-ratio k=4 (kmeans)"),
+            ("cross-device-seen", "cdmpp + twin k=4 (kmeans)")} <= rows

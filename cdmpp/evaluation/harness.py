@@ -27,10 +27,11 @@ import numpy as np
 from cdmpp import defaults
 from cdmpp.evaluation import metrics as ev
 from cdmpp.evaluation import splits
+from cdmpp.evaluation.methods.cdmpp_model import CDMPP
+from cdmpp.evaluation.methods.method import make_peers
 from cdmpp.records.dataset import per_device_counts
 
 ABLATIONS = {"no-pe": "ablation-no-pe", "no-da": "ablation-no-da", "random-sampler": None}
-WEIGHTS = {"cdmpp": 1.0, "xgb": 0.3, "mlp": 0.5}  # share of the budget per trained model
 
 
 @dataclass
@@ -110,52 +111,23 @@ def _row(method: str, test: Sequence, *, predicted=None, lo=None, hi=None, rank_
                 note=note, **extra)
 
 
-# ---- methods -------------------------------------------------------------------------------------
+def _method_row(method, test: Sequence, train_seconds: float, name: str | None = None, **extra) -> dict:
+    """A method's row on ``test``: its metrics (ranking only for a method that predicts scores), its
+    training time, its prediction throughput and how it was fitted."""
+    pred, lo, hi = method.predict_interval(test)
+    tp = _throughput(method.predict, test)
+    note = method.describe()
+    if method.predicts == "score":
+        return _row(name or method.label, test, rank_key=-pred, train_seconds=train_seconds, predict_per_s=tp,
+                    note=note, **extra)
+    return _row(name or method.label, test, predicted=pred, lo=lo, hi=hi, train_seconds=train_seconds,
+                predict_per_s=tp, note=note, **extra)
 
-def _fit_cdmpp(config, split: splits.Split, device_table: dict, use_pool: bool):
-    from cdmpp.model.training import fit
 
+def _fit(method, train: Sequence, val: Sequence, budget_s: float | None):
     t = time.monotonic()
-    model = fit(config, split.train, split.val, target_pool=split.target_pool if use_pool else None,
-                device_table=device_table)
-    return model, time.monotonic() - t
-
-
-def _cdmpp_note(model, pool: bool, config) -> str:
-    s = model.summary
-    runs = s.get("members", [{}])
-    stop = ", ".join(f"stopped by {r.get('stopped')} after {len(r.get('history', []))} epochs" for r in runs)
-    da = (f"DA {config.da.upper()} (weight {config.da_weight}) on {s.get('n_target')} unlabeled target programs"
-          if pool and config.da != "none" and s.get("n_target") else "no domain adaptation")
-    return f"{da}; {stop}; val MAPE {100 * s['val']['mape']:.1f} %"
-
-
-def _cdmpp_row(method, model, test, train_seconds, note, **extra):
-    mean, lo, hi = model.predict([p.features for p in test], [p.device for p in test])
-    tp = _throughput(lambda b: model.predict([p.features for p in b], [p.device for p in b]), test)
-    return _row(method, test, predicted=mean, lo=lo, hi=hi, train_seconds=train_seconds, predict_per_s=tp,
-                note=note, **extra)
-
-
-def _peer_row(peer, test, train_seconds, note="", method=None, **extra):
-    pred = peer.predict(test)
-    tp = _throughput(peer.predict, test)
-    if peer.predicts == "score":
-        return _row(method or peer.label, test, rank_key=-pred, train_seconds=train_seconds, predict_per_s=tp,
-                    note=note or "relative-throughput scores within a task: ranking metrics only", **extra)
-    return _row(method or peer.label, test, predicted=pred, train_seconds=train_seconds, predict_per_s=tp,
-                note=note, **extra)
-
-
-def _peer_note(peer) -> str:
-    if hasattr(peer, "n_rounds_"):
-        return f"relative-throughput scores within a task: ranking metrics only; {peer.n_rounds_} boosting rounds"
-    if hasattr(peer, "epochs_run_"):
-        return f"{peer.epochs_run_} epochs, best on val MAPE"
-    m = getattr(peer, "model_", None)
-    n = getattr(m, "best_iteration", None) if m is not None else None
-    specs = " + device specs" if getattr(peer, "specs", None) else ""
-    return f"sum-pooled rows{specs} -> log latency; {n + 1 if n is not None else '?'} trees (early stopping on val)"
+    method.fit(train, val, budget_s)
+    return method, time.monotonic() - t
 
 
 def _variants(opts: EvalOptions) -> list[tuple[str, str | None]]:
@@ -171,61 +143,51 @@ def _variants(opts: EvalOptions) -> list[tuple[str, str | None]]:
 
 def _run_same_split(opts: EvalOptions, split: splits.Split, device_table: dict, clock: _Clock, rows: list) -> None:
     """Random and cross-model: train every method once on train/val, score it on test."""
-    from cdmpp.evaluation.peers import make_peers
-
     pool_allowed = split.kind == "cross-model"
     for label, ablation in _variants(opts):
         if ablation == "no-da" and not pool_allowed:
             rows.append(dict(method=label, metrics={}, skipped=True,
                              note="skipped: a random split has no target domain, so it is the same model as cdmpp"))
             continue
-        config = recipe_config(opts.recipe, ablation, max_minutes=clock.share(WEIGHTS["cdmpp"]) / 60,
-                               progress=opts.progress, seed=opts.seed)
-        model, secs = _fit_cdmpp(config, split, device_table, use_pool=pool_allowed and ablation != "no-da")
-        rows.append(_cdmpp_row(label, model, split.test, secs, _cdmpp_note(model, pool_allowed, config)))
+        config = recipe_config(opts.recipe, ablation, progress=opts.progress, seed=opts.seed)
+        pool = split.target_pool if pool_allowed and ablation != "no-da" else None
+        model, secs = _fit(CDMPP(config, device_table, pool, label), split.train, split.val,
+                           clock.share(CDMPP.budget_weight))
+        rows.append(_method_row(model, split.test, secs))
         _log(rows[-1])
     if "random-sampler" in opts.ablations:
         rows.append(dict(method="cdmpp random-sampler", metrics={}, skipped=True,
                          note="skipped: shot sampling applies to cross-device k-shot only"))
     for peer in make_peers(opts.peers, nthread=opts.threads, seed=opts.seed, device_table=device_table):
-        budget = clock.share(WEIGHTS["mlp" if "mlp" in peer.label else "xgb"])
-        t = time.monotonic()
-        peer.fit(split.train, split.val, budget)
-        rows.append(_peer_row(peer, split.test, time.monotonic() - t, _peer_note(peer)))
+        peer, secs = _fit(peer, split.train, split.val, clock.share(peer.budget_weight))
+        rows.append(_method_row(peer, split.test, secs))
         _log(rows[-1])
 
 
 def _run_cross_device(opts: EvalOptions, ds, device_table: dict, clock: _Clock, rows: list) -> dict:
     """Train on the source devices once per method; zero-shot, then k-shot (KMeans vs random shots)."""
-    from cdmpp.evaluation.peers import make_peers
-    from cdmpp.model.training import finetune
-
     base = splits.cross_device_split(ds, opts.target_device, 0, seed=opts.seed)
     ks = sorted({int(k) for k in opts.ks})
     for label, ablation in _variants(opts):
-        config = recipe_config(opts.recipe, ablation, max_minutes=clock.share(WEIGHTS["cdmpp"]) / 60,
-                               progress=opts.progress, seed=opts.seed)
-        use_pool = ablation != "no-da"
-        model, secs = _fit_cdmpp(config, base, device_table, use_pool)
-        note = _cdmpp_note(model, use_pool, config)
+        config = recipe_config(opts.recipe, ablation, progress=opts.progress, seed=opts.seed)
+        pool = base.target_pool if ablation != "no-da" else None
+        model, secs = _fit(CDMPP(config, device_table, pool, label), base.train, base.val,
+                           clock.share(CDMPP.budget_weight))
         samplers = ["kmeans"] + (["random"] if label == "cdmpp" and "random-sampler" in opts.ablations else [])
         for k in ks:
             for sampler in samplers if k else ["kmeans"]:
-                sp = splits.cross_device_split(ds, opts.target_device, k, sampler, opts.seed,
-                                               embed=lambda feats: model.embed(feats))
-                m = finetune(model, sp.shots, config, device_table=device_table) if k else model
+                sp = splits.cross_device_split(ds, opts.target_device, k, sampler, opts.seed, embed=model.embed)
+                m = model.adapt(sp.shots) if k else model
                 name = f"{label} k={k}" + (f" ({sampler} shots)" if k else " (zero-shot)")
-                rows.append(_cdmpp_row(name, m, sp.test, secs, note, k=k, sampler=sampler if k else None))
+                rows.append(_method_row(m, sp.test, secs, name, k=k, sampler=sampler if k else None))
                 _log(rows[-1])
     for peer in make_peers(opts.peers, nthread=opts.threads, seed=opts.seed, device_table=device_table):
-        t = time.monotonic()
-        peer.fit(base.train, base.val, clock.share(WEIGHTS["mlp" if "mlp" in peer.label else "xgb"]))
-        secs = time.monotonic() - t
+        peer, secs = _fit(peer, base.train, base.val, clock.share(peer.budget_weight))
         for k in ks:
             sp = splits.cross_device_split(ds, opts.target_device, k, "kmeans", opts.seed)
             p = peer.adapt(sp.shots) if k else peer
             name = f"{peer.label} k={k}" + (" (kmeans shots, model-free)" if k else " (zero-shot)")
-            rows.append(_peer_row(p, sp.test, secs, _peer_note(peer), method=name, k=k))
+            rows.append(_method_row(p, sp.test, secs, name, k=k))
             _log(rows[-1])
     return base.info
 
@@ -258,7 +220,7 @@ def run_eval(opts: EvalOptions, ds=None) -> dict:
     if missing:
         raise ValueError(f"devices {missing} have no spec in {opts.devices}; add them (cdmpp devices) first")
     n_cdmpp = len(_variants(opts)) - (1 if opts.split == "random" and "no-da" in opts.ablations else 0)
-    clock.pending = n_cdmpp * WEIGHTS["cdmpp"] + sum(WEIGHTS[p] * (2 if p == "xgb" else 1) for p in opts.peers)
+    clock.pending = n_cdmpp * CDMPP.budget_weight + sum(p.budget_weight for p in make_peers(opts.peers))
     rows: list[dict] = []
     if opts.split == "random":
         split = splits.subsample_train(splits.random_split(ds, opts.seed), opts.train_fraction, opts.seed)

@@ -112,8 +112,10 @@ def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | Non
     import torch
 
     from cdmpp.evaluation.harness import recipe_config
-    from cdmpp.evaluation.peers import PooledGBT, TwinRatio
-    from cdmpp.model.training import fit, mape_scale
+    from cdmpp.evaluation.methods.cdmpp_model import CDMPP
+    from cdmpp.evaluation.methods.pooled_gbt import PooledGBT
+    from cdmpp.evaluation.methods.twin_ratio import TwinRatio
+    from cdmpp.model.training import mape_scale
 
     torch.set_num_threads(max(1, opts.threads))
     ds = ds if ds is not None else load_pinned(opts)
@@ -126,7 +128,7 @@ def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | Non
 
     def train_cdmpp(split, pool):
         t = time.monotonic()
-        model = fit(config, split.train, split.val, target_pool=pool, device_table=device_table)
+        model = CDMPP(config, device_table, pool).fit(split.train, split.val)
         return model, round(time.monotonic() - t, 1)
 
     def train_gbt(split):
@@ -141,9 +143,9 @@ def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | Non
         mean = pred = None
         if "cdmpp" in opts.methods:
             model, secs = train_cdmpp(split, split.target_pool or None)
-            mean, lo, hi = model.predict([p.features for p in split.test], [p.device for p in split.test])
+            mean, lo, hi = model.predict_interval(split.test)
             out.row(setting, opts.label, _metrics(split.test, mean, lo, hi), k=None, train_seconds=secs,
-                    val_mape=model.summary["val"]["mape"], **n)
+                    val_mape=model.model_.summary["val"]["mape"], **n)
         if "pooled-gbt" in opts.methods:
             gbt, gsecs = train_gbt(split)
             pred = gbt.predict(split.test)
@@ -153,8 +155,7 @@ def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | Non
             out.row(setting, "pooled GBT, val-scaled", _metrics(split.test, c * pred), k=None, scale=c,
                     train_seconds=gsecs, **n)
         if mean is not None and pred is not None:
-            w = blend_weight(split.val, model.predict([p.features for p in split.val], [p.device for p in split.val])[0],
-                             gbt.predict(split.val))
+            w = blend_weight(split.val, model.predict(split.val), gbt.predict(split.val))
             out.row(setting, blend_name, _metrics(split.test, blend(mean, pred, w)), k=None, weight=w,
                     train_seconds=secs + gsecs, **n)
 
@@ -170,11 +171,10 @@ def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | Non
         gbt, gbt_secs = train_gbt(base)
         gbt_scale = mape_scale(gbt.predict(base.val), np.array([p.seconds for p in base.val]))
     n_target = base.info["n_target"]
-    embed = (lambda feats: model.embed(feats)) if model is not None else None
+    embed = model.embed if model is not None else None
     w = None
     if model is not None and gbt is not None:
-        w = blend_weight(base.val, model.predict([p.features for p in base.val], [p.device for p in base.val])[0],
-                         gbt.predict(base.val))
+        w = blend_weight(base.val, model.predict(base.val), gbt.predict(base.val))
     for k_name in opts.ks:
         k = _k_value(k_name, n_target) if k_name != "0" else 0
         for sampler in (opts.samplers if k else ["kmeans"]):
@@ -186,11 +186,8 @@ def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | Non
                 n = dict(programs=len(test), n_train=len(sp.train), **key)
                 suffix = "" if not k else f" k={k_name} ({sampler})"
                 if model is not None:
-                    from cdmpp.model.training import finetune
-
-                    m = finetune(model, sp.shots, config, device_table=device_table) if k else model
-                    feats = [p.features for p in test]
-                    mean, lo, hi = m.predict(feats, [p.device for p in test])
+                    m = model.adapt(sp.shots) if k else model
+                    mean, lo, hi = m.predict_interval(test)
                     out.row(setting, opts.label + suffix, _metrics(test, mean, lo, hi), train_seconds=cdmpp_secs, **n)
                     if gbt is not None:
                         g_pred = (gbt.adapt(sp.shots) if k else gbt).predict(test)

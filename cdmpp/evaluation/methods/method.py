@@ -1,0 +1,66 @@
+"""``Method``: what every latency predictor in an evaluation is to the harness: cdmpp, its ablations and
+every peer. A method is an estimator (scikit-learn style): settings in the constructor, ``fit`` learns
+and returns ``self``, learned state ends in ``_``, ``predict`` has no side effects, ``adapt`` returns a
+new method for the target device and leaves the source one as it was.
+
+Samples are anything with ``features``, ``device``, ``seconds`` and ``task`` (``LabeledProgram``).
+Peers by short name (``make_peers(["xgb", "mlp"])``), as MetaSchedule names its cost models.
+
+XGBoost runs one thread by default: on a 2-core machine shared with a measurement job, OpenMP's
+spin-waiting made 2 threads ~18x slower than 1; pass ``nthread`` to change it.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, Sequence
+
+import numpy as np
+
+
+class Method(Protocol):
+    label: str  # the row name in reports
+    predicts: str  # "seconds", or "score" (higher = predicted faster; comparable within a task: ranking only)
+    budget_weight: float  # its share of a shared training budget, relative to cdmpp's 1.0
+
+    def fit(self, train: Sequence, val: Sequence | None = None, time_budget_s: float | None = None) -> "Method":
+        """Learn from ``train``; select and stop early on ``val`` only; stop by ``time_budget_s``."""
+
+    def predict(self, programs: Sequence) -> np.ndarray:
+        """Seconds (or scores) per program."""
+
+    def predict_interval(self, programs: Sequence) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+        """``(prediction, lo90, hi90)``; the bounds are None for a method without intervals."""
+
+    def adapt(self, shots: Sequence) -> "Method":
+        """A new method adapted with the measured target programs ``shots`` (k-shot transfer)."""
+
+    def describe(self) -> str:
+        """How it was fitted (rounds, epochs, stopping): the note beside its row in a report."""
+
+
+class Peer:
+    """What the peers share: no prediction intervals."""
+
+    label = "peer"
+    predicts = "seconds"
+    budget_weight = 0.3
+
+    def predict_interval(self, programs: Sequence):
+        return self.predict(programs), None, None
+
+
+def make_peers(names: Sequence[str], nthread: int = 1, seed: int = 0, device_table: dict | None = None) -> list:
+    """Peers by short name: ``"xgb"`` gives both XGBoost peers (ranking + regressor), ``"mlp"`` Tenset's MLP.
+    ``device_table`` ({device: spec dict}) goes to the peer that can use device specs (the regressor)."""
+    from cdmpp.evaluation.methods.mlp import TensetMLP
+    from cdmpp.evaluation.methods.xgb import MetaScheduleXGB, XGBRegressorPeer
+
+    peers = {"xgb": lambda: [MetaScheduleXGB(nthread=nthread),
+                             XGBRegressorPeer(nthread=nthread, device_table=device_table)],
+             "mlp": lambda: [TensetMLP(random_state=seed)]}
+    out = []
+    for name in names:
+        if name not in peers:
+            raise ValueError(f"unknown peer {name!r}: expected one of {sorted(peers)}")
+        out += peers[name]()
+    return out

@@ -1,0 +1,77 @@
+"""``PooledGBT``, the strongest peer (issue 19): XGBoost on leaves pooled by sum, max and log-sum-exp,
+plus leaf count, log FLOPs, threads and device specs, predicting log(latency / FLOPs) with early stopping
+on validation."""
+
+from __future__ import annotations
+
+import copy
+import time
+from typing import Sequence
+
+import numpy as np
+
+from cdmpp.evaluation.methods.common import deadline_callback, pooled_features
+from cdmpp.evaluation.methods.method import Peer
+
+
+class PooledGBT(Peer):
+    """XGBoost on pooled leaves + program size + device specs → log(latency / FLOPs) (issue 19's peer).
+
+    The FLOP-normalized target lets the trees learn efficiency instead of size; the device specs
+    (raw, log1p) include the thread count, so one model serves every device.
+    """
+
+    label = "pooled GBT"
+
+    def __init__(self, device_table: dict, max_depth: int = 8, learning_rate: float = 0.05, n_estimators: int = 4000,
+                 nthread: int = 1, random_state: int = 0):
+        from cdmpp.model.transforms import DeviceSpecs
+
+        self.specs = DeviceSpecs(device_table)
+        self.max_depth, self.learning_rate, self.n_estimators = max_depth, learning_rate, n_estimators
+        self.nthread, self.random_state = nthread, random_state
+
+    def inputs(self, programs: Sequence) -> np.ndarray:
+        dev = np.stack([self.specs.raw_vector(self.specs.table[p.device]) for p in programs])
+        return np.hstack([pooled_features(programs), dev.astype(np.float32)])
+
+    @staticmethod
+    def _target(programs) -> np.ndarray:
+        return np.log([p.seconds / (p.features.flops + 1.0) for p in programs])
+
+    def fit(self, train: Sequence, val: Sequence | None = None, time_budget_s: float | None = None) -> "PooledGBT":
+        import xgboost as xgb
+
+        deadline = time.monotonic() + (time_budget_s if time_budget_s else 1e9)
+        evals = [(self.inputs(val), self._target(val))] if val else None
+        self.model_ = xgb.XGBRegressor(
+            n_estimators=self.n_estimators, learning_rate=self.learning_rate, max_depth=self.max_depth,
+            subsample=0.9, colsample_bytree=0.7, min_child_weight=2, tree_method="hist", n_jobs=self.nthread,
+            random_state=self.random_state, early_stopping_rounds=100 if evals else None,
+            callbacks=[deadline_callback(deadline)])
+        self.model_.fit(self.inputs(train), self._target(train), eval_set=evals, verbose=False)
+        best = getattr(self.model_, "best_iteration", None)
+        booster = self.model_.get_booster()
+        # keep only the trees up to the best validation round, so trees added by ``adapt`` count
+        self.booster_ = booster[: best + 1] if best is not None else booster
+        return self
+
+    def predict(self, programs: Sequence) -> np.ndarray:
+        import xgboost as xgb
+
+        flops = np.array([p.features.flops + 1.0 for p in programs])
+        return flops * np.exp(self.booster_.predict(xgb.DMatrix(self.inputs(programs))).astype(np.float64))
+
+    def describe(self) -> str:
+        return f"pooled leaves + device specs -> log(latency / FLOPs); {self.booster_.num_boosted_rounds()} trees"
+
+    def adapt(self, shots: Sequence, rounds: int = 50) -> "PooledGBT":
+        """k-shot: ``rounds`` more shallow trees on the measured target programs, on top of the source model."""
+        import xgboost as xgb
+
+        new = copy.copy(self)
+        params = dict(eta=self.learning_rate, max_depth=3, nthread=self.nthread, seed=self.random_state,
+                      tree_method="hist")
+        new.booster_ = xgb.train(params, xgb.DMatrix(self.inputs(shots), label=self._target(shots)), rounds,
+                                 xgb_model=self.booster_.copy())
+        return new
