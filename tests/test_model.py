@@ -16,7 +16,10 @@ import torch
 from cdmpp.model.adaptation import cmd, discrepancy, mmd
 from cdmpp.model.network import CDMPPModel, PackedPrograms, collate, sinusoidal_encoding
 from cdmpp.model.sampling import KMeansSampler, RandomSampler
-from cdmpp.model.training import BoxCox, FeatureNormalizer, Sample, TrainConfig, TrainedModel, finetune, fit
+from cdmpp.model.checkpoint import TrainedModel
+from cdmpp.model.training import TrainConfig, finetune, fit
+from cdmpp.model.transforms import BoxCox, FeatureNormalizer
+from cdmpp.records.dataset import LabeledProgram
 
 torch.set_num_threads(1)
 F = 12
@@ -49,7 +52,7 @@ def synthetic_samples(n, rng, device="cpu-a"):
         p = random_program(rng)
         per_leaf = np.exp(0.8 * p.leaf_features[:, 0] - 0.5 * p.leaf_features[:, 1])
         seconds = 1e-4 * factor * per_leaf.sum() * np.exp(0.02 * rng.normal())
-        out.append(Sample(p, device, float(seconds), task=f"t{rng.integers(10)}"))
+        out.append(LabeledProgram(p, device, float(seconds), task=f"t{rng.integers(10)}"))
     return out
 
 
@@ -293,7 +296,7 @@ def test_new_model_options_train_save_and_load(tmp_path):
     def sample(device):
         n = int(rng.integers(1, 5))
         x = np.abs(rng.normal(size=(n, 164))).astype(np.float32) * 4
-        return Sample(FakeProgram(x, np.arange(n)), device, float(1e-5 * np.exp2(x[:, 0]).sum()))
+        return LabeledProgram(FakeProgram(x, np.arange(n)), device, float(1e-5 * np.exp2(x[:, 0]).sum()))
 
     train = [sample(d) for d in ["cpu-a", "cpu-b"] * 60]
     val = [sample("cpu-a") for _ in range(30)]

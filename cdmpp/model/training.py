@@ -34,23 +34,10 @@ from cdmpp import defaults
 from cdmpp.model.adaptation import discrepancy
 from cdmpp.model.checkpoint import TrainedModel, current_featurizer_version
 from cdmpp.model.network import CDMPPModel, PackedPrograms, bucketed_batches, length_sorted_batches
-from cdmpp.model.transforms import BoxCox, DeviceSpecs, FeatureNormalizer  # noqa: F401  (BoxCox re-exported)
+from cdmpp.model.transforms import BoxCox, DeviceSpecs, FeatureNormalizer
 
 if TYPE_CHECKING:
-    from cdmpp.program.features import ProgramFeatures
-
-load = TrainedModel.load
-
-
-@dataclass
-class Sample:
-    """One measured program: its features, the device it ran on, its latency, its tuning task.
-    For an unlabeled target pool ``seconds`` is ignored (use ``math.nan``)."""
-
-    features: "ProgramFeatures"
-    device: str
-    seconds: float
-    task: str = ""
+    from cdmpp.records.dataset import LabeledProgram
 
 
 @dataclass
@@ -205,7 +192,7 @@ class _Split:
         return (None if self.extra is None else self.extra[idx], None if self.offset is None else self.offset[idx])
 
 
-def _prepare(samples: Sequence[Sample], trained: TrainedModel, dev_index: dict[str, int], labeled: bool = True) -> _Split:
+def _prepare(samples: Sequence[LabeledProgram], trained: TrainedModel, dev_index: dict[str, int], labeled: bool = True) -> _Split:
     pack = trained.pack([s.features for s in samples])
     rows = np.array([dev_index[s.device] for s in samples], dtype=np.int64)
     extra, offset = trained.model_inputs(pack, [s.device for s in samples])
@@ -215,13 +202,13 @@ def _prepare(samples: Sequence[Sample], trained: TrainedModel, dev_index: dict[s
     return _Split(pack, rows, trained.label_transform.transform(seconds).astype(np.float32), seconds, extra, offset)
 
 
-def fit(config: TrainConfig, train_set: Sequence[Sample], val_set: Sequence[Sample] | None = None,
-        target_pool: Sequence[Sample] | None = None, *, device_table: dict[str, dict[str, float]] | None = None,
+def fit(config: TrainConfig, train_set: Sequence[LabeledProgram], val_set: Sequence[LabeledProgram] | None = None,
+        target_pool: Sequence[LabeledProgram] | None = None, *, device_table: dict[str, dict[str, float]] | None = None,
         featurizer_version: str | None = None) -> TrainedModel:
     """Train an ensemble of ``config.ensemble`` members; return the ``TrainedModel``.
 
-    Samples are ``Sample`` or anything with ``features``, ``device`` and ``seconds`` attributes (e.g.
-    ``cdmpp.records.dataset.LabeledProgram``). Everything fitted (normalizers, Box-Cox, device-spec scaling) sees ``train_set`` only; model
+    Samples are ``LabeledProgram`` or anything with ``features``, ``device`` and ``seconds`` attributes.
+    Everything fitted (normalizers, Box-Cox, device-spec scaling) sees ``train_set`` only; model
     selection, early stopping and the interval calibration see ``val_set`` only. Without a
     ``val_set`` a random ``val_fraction`` of the training programs is held out. ``device_table`` maps
     every device that appears to its spec dict (or is a ``cdmpp.devices.table.DeviceTable``); without one,
@@ -405,7 +392,7 @@ def _val_mape(model: CDMPPModel, val: _Split, dev_matrix: torch.Tensor, trained:
     return float(np.mean(np.abs(pred - val.seconds) / val.seconds))
 
 
-def finetune(trained: TrainedModel, labeled_set: Sequence[Sample], config: TrainConfig | None = None,
+def finetune(trained: TrainedModel, labeled_set: Sequence[LabeledProgram], config: TrainConfig | None = None,
              steps: int = 100, *, device_table: dict[str, dict[str, float]] | None = None) -> TrainedModel:
     """Adapt a trained model with a handful of measured programs (k-shot); returns a new model.
 

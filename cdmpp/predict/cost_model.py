@@ -60,7 +60,7 @@ class CDMPPCostModel(PyCostModel):
         self.online_finetune = bool(online_finetune and url is None)
         self.finetune_every, self.finetune_steps, self.max_buffer = finetune_every, finetune_steps, max_buffer
         self.model_ = None  # the fine-tuned TrainedModel, once there is one
-        self.buffer_: list = []  # cdmpp.model.training.Sample of every measured candidate (newest last)
+        self.buffer_: list = []  # cdmpp.records.dataset.LabeledProgram of every measured candidate (newest last)
         self.since_finetune_ = 0
         self._featurizer = None  # cdmpp.program.features.Featurizer, made on first use
         self.reference_: dict[int, float] = {}  # task (workload hash) -> reference seconds of its scores
@@ -92,7 +92,7 @@ class CDMPPCostModel(PyCostModel):
         return np.where(ok, ref / np.where(ok, seconds, 1.0), 0.0).astype("float64")
 
     def update(self, context, candidates, results) -> None:
-        from cdmpp.model.training import Sample
+        from cdmpp.records.dataset import LabeledProgram
 
         measured = []
         for c, r in zip(candidates, results):
@@ -107,7 +107,7 @@ class CDMPPCostModel(PyCostModel):
         feats = self._features(context, [c for c, _ in measured])
         task = f"{_workload_key(context.mod) & (2**64 - 1):016x}"
         device = self._device(context)
-        self.buffer_ += [Sample(f, device, s, task) for f, (_, s) in zip(feats, measured) if f is not None]
+        self.buffer_ += [LabeledProgram(f, device, s, task) for f, (_, s) in zip(feats, measured) if f is not None]
         del self.buffer_[:-self.max_buffer]
         self.since_finetune_ += len(measured)
         if self.online_finetune and self.since_finetune_ >= self.finetune_every:

@@ -25,15 +25,17 @@ from cdmpp.records.store import LoadReport, RecordStore, publish_numbered
 
 @dataclass
 class LabeledProgram:
-    """One successfully measured program."""
+    """One measured program: features, the device it ran on, its latency label (the fastest repeat over
+    all passes, ``cdmpp.records.labels.label``; ``math.nan`` in an unlabeled target pool), its tuning task,
+    and where it came from. What training, evaluation and adaptation all take."""
 
     features: ProgramFeatures
     device: str
-    seconds: float  # the fastest measured repeat over all passes (collect.label)
-    task: str
-    task_name: str
-    networks: list[str]  # "network@batch" occurrences of its task
-    record_id: str
+    seconds: float
+    task: str = ""
+    task_name: str = ""
+    networks: list[str] = field(default_factory=list)  # "network@batch" occurrences of its task
+    record_id: str = ""
 
 
 @dataclass
