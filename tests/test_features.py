@@ -9,7 +9,6 @@ import pytest
 
 from cdmpp.program.compact_ast import END, build_compact_ast, lower_for_features
 from cdmpp.program.features import FEATURE_NAMES, N_FEATURES, Featurizer, compact_ast_of, featurize
-from cdmpp.positional import preorder_encoding, sinusoidal_table
 from cdmpp.program.inputs import ProgramError, load_program, workload_trace_json
 
 
@@ -152,24 +151,7 @@ def test_trace_that_does_not_fit_its_workload(sampled):
         load_program(record)
 
 
-def test_positional_encoding_is_standard_and_separate():
-    table = sinusoidal_table(50, 16)
-    assert table.shape == (50, 16)
-    assert np.allclose(table[0, 0::2], 0) and np.allclose(table[0, 1::2], 1)
-    assert np.isclose(table[7, 2], np.sin(7 / 10000 ** (2 / 16)))
-    assert np.isclose(table[7, 3], np.cos(7 / 10000 ** (2 / 16)))
-    enc = preorder_encoding(np.array([4, 24, 35]), 16)
-    assert np.array_equal(enc, table[[4, 24, 35]])
-    # nearby positions (siblings) are closer than far ones
-    assert np.linalg.norm(table[10] - table[11]) < np.linalg.norm(table[10] - table[40])
-
-
-def test_cli_help_is_fast_and_featurize_runs():
-    import time
-
-    t = time.time()
-    subprocess.run([sys.executable, "-m", "cdmpp.cli", "--help"], check=True, capture_output=True)
-    assert time.time() - t < 2.0
+def test_cli_featurize_prints_the_compact_ast_of_the_shipped_sample():
     out = subprocess.run([sys.executable, "-m", "cdmpp.cli", "featurize"], check=True, capture_output=True, text=True)
     assert "3 leaves" in out.stdout and "store conv2d_nchw" in out.stdout
 

@@ -42,15 +42,15 @@ def test_wheel_in_fresh_venv_serves_the_readme_request(tmp_path):
     # the dependencies come from this environment's site-packages, appended after the venv's own (a
     # path line in a .pth does not run that folder's .pth files, so this checkout's editable cdmpp stays out)
     (site / "zz-borrowed-deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CDMPP_") and k != "PYTHONPATH"}
     where = subprocess.run([str(py), "-c", "import cdmpp, cdmpp.model.training as t; print(cdmpp.__file__); "
                             "print(t.TrainConfig.recipe('default').epochs)"],
-                           check=True, capture_output=True, text=True, cwd=cwd).stdout.split()
+                           check=True, capture_output=True, text=True, cwd=cwd, env=env).stdout.split()
     assert where[0].startswith(str(site)) and int(where[1]) > 0
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CDMPP_") and k != "PYTHONPATH"}
     server = subprocess.Popen([str(venv / "bin" / "cdmpp"), "serve", "--port", str(port), "--featurize-procs", "1",
                                "--no-access-log"], cwd=cwd, env=env, stdout=subprocess.DEVNULL,
                               stderr=subprocess.PIPE, text=True)
