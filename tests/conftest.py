@@ -1,8 +1,14 @@
+from __future__ import annotations
+
 import os
 
 import pytest
+import torch
+
+from tests.data import LIMIT, TASKS, candidate_dirs
 
 os.environ.setdefault("TVM_NUM_THREADS", "1")
+torch.set_num_threads(1)  # the tests share a small machine with a measurement job
 
 
 @pytest.fixture(scope="session")
@@ -41,3 +47,66 @@ def predictor():
 def device(predictor):
     """A CPU device the shipped model knows."""
     return next(d for d in predictor.devices() if predictor.target_kind(d) == "llvm")
+
+
+@pytest.fixture
+def restore_logging():
+    """tune_tir attaches file handlers under its work_dir to every MetaSchedule logger; drop them after
+    the run, or later MetaSchedule users (the XGBoost peer) log into a deleted folder."""
+    import logging
+
+    before = {name: list(lg.handlers) for name, lg in logging.Logger.manager.loggerDict.items()
+              if isinstance(lg, logging.Logger)}
+    yield
+    for name, lg in list(logging.Logger.manager.loggerDict.items()):
+        if isinstance(lg, logging.Logger):
+            for h in [h for h in lg.handlers if h not in before.get(name, [])]:
+                lg.removeHandler(h)
+                h.close()
+
+
+@pytest.fixture(scope="session")
+def real():
+    """(dataset folder, its first LIMIT programs)."""
+    if not TASKS.exists():
+        pytest.skip("no task table")
+    from cdmpp.records.dataset import load_dataset
+    from cdmpp.zoo.tasks import TaskTable
+
+    table = TaskTable.load(str(TASKS))
+    for folder in candidate_dirs():
+        if folder.is_dir() and any(folder.glob("*.jsonl")):
+            ds = load_dataset(str(folder), table, limit=LIMIT, progress=False)
+            if len(ds) >= 100 and len(ds.networks()) >= 3:
+                return folder, ds
+    pytest.skip(f"no dataset with >= 100 records among {[str(d) for d in candidate_dirs()]}")
+
+
+@pytest.fixture(scope="session")
+def tiny_recipe(tmp_path_factory):
+    from cdmpp.defaults import RECIPES
+
+    path = tmp_path_factory.mktemp("recipe") / "tiny.toml"
+    path.write_text(f'base = "{RECIPES / "default"}"\nd_model = 32\nd_ff = 64\nepochs = 3\nensemble = 2\n'
+                    "lr_cycle_epochs = 2\n")
+    return str(path)
+
+
+def _server(predictor, **settings):
+    from cdmpp.service.app import Settings, create_app
+    from cdmpp.service.background import BackgroundServer
+
+    return BackgroundServer(create_app(Settings(**settings), predictor))
+
+
+@pytest.fixture(scope="session")
+def url(predictor):
+    """A server for trusted callers: TVMScript allowed (the tests' programs are TVMScript text)."""
+    with _server(predictor, allow_tvmscript=True) as u:
+        yield u
+
+
+@pytest.fixture(scope="session")
+def texts(sampled):
+    """TVMScript of sampled schedules of every test workload."""
+    return [s.mod.script() for schs in sampled.values() for s in schs[:3]]

@@ -1,6 +1,5 @@
 """notebooks/accuracy.ipynb runs top to bottom on a small subset of the shipped data."""
 
-import os
 from pathlib import Path
 
 import pytest
@@ -8,6 +7,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 def test_accuracy_notebook_runs(tmp_path, monkeypatch):
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")

@@ -24,6 +24,7 @@ def test_every_package_folder_is_listed():
     assert found <= listed, f"add {sorted(found - listed)} to [tool.setuptools] packages in pyproject.toml"
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(sys.platform != "linux", reason="venv layout and /proc checks are Linux's")
 def test_wheel_in_fresh_venv_serves_the_readme_request(tmp_path):
     import httpx

@@ -1,11 +1,4 @@
-"""Hostile and malformed requests against real ``cdmpp serve`` processes on loopback (issue 18).
-
-Two servers: the default one (TVMScript off) and one for "trusted" callers (TVMScript on, a bearer
-token set), so that code-execution attempts go through every accepted program form, TVMScript
-included. Over 300 generated requests; then: no 5xx anywhere, no marker file written by any attempt,
-the servers' working folders empty, /healthz back to ok within 10 s of the worst request, and no
-sandbox worker left running once the servers stop.
-"""
+"""Hostile requests against a real server."""
 
 import json
 import os
@@ -27,11 +20,20 @@ from cdmpp.defaults import MODEL as DEFAULT_MODEL
 
 pytestmark = [pytest.mark.skipif(not (DEFAULT_MODEL / "predictor.json").exists(), reason="no shipped model"),
               pytest.mark.skipif(not os.path.isdir("/proc"), reason="needs /proc")]
+
+
 httpx = pytest.importorskip("httpx")
 
+
 SECRET = "hostile-suite-" + uuid.uuid4().hex  # the trusted server's token: must never be echoed back
+
+
 TMP = Path(tempfile.gettempdir())
+
+
 RUN = uuid.uuid4().hex[:12]
+
+
 MARKERS: list[Path] = []  # every path an attempt tries to create
 
 
@@ -125,7 +127,11 @@ def servers(tmp_path_factory):
 
 # ---- payloads ---------------------------------------------------------------------------------------------
 SAMPLE = (resources.files("cdmpp") / "samples" / "conv2d.tvmscript").read_text()
+
+
 STORE = "pad_temp[v_i0, v_i1, v_i2, v_i3] = T.if_then_else("
+
+
 IMP = 'T.grid.__globals__["__builtins__"]["__import__"]'
 
 
@@ -176,8 +182,8 @@ def tvm_programs():
     """Workload+trace items built here (trusted): real ones and valid-but-odd ones."""
     from cdmpp.measure import schedules
     from cdmpp.program import tvm_env
-    from cdmpp.zoo import workloads
     from cdmpp.program.inputs import workload_trace_json
+    from cdmpp.zoo import workloads
 
     tvm = tvm_env.setup(1)
     from tvm import te
@@ -283,6 +289,7 @@ def _post(server: Server, body: bytes, timeout: float = 60.0) -> httpx.Response:
     return httpx.post(server.url + "/v1/predict", content=body, headers=headers, timeout=timeout)
 
 
+@pytest.mark.slow
 def test_hostile_requests(servers):
     plain, trusted = servers
     rng = random.Random(18)
@@ -331,6 +338,7 @@ def test_hostile_requests(servers):
     print(f"hostile suite: {n} requests, statuses {dict(sorted(statuses.items()))}")
 
 
+@pytest.mark.slow
 def test_worst_requests_then_healthz_ok_within_10s(servers):
     """The issue's denial of service (two slow programs at once, plus two crashes): each is answered
     with a 422, every other program still gets its answer, and /healthz is ok again within 10 s."""
@@ -362,18 +370,3 @@ def test_abandoned_upload_counts_499_not_500(servers):
         time.sleep(0.2)
     assert 'status="500"' not in httpx.get(plain.url + "/metrics").text
     assert httpx.get(plain.url + "/healthz").json()["status"] == "ok"
-
-
-def test_predictor_parses_text_in_the_sandbox_unless_trusted(predictor, device):
-    """``Predictor.predict`` on text from elsewhere: parsed in a sandbox worker, so the injected Python
-    writes nothing; ``trusted=True`` (text you wrote) parses in process, with the same answer."""
-    from cdmpp.program.inputs import ProgramError
-
-    marker = _marker(TMP, "predictor")
-    with pytest.raises(ProgramError) as e:
-        predictor.predict([SAMPLE, tvmscript_with(f'{IMP}("pathlib").Path("{marker}").write_text("x")')], device)
-    assert [x["index"] for x in e.value.errors] == [1] and "not allowed" in e.value.errors[0]["reason"]
-    assert not Path(marker).exists()
-    sandboxed, = predictor.predict([SAMPLE], device)
-    in_process, = predictor.predict([SAMPLE], device, trusted=True)
-    assert abs(sandboxed.seconds - in_process.seconds) <= 1e-6 * in_process.seconds

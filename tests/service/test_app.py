@@ -1,5 +1,4 @@
-"""The HTTP service end to end: real uvicorn servers on 127.0.0.1 (ephemeral ports, background threads)
-serving the shipped model, driven over real sockets by httpx and ``cdmpp.predict.client.Client``."""
+"""The HTTP service: endpoints, errors, limits, caches, workers."""
 
 import json
 
@@ -11,7 +10,10 @@ from cdmpp.defaults import MODEL as DEFAULT_MODEL
 pytestmark = pytest.mark.skipif(not (DEFAULT_MODEL / "predictor.json").exists(),
                                 reason=f"no shipped model at {DEFAULT_MODEL} yet")
 
+
 httpx = pytest.importorskip("httpx")
+
+
 TOKEN = "s3cret-token"
 
 
@@ -23,23 +25,46 @@ def _server(predictor, **settings):
 
 
 @pytest.fixture(scope="module")
-def url(predictor):
-    """A server for trusted callers: TVMScript allowed (the tests' programs are TVMScript text)."""
-    with _server(predictor, allow_tvmscript=True) as u:
-        yield u
-
-
-@pytest.fixture(scope="module")
 def strict_url(predictor):
     """Token required, at most 4 programs and 64 KiB per request."""
     with _server(predictor, token=TOKEN, max_batch=4, max_body_bytes=64 * 1024, allow_tvmscript=True) as u:
         yield u
 
 
-@pytest.fixture(scope="module")
-def texts(sampled):
-    """TVMScript of sampled schedules of every test workload."""
-    return [s.mod.script() for schs in sampled.values() for s in schs[:3]]
+def _metric(url, name, headers=None):
+    for line in httpx.get(url + "/metrics", headers=headers).text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            yield line
+
+
+def _children(pid: int) -> set[int]:
+    """Pids whose parent is ``pid`` (from /proc)."""
+    import os
+
+    out = set()
+    for d in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if int(open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split()[1]) == pid:
+                out.add(int(d))
+        except OSError:
+            pass
+    return out
+
+
+def _running(pid: int) -> bool:
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _descendants(pid: int) -> set[int]:
+    out, todo = set(), [pid]
+    while todo:
+        kids = _children(todo.pop())
+        out |= kids
+        todo += kids
+    return out
 
 
 def test_health_devices_models_docs(url, predictor):
@@ -53,47 +78,6 @@ def test_health_devices_models_docs(url, predictor):
     assert m["ensemble_members"] == len(predictor.model.members) and "n_train" in m["training"]
     assert httpx.get(url + "/docs").status_code == 200
     assert "/v1/predict" in httpx.get(url + "/openapi.json").json()["paths"]
-
-
-def test_client_round_trip_equals_in_process(url, predictor, device, sampled, texts):
-    from cdmpp.zoo import workloads
-    from cdmpp.predict.client import Client
-    from cdmpp.program.inputs import workload_trace_json
-
-    with Client(url) as c:
-        assert c.health()["status"] == "ok"
-        assert [d["id"] for d in c.devices()] == predictor.devices()
-        assert c.models()[0]["model_version"] == predictor.version
-        # text in, text in process
-        got = c.predict(texts, device)
-        want = predictor.predict(texts, device)
-        np.testing.assert_allclose([p.seconds for p in got], [p.seconds for p in want], rtol=1e-5)
-        np.testing.assert_allclose([p.hi90 for p in got], [p.hi90 for p in want], rtol=1e-5)
-        # TVM objects: the client sends TVMScript; same answer as the in-process Predictor on the objects
-        schs = sampled["matmul"][:4]
-        np.testing.assert_allclose([p.seconds for p in c.predict(schs, device)],
-                                   [p.seconds for p in predictor.predict(schs, device)], rtol=1e-5)
-        # workload+trace items sharing one workload
-        mod = workloads.matmul()
-        items = [workload_trace_json(mod, s.trace) for s in schs]
-        shared = items[0]["workload"]
-        want_wt = [p.seconds for p in predictor.predict(items, device)]
-        got = c.predict([{"trace": it["trace"]} for it in items], device, workload=shared)
-        np.testing.assert_allclose([p.seconds for p in got], want_wt, rtol=1e-5)
-        as_text = [json.dumps({"trace": it["trace"]}) for it in items]  # the fast form: JSON text per item
-        np.testing.assert_allclose([p.seconds for p in c.predict(as_text, device, workload=shared)], want_wt, rtol=1e-5)
-        # Schedules with their workload module: sent as traces, same answer
-        np.testing.assert_allclose([p.seconds for p in c.predict(schs, device, workload=mod)], want_wt, rtol=1e-5)
-        # batches larger than the client's batch size are split and reassembled in order
-        small = Client(url, batch_size=4)
-        np.testing.assert_allclose([p.seconds for p in small.predict(texts, device)],
-                                   [p.seconds for p in want], rtol=1e-5)
-
-
-def _metric(url, name, headers=None):
-    for line in httpx.get(url + "/metrics", headers=headers).text.splitlines():
-        if line.startswith(name + " ") or line.startswith(name + "{"):
-            yield line
 
 
 def test_metrics_and_caches(url, predictor, device, texts):
@@ -134,15 +118,6 @@ def test_bad_programs_422_name_items(url, device, texts):
     assert r.status_code == 422 and "shared workload" in r.json()["detail"]
     # the service is unhurt
     assert httpx.post(url + "/v1/predict", json={"device": device, "programs": texts[:2]}).status_code == 200
-
-
-def test_client_raises_program_error(url, device, texts):
-    from cdmpp.predict.client import Client
-    from cdmpp.program.inputs import ProgramError
-
-    with pytest.raises(ProgramError) as e:
-        Client(url).predict([texts[0], "garbage"], device)
-    assert [x["index"] for x in e.value.errors] == [1]
 
 
 def test_unknown_device_404(url, predictor, texts):
@@ -209,47 +184,12 @@ def test_timeout_504(predictor, device, sampled):
         assert httpx.get(u + "/healthz").status_code == 200
 
 
-def test_client_retries_5xx_then_succeeds():
-    from cdmpp.predict.client import Client, ServiceError
-
-    calls = []
-
-    def handler(request):
-        calls.append(request.url.path)
-        if len(calls) < 3:
-            return httpx.Response(503, json={"detail": "warming up"})
-        return httpx.Response(200, json={"status": "ok", "model_version": "x", "uptime_s": 1.0})
-
-    c = Client("http://cdmpp.test", retries=3, backoff_s=0.001, transport=httpx.MockTransport(handler))
-    assert c.health()["status"] == "ok" and len(calls) == 3
-    calls.clear()
-    c = Client("http://cdmpp.test", retries=1, backoff_s=0.001, transport=httpx.MockTransport(handler))
-    with pytest.raises(ServiceError) as e:
-        c.health()
-    assert e.value.status == 503 and len(calls) == 2
-
-
-def test_client_retries_connection_errors():
-    from cdmpp.predict.client import Client
-
-    tries = []
-
-    def handler(request):
-        tries.append(1)
-        raise httpx.ConnectError("refused", request=request)
-
-    c = Client("http://cdmpp.test", retries=2, backoff_s=0.001, transport=httpx.MockTransport(handler))
-    with pytest.raises(httpx.ConnectError):
-        c.health()
-    assert len(tries) == 3
-
-
 def test_tvmscript_off_by_default_workload_trace_on(predictor, device, sampled, texts):
     """Over HTTP TVMScript is refused unless the operator allows it (422 naming the flag); the
     MetaSchedule workload+trace form always works, and TVM objects sent by Client travel in it."""
-    from cdmpp.zoo import workloads
     from cdmpp.predict.client import Client
     from cdmpp.program.inputs import workload_trace_json
+    from cdmpp.zoo import workloads
 
     schs = sampled["matmul"][:3]
     items = [workload_trace_json(workloads.matmul(), s.trace) for s in schs]
@@ -290,36 +230,7 @@ def test_killed_workers_are_replaced_and_healthz_says_degraded(predictor, device
         assert h["workers_ready"] == h["workers"] == 2
 
 
-def _children(pid: int) -> set[int]:
-    """Pids whose parent is ``pid`` (from /proc)."""
-    import os
-
-    out = set()
-    for d in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            if int(open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split()[1]) == pid:
-                out.add(int(d))
-        except OSError:
-            pass
-    return out
-
-
-def _running(pid: int) -> bool:
-    try:
-        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def _descendants(pid: int) -> set[int]:
-    out, todo = set(), [pid]
-    while todo:
-        kids = _children(todo.pop())
-        out |= kids
-        todo += kids
-    return out
-
-
+@pytest.mark.slow
 @pytest.mark.skipif(not __import__("os").path.isdir("/proc"), reason="needs /proc")
 def test_killed_server_leaves_no_featurizer_processes(tmp_path):
     """``cdmpp serve`` killed with SIGKILL: its forkserver and sandbox workers notice, exit and remove
@@ -350,48 +261,16 @@ def test_killed_server_leaves_no_featurizer_processes(tmp_path):
     assert not list(tmp_path.glob("cdmpp-sandbox-*")), "worker folders left behind"
 
 
-def test_ood_flags_in_prediction(predictor, device, sampled):
-    """Each prediction says why it may lie outside what the model was trained on: a device without
-    training data, a target kind the device does not run, features outside the training range."""
-    import copy
-
-    from cdmpp.program.features import featurize
-    from cdmpp.predict.predictor import DEVICE_UNTRAINED, FEATURES_OUT_OF_RANGE, TARGET_MISMATCH, Predictor
-    from cdmpp.model.transforms import FeatureNormalizer
-
-    feats = [featurize(s.mod) for s in sampled["matmul"][:3]]
-    model = copy.copy(predictor.model)
-    norm = FeatureNormalizer().fit(np.concatenate([f.leaf_features for f in feats[:2]]))
-    model.feature_normalizer = norm  # a model "trained" on two programs, on one device only
-    others = [d for d in predictor.devices() if d != device]
-    model.summary = {**predictor.model.summary, "train_devices": [device]}
-    p = Predictor(model)
-    assert [x.ood for x in p.predict_features(feats[:2], device, "llvm")] == [(), ()]
-    assert all(x.in_distribution for x in p.predict_features(feats[:2], device, "llvm"))
-    far = copy.copy(feats[0])
-    far.leaf_features = feats[0].leaf_features * 4 + 1  # every value beyond the training maximum
-    assert p.predict_features([far], device, "llvm")[0].ood == (FEATURES_OUT_OF_RANGE,)
-    assert p.predict_features(feats[:1], device, "cuda")[0].ood == (TARGET_MISMATCH,)
-    if others:
-        assert DEVICE_UNTRAINED in p.predict_features(feats[:1], others[0], "llvm")[0].ood
-    # a checkpoint without the range still flags values a constant training column never had
-    del norm.min_, norm.max_
-    const = int(np.nonzero(norm.inv_scale_ == 0)[0][0])
-    odd = copy.copy(feats[0])
-    odd.leaf_features = feats[0].leaf_features.copy()
-    odd.leaf_features[:, const] += 5
-    assert p.predict_features([odd], device, "llvm")[0].ood == (FEATURES_OUT_OF_RANGE,)
-
-
+@pytest.mark.slow
 def test_network_endpoint_answers_as_the_cli_does(predictor, tmp_path):
     """POST /v1/network: the same weighted sum ``cdmpp network`` computes; unknown names are 404s."""
     from pathlib import Path
 
-    from cdmpp.predict import network
     from cdmpp.devices.table import DeviceTable
+    from cdmpp.predict import network
     from cdmpp.zoo.tasks import TaskTable
 
-    data = Path(__file__).resolve().parent.parent / "datasets"
+    data = Path(__file__).resolve().parents[2] / "datasets"
     dev = "amd-epyc-znver4-2t/llvm-avx512"
     with _server(predictor, dataset=str(data / "measurements"), task_table=str(data / "tasks-llvm.json.gz")) as u:
         r = httpx.post(u + "/v1/network", json={"network": "bert_tiny@1", "device": dev}, timeout=120)

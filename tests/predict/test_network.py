@@ -1,5 +1,4 @@
-"""Whole-network latency: the prediction is the weighted sum over the network's scheduled tasks, and the
-network TVM builds runs exactly those programs."""
+"""Whole-network latency from the tasks' predicted kernels."""
 
 from pathlib import Path
 
@@ -10,8 +9,14 @@ from cdmpp.defaults import MODEL as DEFAULT_MODEL
 
 pytestmark = pytest.mark.skipif(not (DEFAULT_MODEL / "predictor.json").exists(),
                                 reason=f"no shipped model at {DEFAULT_MODEL} yet")
-DATA = Path(__file__).resolve().parent.parent / "datasets"
+
+
+DATA = Path(__file__).resolve().parents[2] / "datasets"
+
+
 DEVICE = "amd-epyc-znver4-2t/llvm-avx512"
+
+
 NETWORK = "bert_tiny@1"
 
 
@@ -63,6 +68,7 @@ def test_schedules_come_from_a_metaschedule_database(tmp_path, programs, table, 
     assert all(tvm_ffi.structural_equal(g.mod, p.mod) for g, p in zip(got[:3], programs))
 
 
+@pytest.mark.slow
 def test_the_compiled_network_runs_the_chosen_programs(programs, target):
     """Every kernel TVM builds for the network is one of the chosen scheduled programs."""
     import tvm_ffi

@@ -1,6 +1,4 @@
-"""Records measured on another machine come in with their runs, once."""
-
-import json
+"""Importing records measured elsewhere."""
 
 import pytest
 

@@ -1,4 +1,4 @@
-"""``CDMPPCostModel`` inside a real MetaSchedule search, in process and over HTTP."""
+"""``CDMPPCostModel`` inside MetaSchedule, in process and over HTTP."""
 
 import tempfile
 
@@ -11,30 +11,28 @@ pytestmark = pytest.mark.skipif(not (DEFAULT_MODEL / "predictor.json").exists(),
                                 reason=f"no shipped model at {DEFAULT_MODEL} yet")
 
 
-@pytest.fixture
-def restore_logging():
-    """tune_tir attaches file handlers under its work_dir to every MetaSchedule logger; drop them after
-    the run, or later MetaSchedule users (the XGBoost peer) log into a deleted folder."""
-    import logging
+def _candidates(target, n=12):
+    from tvm.s_tir import meta_schedule as ms
 
-    before = {name: list(lg.handlers) for name, lg in logging.Logger.manager.loggerDict.items()
-              if isinstance(lg, logging.Logger)}
-    yield
-    for name, lg in list(logging.Logger.manager.loggerDict.items()):
-        if isinstance(lg, logging.Logger):
-            for h in [h for h in lg.handlers if h not in before.get(name, [])]:
-                lg.removeHandler(h)
-                h.close()
+    from cdmpp.zoo import workloads
+
+    ctx = ms.TuneContext(mod=workloads.matmul(), target=target, space_generator="post-order-apply",
+                         search_strategy=ms.search_strategy.ReplayTrace(), task_name="t", rand_state=1, num_threads=1)
+    ctx.search_strategy.pre_tuning(max_trials=n, num_trials_per_iter=n, design_spaces=ctx.generate_design_space(),
+                                   database=ms.database.MemoryDatabase(), cost_model=None)
+    cands = ctx.search_strategy.generate_measure_candidates()
+    ctx.search_strategy.post_tuning()
+    return ctx, list(cands)
 
 
+@pytest.mark.slow
 def test_tune_tir_with_cdmpp_cost_model(tvm, predictor, device, restore_logging):
     """8 measured trials of a small matmul: the search asks cdmpp, the results come back, one fine-tune runs."""
     from tvm.s_tir import meta_schedule as ms
 
-    from cdmpp.program import tvm_env
-
-    from cdmpp.zoo import workloads
     from cdmpp.predict.cost_model import CDMPPCostModel
+    from cdmpp.program import tvm_env
+    from cdmpp.zoo import workloads
 
     target = tvm_env.make_target("llvm", num_cores=1)
     cm = CDMPPCostModel(predictor=predictor, device=device, finetune_every=4, finetune_steps=3)
@@ -57,24 +55,11 @@ def test_tune_tir_with_cdmpp_cost_model(tvm, predictor, device, restore_logging)
     assert predictor.model is base  # the caller's predictor is left as it was
 
 
-def _candidates(target, n=12):
-    from tvm.s_tir import meta_schedule as ms
-
-    from cdmpp.zoo import workloads
-
-    ctx = ms.TuneContext(mod=workloads.matmul(), target=target, space_generator="post-order-apply",
-                         search_strategy=ms.search_strategy.ReplayTrace(), task_name="t", rand_state=1, num_threads=1)
-    ctx.search_strategy.pre_tuning(max_trials=n, num_trials_per_iter=n, design_spaces=ctx.generate_design_space(),
-                                   database=ms.database.MemoryDatabase(), cost_model=None)
-    cands = ctx.search_strategy.generate_measure_candidates()
-    ctx.search_strategy.post_tuning()
-    return ctx, list(cands)
-
-
+@pytest.mark.slow
 def test_scores_in_process_and_over_http_agree(tvm, predictor, device):
     """Remote scoring (traces over one shared workload) gives the in-process scores; higher = faster."""
-    from cdmpp.program import tvm_env
     from cdmpp.predict.cost_model import CDMPPCostModel
+    from cdmpp.program import tvm_env
     from cdmpp.service.app import Settings, create_app
     from cdmpp.service.background import BackgroundServer
 
@@ -96,11 +81,10 @@ def test_candidates_score_as_their_programs_do(tvm, predictor, device):
     same latencies as predicting the candidates' modules through the Predictor."""
     from tvm.s_tir import meta_schedule as ms
 
-    from cdmpp.program import tvm_env
-
-    from cdmpp.zoo import workloads
     from cdmpp.bench.cost_model import _candidates
     from cdmpp.predict.cost_model import CDMPPCostModel
+    from cdmpp.program import tvm_env
+    from cdmpp.zoo import workloads
 
     mod = workloads.matmul(64, 64, 64)
     target = tvm_env.make_target("llvm", num_cores=2)
@@ -110,36 +94,3 @@ def test_candidates_score_as_their_programs_do(tvm, predictor, device):
     via_candidates = cm._local(context, cands, device)
     via_programs = predictor.predict_seconds([c.sch.mod for c in cands], device)
     np.testing.assert_allclose(via_candidates, via_programs, rtol=1e-5)
-
-
-def test_bench_costmodel_reports_both_models(tvm):
-    """A short ``cdmpp bench costmodel``: XGBModel trained on stored measurements, both models timed."""
-    from pathlib import Path
-
-    from cdmpp.bench import cost_model as bench_costmodel
-
-    data = Path(__file__).resolve().parent.parent / "datasets"
-    r = bench_costmodel.run(["bert_tiny@1/fused_softmax_broadcast_to2"], 8, [1], None,
-                            "amd-epyc-znver4-2t/llvm-avx512", str(data / "measurements"),
-                            str(data / "tasks-llvm.json.gz"), seed=0)
-    one = r["threads"]["1"]
-    assert r["candidates"] == 8 and one["cdmpp_per_s"] > 0 and one["xgb_per_s"] > 0
-    assert one["ratio"] == pytest.approx(one["cdmpp_per_s"] / one["xgb_per_s"], rel=1e-2)
-
-
-def test_bench_tune_short(tvm, restore_logging):
-    """A short ``cdmpp bench tune``: each method and seed tunes the task, and cdmpp is judged against
-    XGBoost's run of the same seed."""
-    from pathlib import Path
-
-    from cdmpp.bench import tune as bench_tune
-
-    table = str(Path(__file__).resolve().parent.parent / "datasets" / "tasks-llvm.json.gz")
-    r = bench_tune.run(["bert_tiny@1/fused_softmax_broadcast_to2"], ["cdmpp", "xgb"], trials=4, per_iter=4,
-                       threads=1, model=None, device=None, finetune=True, task_table=table, seeds=[0])
-    runs = r["tasks"]["bert_tiny@1/fused_softmax_broadcast_to2"]
-    assert [x["seed"] for x in runs["cdmpp"]] == [0] and len(runs["xgb"][0]["best_so_far"]) == 4
-    v = r["verdict"]["bert_tiny@1/fused_softmax_broadcast_to2"]
-    assert 0 < v["budget_share_to_xgb_final"] <= 1.25 and v["final_vs_xgb"] > 0
-    assert v["unseen"] is ("bert_tiny" not in r["model_saw"])
-    assert "cdmpp/0" in bench_tune.table(r)

@@ -1,0 +1,42 @@
+"""The peer methods train, predict and adapt."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from cdmpp.evaluation import splits
+from tests.data import ROOT
+
+
+def test_peers_train_and_predict_finite(real):
+    from cdmpp.evaluation.methods.mlp import TensetMLP
+    from cdmpp.evaluation.methods.xgb import MetaScheduleXGB, XGBRegressorPeer
+
+    sp = splits.random_split(real[1], seed=0)
+    for peer in (MetaScheduleXGB(), XGBRegressorPeer(n_estimators=200), TensetMLP(epochs=3)):
+        pred = peer.fit(sp.train, sp.val, time_budget_s=20).predict(sp.test)
+        assert pred.shape == (len(sp.test),) and np.all(np.isfinite(pred)), peer.label
+        if peer.predicts == "seconds":
+            assert np.all(pred > 0)
+        adapted = peer.adapt(sp.val[:5]).predict(sp.test[:7])
+        assert adapted.shape == (7,) and np.all(np.isfinite(adapted))
+
+
+def test_xgb_regressor_sees_device_specs(real):
+    """Trained on two devices, the regressor needs to know which one a program runs on (as cdmpp does)."""
+    from cdmpp.devices.table import DeviceTable
+    from cdmpp.evaluation.methods.common import N_FEATURES
+    from cdmpp.evaluation.methods.xgb import XGBRegressorPeer
+    from cdmpp.model.transforms import DeviceSpecs
+
+    table = DeviceTable(str(ROOT / "datasets" / "devices.json")).spec_table()
+    programs = [p for p in real[1].programs if p.device in table]
+    peer = XGBRegressorPeer(n_estimators=20, device_table=table).fit(programs)
+    x = peer.pooled(programs[:3])
+    assert x.shape == (3, N_FEATURES + DeviceSpecs().dim)
+    assert np.allclose(x[:, N_FEATURES:], DeviceSpecs(table).raw_vector(table[programs[0].device]), equal_nan=True)
+    with pytest.raises(KeyError, match="no-such-device"):
+        peer.predict([dataclasses.replace(programs[0], device="no-such-device")])

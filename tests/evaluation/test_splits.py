@@ -1,0 +1,79 @@
+"""Leak-free splits and k-shot selection on real programs."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from cdmpp.evaluation import splits
+from tests.data import FAKE_DEVICE
+
+
+def _ids(programs):
+    return {p.record_id for p in programs}
+
+
+def test_random_split_is_disjoint_deterministic_and_complete(real):
+    real = real[1]
+    a, b = splits.random_split(real, seed=0), splits.random_split(real, seed=0)
+    assert _ids(a.test) == _ids(b.test) and _ids(a.val) == _ids(b.val)
+    assert set(a.overlaps().values()) == {0}
+    assert _ids(a.train) | _ids(a.val) | _ids(a.test) == _ids(real.programs)
+    assert len(a.test) == pytest.approx(0.2 * len(real), abs=3)
+    assert _ids(splits.random_split(real, seed=1).test) != _ids(a.test)
+
+
+def test_train_fraction_shrinks_only_training(real):
+    full = splits.random_split(real[1], seed=0)
+    half = splits.subsample_train(splits.random_split(real[1], seed=0), 0.5)
+    assert _ids(half.train) < _ids(full.train)
+    assert len(half.train) == round(0.5 * len(full.train)) and half.info["n_train"] == len(half.train)
+    assert _ids(half.test) == _ids(full.test) and _ids(half.val) == _ids(full.val)
+    again = splits.subsample_train(splits.random_split(real[1], seed=0), 0.5)
+    assert _ids(again.train) == _ids(half.train)
+    with pytest.raises(ValueError, match="train fraction"):
+        splits.subsample_train(full, 0)
+
+
+def test_cross_model_split_keeps_held_out_tasks_out_of_training(real, held):
+    real = real[1]
+    sp = splits.cross_model_split(real, held)
+    nets = lambda p: {o.split("@")[0] for o in p.networks}  # noqa: E731
+    test_tasks = {p.task for p in sp.test}
+    assert sp.test and sp.train and sp.val
+    assert not test_tasks & {p.task for p in sp.train + sp.val}  # no test task in train or val
+    assert not {p.task for p in sp.train} & {p.task for p in sp.val}  # val is carved by task
+    assert all(nets(p) & set(held) for p in sp.test)
+    assert all(not nets(p) & set(held) for p in sp.train + sp.val)
+    pool_hashes = {u.features.program_hash for u in sp.target_pool}
+    assert sp.target_pool and not pool_hashes & {p.features.program_hash for p in sp.test}  # DA pool is never tested
+    assert len(_ids(sp.train) | _ids(sp.val) | _ids(sp.test)) + len(sp.target_pool) == len(real.programs)
+    assert all(math.isnan(u.seconds) for u in sp.target_pool)
+
+
+@pytest.mark.parametrize("sampler", ["kmeans", "random"])
+def test_cross_device_k_shot_picks_k_distinct_programs_excluded_from_test(two_devices, sampler):
+    pool = [p for p in two_devices.programs if p.device == FAKE_DEVICE]
+    sp = splits.cross_device_split(two_devices, FAKE_DEVICE, k=8, sampler=sampler)
+    assert len(sp.shots) == 8 and len(_ids(sp.shots)) == 8
+    assert all(p.device == FAKE_DEVICE for p in sp.shots + sp.test)
+    assert not _ids(sp.shots) & _ids(sp.test)
+    test_hashes = {p.features.program_hash for p in sp.test}
+    assert not test_hashes & {u.features.program_hash for u in sp.target_pool}  # DA pool: never a test program
+    assert not test_hashes & {p.features.program_hash for p in sp.train + sp.val}  # "new": no twin in training
+    assert all(p.device != FAKE_DEVICE for p in sp.train + sp.val)
+    assert set(sp.overlaps().values()) == {0}
+    zero = splits.cross_device_split(two_devices, FAKE_DEVICE, k=0)
+    assert not zero.shots and _ids(zero.test) == _ids(sp.test)  # the test half depends on the seed only
+    again = splits.cross_device_split(two_devices, FAKE_DEVICE, k=8, sampler=sampler)
+    assert _ids(again.shots) == _ids(sp.shots)
+    seen = splits.cross_device_split(two_devices, FAKE_DEVICE, k=0, programs="seen")
+    assert all(seen.twins[p.features.program_hash] > 0 for p in seen.test)
+    assert _ids(seen.test) <= _ids(sp.test)
+
+
+def test_random_split_keeps_twins_on_one_side(two_devices):
+    sp = splits.random_split(two_devices, seed=0)
+    side = lambda part: {p.features.program_hash for p in part}  # noqa: E731
+    assert not side(sp.train) & side(sp.test) and not side(sp.val) & side(sp.test) and not side(sp.train) & side(sp.val)

@@ -1,0 +1,144 @@
+"""The fast measurer: adaptive repeats, crashes and timeouts, pausing."""
+
+import os
+
+import pytest
+
+EMPTY_TRACE = [[], []]  # a trace with no instruction: the unscheduled program itself
+
+
+class _FakeModule:
+    """``time_evaluator`` that returns preset seconds, to check the stopping rule without timing."""
+
+    def __init__(self, seconds):
+        self.seconds, self.calls = list(seconds), []
+
+    def time_evaluator(self, fname, dev, number=1, repeat=1):
+        self.calls.append(number)
+
+        class R:
+            pass
+
+        def ev(*args):
+            r = R()
+            r.results = [self.seconds.pop(0)]
+            return r
+        return ev
+
+
+class _Dev:
+    def sync(self):
+        pass
+
+
+def _cfg(**kw):
+    c = {"repeat": 15, "min_repeat_ms": 15, "run_budget_s": 10.0, "min_repeats": 5, "stable_tol": 0.01,
+         "stable_patience": 3}
+    c.update(kw)
+    return c
+
+
+def _task(tvm, name, mod):
+    from cdmpp.zoo.tasks import Task, task_key
+
+    return Task(task_key(mod), name, tvm.ir.save_json(mod), None, {"toy@1": 1})
+
+
+def _gather(tvm):
+    from tvm import te
+
+    table = te.placeholder((100_000, 64), name="table")
+    idx = te.placeholder((256,), dtype="int64", name="idx")
+    out = te.compute((256, 64), lambda i, j: table[idx[i], j], name="gather")
+    return tvm.IRModule({"main": te.create_prim_func([table, idx, out])})
+
+
+def _wild_store(tvm, stride=100_000_000):
+    """Reads far outside its buffer: kills the process that runs it (a stride past int32: fails to build)."""
+    from tvm import te
+
+    a = te.placeholder((16,), name="a")
+    out = te.compute((16,), lambda i: a[i] + a[(i + 1) * stride], name="wild")
+    return tvm.IRModule({"main": te.create_prim_func([a, out])})
+
+
+def test_adaptive_repeats_stop_once_the_fastest_is_stable():
+    from cdmpp.measure.fast import adaptive_repeats
+
+    # probe 1 ms -> 15 calls per repeat; the best (0.90) stops improving after the 4th repeat
+    m = _FakeModule([1e-3, 1.00e-3, 0.95e-3, 0.92e-3, 0.90e-3, 0.905e-3, 0.91e-3, 0.90e-3, 0.5e-3])
+    secs = adaptive_repeats(m, "f", _Dev(), [], _cfg())
+    assert secs == [1.00e-3, 0.95e-3, 0.92e-3, 0.90e-3, 0.905e-3, 0.91e-3, 0.90e-3]
+    assert m.calls == [1, 15]
+    # never more than ``repeat``, never fewer than ``min_repeats`` while the budget allows
+    m = _FakeModule([1e-3] + [1e-3 * (1 - 0.02 * i) for i in range(20)])
+    assert len(adaptive_repeats(m, "f", _Dev(), [], _cfg(repeat=6))) == 6
+    m = _FakeModule([1e-3] * 10)
+    assert len(adaptive_repeats(m, "f", _Dev(), [], _cfg())) == 5
+    # a slow program: the budget decides; one too slow for two runs keeps its probe alone
+    m = _FakeModule([0.3] * 10)
+    assert len(adaptive_repeats(m, "f", _Dev(), [], _cfg(run_budget_s=1.0))) == 2
+    m = _FakeModule([0.6] * 10)
+    assert adaptive_repeats(m, "f", _Dev(), [], _cfg(run_budget_s=1.0)) == [0.6]
+
+
+@pytest.mark.slow
+def test_fast_measurer_runs_crashes_and_timeouts_without_losing_the_next_program(tmp_path):
+    """Integer inputs are zeros (valid indices); a kernel that kills the runner process and one that runs
+    past the timeout are recorded with their error, and the next program is measured."""
+    from cdmpp.program import tvm_env
+    from cdmpp.zoo import workloads
+
+    tvm = tvm_env.setup(1)
+    from cdmpp.measure.fast import FastMeasurer
+    from cdmpp.measure.measurer import MeasureConfig
+
+    small = workloads.matmul(16, 16, 16)
+    endless = workloads.matmul(2048, 2048, 2048)  # unscheduled: one call of many seconds
+    jobs = [{"task_key": t.key, "mod_json": t.mod_json, "traces": [EMPTY_TRACE], "skip": frozenset()}
+            for t in (_task(tvm, "gather", _gather(tvm)), _task(tvm, "wild", _wild_store(tvm)),
+                      _task(tvm, "endless", endless), _task(tvm, "small", small),
+                      _task(tvm, "unbuildable", _wild_store(tvm, 1_000_000_000)))]
+    cfg = MeasureConfig(repeat=4, min_repeat_ms=2, builders=1, quiet_share=1.0, run_timeout_s=2.0, kill_grace_s=0.5)
+    target = tvm_env.make_target("llvm", num_cores=1)
+    with FastMeasurer(target, cfg, threads=1, pause_dir=str(tmp_path)) as m:
+        got = {job["task_key"]: res for job, res in m.measure_jobs(jobs)}
+        root = m.tmp_root
+        assert m.times["run"] > 0 and m.times["build_cpu"] > 0
+    assert not os.path.exists(root)  # nothing built is left behind
+    (gather,), (wild,), (slow,), (ok,), (bad,) = (got[j["task_key"]] for j in jobs)
+    assert bad[1] == [] and bad[2].startswith("build: ") and "int32" in bad[2]
+    assert gather[2] is None and 1 <= len(gather[1]) <= 4 and all(s > 0 for s in gather[1])
+    assert wild[1] == [] and "runner process died" in wild[2], wild
+    assert slow[1] == [] and "Timeout" in slow[2]
+    assert ok[2] is None and ok[1]
+    assert gather[0].build_s > 0 and gather[0].program_hash and gather[0].trace == EMPTY_TRACE
+
+
+@pytest.mark.slow
+def test_a_paused_fast_collection_waits_and_honours_a_stop(tmp_path):
+    from cdmpp.program import tvm_env
+    from cdmpp.zoo import workloads
+
+    tvm = tvm_env.setup(1)
+    from cdmpp.measure.fast import FastMeasurer
+    from cdmpp.measure.measurer import MeasureConfig
+    from cdmpp.measure.stop import STOP
+
+    (tmp_path / "PAUSE.someone").write_text("")
+    t = _task(tvm, "small", workloads.matmul(16, 16, 16))
+    cfg = MeasureConfig(repeat=3, min_repeat_ms=1, builders=1, quiet_share=1.0)
+    waits = []
+    with FastMeasurer(tvm_env.make_target("llvm", num_cores=1), cfg, threads=1, pause_dir=str(tmp_path)) as m:
+        def on_wait(waited, what):  # paused: now a stop signal comes
+            waits.append(what)
+            STOP.set()
+
+        m.on_wait = on_wait
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                list(m.measure_jobs([{"task_key": t.key, "mod_json": t.mod_json, "traces": [EMPTY_TRACE],
+                                      "skip": frozenset()}]))
+        finally:
+            STOP.clear()
+    assert waits and set(waits) == {"paused"}

@@ -1,0 +1,101 @@
+"""Training and fine-tuning on synthetic programs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cdmpp.model.checkpoint import TrainedModel
+from cdmpp.model.training import TrainConfig, finetune, fit
+from cdmpp.records.dataset import LabeledProgram
+from tests.model.synthetic import DEVICES, FakeProgram, quick_config, synthetic_samples
+
+
+def test_config_rejects_unknown_keys():
+    with pytest.raises(ValueError, match="unknown training settings"):
+        TrainConfig.from_dict({"d_modle": 64})
+    with pytest.raises(ValueError, match="da = 'coral'"):
+        TrainConfig(da="coral")
+    default = TrainConfig.recipe("default")
+    no_pe = TrainConfig.recipe("ablation-no-pe")  # inherits everything else through base = "default"
+    assert default.use_pe and not no_pe.use_pe and no_pe.d_model == default.d_model
+    assert TrainConfig.recipe("ablation-no-da").da == "none" and TrainConfig.recipe("mmd").da == "mmd"
+
+
+def test_short_fit_beats_constant_predictor(trained):
+    model, train, val = trained
+    y = np.array([s.seconds for s in val])
+    devs = [s.device for s in val]
+    mean, lo, hi = model.predict([s.features for s in val], devs)
+    constant = np.exp(np.mean(np.log([s.seconds for s in train])))  # best constant in log space
+    mape_model = np.mean(np.abs(mean - y) / y)
+    mape_const = np.mean(np.abs(constant - y) / y)
+    assert mape_model < 0.5 * mape_const, (mape_model, mape_const)
+    assert np.all(lo <= mean) and np.all(mean <= hi)
+    assert 0.8 <= np.mean((lo <= y) & (y <= hi)) <= 1.0  # calibrated on this very split
+    assert model.summary["n_train"] == 1000 and len(model.members) == 2
+
+
+def test_finetune_on_new_device_reduces_error(trained):
+    model, _, _ = trained
+    rng = np.random.default_rng(5)
+    shots, test = synthetic_samples(30, rng), synthetic_samples(200, rng)
+    # SYNTHETIC "cpu-c": same law as cpu-a but 8x slower, specs unlike either training device
+    for s in shots + test:
+        s.device, s.seconds = "cpu-c", s.seconds * 8
+    spec = {**DEVICES["cpu-a"], "clock_ghz": 0.5, "mem_bw_gbs": 2}
+    y = np.array([s.seconds for s in test])
+    model.add_device("cpu-c", spec)
+    before = np.mean(np.abs(model.predict([s.features for s in test], "cpu-c")[0] - y) / y)
+    tuned = finetune(model, shots, steps=60, device_table={"cpu-c": spec})
+    after = np.mean(np.abs(tuned.predict([s.features for s in test], "cpu-c")[0] - y) / y)
+    assert after < before
+    assert "finetune" in tuned.summary and "finetune" not in model.summary
+
+
+def test_target_batches_match_source_leaf_counts():
+    from cdmpp.model.training import _LengthMatcher
+
+    target_lengths = np.array([1, 1, 3, 3, 3, 8, 12])
+    m = _LengthMatcher(target_lengths)
+    rng = np.random.default_rng(0)
+    picks = m.sample(np.array([3, 3, 1, 8, 10, 2, 30]), rng)
+    assert target_lengths[picks].tolist()[:4] == [3, 3, 1, 8]
+    assert target_lengths[picks[4]] in (8, 12) and target_lengths[picks[5]] in (1, 3) and target_lengths[picks[6]] == 12
+
+
+def test_snapshot_ensemble_takes_members_from_distinct_cycles():
+    rng = np.random.default_rng(3)
+    train, val = synthetic_samples(300, rng), synthetic_samples(100, rng)
+    cfg = quick_config(ensemble=3, ensemble_mode="snapshots", epochs=8, lr_cycle_epochs=2, patience=8)
+    model = fit(cfg, train, val)
+    epochs = model.summary["members"][0]["members_from_epochs"]
+    assert len(model.members) == 3 and len({e // 2 for e in epochs}) == 3
+    z = model.predict_z([s.features for s in val], "cpu-a")
+    assert z.shape == (3, 100) and np.all(z.std(axis=0) > 0)
+
+
+def test_new_model_options_train_save_and_load(tmp_path):
+    """Sum/attention pooling, program inputs, roofline offset, FiLM, log label and the L1/MAPE losses
+    (issue 19) train, predict finite positive latencies and survive a checkpoint round trip.
+    SYNTHETIC programs with 164 columns, so the program inputs (FLOPs, bytes) are computed."""
+    rng = np.random.default_rng(3)
+
+    def sample(device):
+        n = int(rng.integers(1, 5))
+        x = np.abs(rng.normal(size=(n, 164))).astype(np.float32) * 4
+        return LabeledProgram(FakeProgram(x, np.arange(n)), device, float(1e-5 * np.exp2(x[:, 0]).sum()))
+
+    train = [sample(d) for d in ["cpu-a", "cpu-b"] * 60]
+    val = [sample("cpu-a") for _ in range(30)]
+    for kw in (dict(pooling="sum", program_inputs=True, loss="l1", label="log"),
+               dict(pooling="attention", film=True, roofline=True, label="log", loss="mape")):
+        model = fit(quick_config(epochs=3, ensemble=1, **kw), train, val, device_table=DEVICES)
+        mean, lo, hi = model.predict([s.features for s in val], "cpu-b")
+        assert np.all(np.isfinite(mean)) and np.all(mean > 0) and np.all(lo <= hi)
+        model.save(tmp_path / "m")
+        again = TrainedModel.load(tmp_path / "m")
+        assert np.allclose(again.predict([s.features for s in val], "cpu-b")[0], mean)
+        assert finetune(model, val[:8], steps=2).predict([s.features for s in val], "cpu-a")[0].shape == (30,)
+    with pytest.raises(ValueError, match="label"):
+        TrainConfig(roofline=True)

@@ -1,0 +1,141 @@
+"""``Predictor``: out-of-distribution flags, programs with nothing to predict, untrusted text in the sandbox."""
+
+import tempfile
+import uuid
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cdmpp.defaults import MODEL as DEFAULT_MODEL
+from cdmpp.program.features import N_FEATURES, featurize
+from cdmpp.program.inputs import ProgramError
+
+
+def _concat_and_empty(tvm):
+    from tvm.script import tirx as T
+
+    @T.prim_func(s_tir=True)
+    def concat(A: T.Buffer((16,), "float32"), B: T.Buffer((16,), "float32"), C: T.Buffer((32,), "float32")):
+        for i in range(16):
+            with T.sblock("a"):
+                vi = T.axis.spatial(16, i)
+                C[vi] = A[vi] + T.float32(1)
+        for i in range(16):
+            with T.sblock("b"):
+                vi = T.axis.spatial(16, i)
+                C[vi + 16] = B[vi] * T.float32(2)
+
+    @T.prim_func(s_tir=True)
+    def never_runs(A: T.Buffer((16,), "float32"), C: T.Buffer((16,), "float32")):
+        for i in range(0):
+            with T.sblock("a"):
+                vi = T.axis.spatial(16, i)
+                C[vi] = A[vi] + T.float32(1)
+
+    @T.prim_func(s_tir=True)
+    def negative_extent(A: T.Buffer((16,), "float32"), C: T.Buffer((16,), "float32")):
+        for i in range(-5):
+            with T.sblock("a"):
+                vi = T.axis.spatial(16, i)
+                C[vi] = A[vi] + T.float32(1)
+        for i in range(16):
+            with T.sblock("b"):
+                vi = T.axis.spatial(16, i)
+                C[vi] = A[vi] * T.float32(2)
+
+    return concat, never_runs, negative_extent
+
+
+pytestmark = pytest.mark.skipif(not (DEFAULT_MODEL / "predictor.json").exists(),
+                                reason=f"no shipped model at {DEFAULT_MODEL} yet")
+
+
+TMP = Path(tempfile.gettempdir())
+
+
+RUN = uuid.uuid4().hex[:12]
+
+
+MARKERS: list[Path] = []  # every path an attempt tries to create
+
+
+def _marker(where: Path, tag: str) -> str:
+    p = where / f"cdmpp-pwned-{RUN}-{tag}"
+    MARKERS.append(p)
+    return str(p)
+
+
+# ---- payloads ---------------------------------------------------------------------------------------------
+SAMPLE = (resources.files("cdmpp") / "samples" / "conv2d.tvmscript").read_text()
+
+
+STORE = "pad_temp[v_i0, v_i1, v_i2, v_i3] = T.if_then_else("
+
+
+IMP = 'T.grid.__globals__["__builtins__"]["__import__"]'
+
+
+def tvmscript_with(expr: str) -> str:
+    """The shipped conv2d with ``expr`` evaluated inside one store (the issue's injection point)."""
+    assert STORE in SAMPLE
+    return SAMPLE.replace(STORE, STORE.replace("= T.if_then_else(", f"= T.float32({expr}) + T.if_then_else("), 1)
+
+
+def test_loop_that_never_runs_gives_no_leaf_and_predictor_says_why(tvm, predictor, device):
+    _, never_runs, negative = _concat_and_empty(tvm)
+    feats = featurize(never_runs)
+    assert feats.n_leaves == 0 and feats.leaf_features.shape == (0, N_FEATURES)
+    assert featurize(negative).n_leaves == 1  # a negative extent runs nothing either; the other loop stays
+    with pytest.raises(ProgramError, match="computes nothing") as e:
+        predictor.predict([never_runs], device)
+    assert e.value.errors[0]["index"] == 0
+
+
+def test_predictor_parses_text_in_the_sandbox_unless_trusted(predictor, device):
+    """``Predictor.predict`` on text from elsewhere: parsed in a sandbox worker, so the injected Python
+    writes nothing; ``trusted=True`` (text you wrote) parses in process, with the same answer."""
+    from cdmpp.program.inputs import ProgramError
+
+    marker = _marker(TMP, "predictor")
+    with pytest.raises(ProgramError) as e:
+        predictor.predict([SAMPLE, tvmscript_with(f'{IMP}("pathlib").Path("{marker}").write_text("x")')], device)
+    assert [x["index"] for x in e.value.errors] == [1] and "not allowed" in e.value.errors[0]["reason"]
+    assert not Path(marker).exists()
+    sandboxed, = predictor.predict([SAMPLE], device)
+    in_process, = predictor.predict([SAMPLE], device, trusted=True)
+    assert abs(sandboxed.seconds - in_process.seconds) <= 1e-6 * in_process.seconds
+
+
+def test_ood_flags_in_prediction(predictor, device, sampled):
+    """Each prediction says why it may lie outside what the model was trained on: a device without
+    training data, a target kind the device does not run, features outside the training range."""
+    import copy
+
+    from cdmpp.model.transforms import FeatureNormalizer
+    from cdmpp.predict.predictor import DEVICE_UNTRAINED, FEATURES_OUT_OF_RANGE, TARGET_MISMATCH, Predictor
+    from cdmpp.program.features import featurize
+
+    feats = [featurize(s.mod) for s in sampled["matmul"][:3]]
+    model = copy.copy(predictor.model)
+    norm = FeatureNormalizer().fit(np.concatenate([f.leaf_features for f in feats[:2]]))
+    model.feature_normalizer = norm  # a model "trained" on two programs, on one device only
+    others = [d for d in predictor.devices() if d != device]
+    model.summary = {**predictor.model.summary, "train_devices": [device]}
+    p = Predictor(model)
+    assert [x.ood for x in p.predict_features(feats[:2], device, "llvm")] == [(), ()]
+    assert all(x.in_distribution for x in p.predict_features(feats[:2], device, "llvm"))
+    far = copy.copy(feats[0])
+    far.leaf_features = feats[0].leaf_features * 4 + 1  # every value beyond the training maximum
+    assert p.predict_features([far], device, "llvm")[0].ood == (FEATURES_OUT_OF_RANGE,)
+    assert p.predict_features(feats[:1], device, "cuda")[0].ood == (TARGET_MISMATCH,)
+    if others:
+        assert DEVICE_UNTRAINED in p.predict_features(feats[:1], others[0], "llvm")[0].ood
+    # a checkpoint without the range still flags values a constant training column never had
+    del norm.min_, norm.max_
+    const = int(np.nonzero(norm.inv_scale_ == 0)[0][0])
+    odd = copy.copy(feats[0])
+    odd.leaf_features = feats[0].leaf_features.copy()
+    odd.leaf_features[:, const] += 5
+    assert p.predict_features([odd], device, "llvm")[0].ood == (FEATURES_OUT_OF_RANGE,)

@@ -1,0 +1,28 @@
+"""The dataset's feature cache."""
+
+import os
+
+import numpy as np
+
+from cdmpp.program.features import FEATURIZER_VERSION, ProgramFeatures
+from cdmpp.records.dataset import FeatureCache
+
+
+def _feat(h: str) -> ProgramFeatures:
+    return ProgramFeatures(np.full((2, 164), 1.0, np.float32), np.array([1, 3]), 8.0, h)
+
+
+def test_feature_cache_chunks_never_collide(tmp_path):
+    c = FeatureCache(str(tmp_path))
+    for h in ("a", "b", "c"):
+        c.put(_feat(h))
+        c.flush()
+    name = f"features-v{FEATURIZER_VERSION}-{{:04d}}.npz"
+    assert sorted(os.listdir(tmp_path)) == [name.format(k) for k in range(3)]
+    os.rename(tmp_path / name.format(0), tmp_path / (name.format(0) + ".bad"))  # the count is now 2
+    chunk2 = (tmp_path / name.format(2)).read_bytes()
+    c.put(_feat("d"))
+    c.flush()
+    assert (tmp_path / name.format(2)).read_bytes() == chunk2
+    assert (tmp_path / name.format(3)).exists()
+    assert set(FeatureCache(str(tmp_path)).items) == {"b", "c", "d"}
