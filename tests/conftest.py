@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from tests.data import LIMIT, TASKS, candidate_dirs
+from tests.processes import app_server
 
 os.environ.setdefault("TVM_NUM_THREADS", "1")
 torch.set_num_threads(1)  # the tests share a small machine with a measurement job
@@ -92,17 +93,10 @@ def tiny_recipe(tmp_path_factory):
     return str(path)
 
 
-def _server(predictor, **settings):
-    from cdmpp.service.app import Settings, create_app
-    from cdmpp.service.background import BackgroundServer
-
-    return BackgroundServer(create_app(Settings(**settings), predictor))
-
-
 @pytest.fixture(scope="session")
 def url(predictor):
     """A server for trusted callers: TVMScript allowed (the tests' programs are TVMScript text)."""
-    with _server(predictor, allow_tvmscript=True) as u:
+    with app_server(predictor, allow_tvmscript=True) as u:
         yield u
 
 

@@ -186,7 +186,7 @@ def add_measure_commands(sub):
     f.set_defaults(func=cmd_featurize)
 
     c = sub.add_parser("collect", help="measure random schedules of network tasks on this machine (resumable)")
-    c.add_argument("--task-table", default=defaults.TASK_TABLE, help="task table from `cdmpp tasks`")
+    c.add_argument("--task-table", default=defaults.TASK_TABLE, help="task table from `python -m cdmpp.zoo.tasks`")
     c.add_argument("--dataset", default=defaults.DATASET, help="dataset folder (appended to)")
     c.add_argument("--devices", default=defaults.DEVICES, help="device spec table (added to)")
     c.add_argument("--networks", help="comma-separated networks to take tasks from (default all)")

@@ -1,6 +1,6 @@
 """Devices: what a latency was measured on, named so that two measurements are comparable iff the names match.
 
-A *device* is hardware + compilation target + thread count (DESIGN §4): one chip compiled for AVX2 instead
+A *device* is hardware + compilation target + thread count: one chip compiled for AVX2 instead
 of AVX-512, or run with 1 thread instead of 2, gives different latencies, so each is its own device. A device
 carries a few numeric specs (clock, cores, SIMD width, caches, memory bandwidth, peak FLOP/s) that the
 model's device encoder reads (:meth:`DeviceSpec.feature_vector`), so an unseen device is not a blank.

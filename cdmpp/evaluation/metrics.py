@@ -1,4 +1,4 @@
-"""The numbers every cdmpp report uses (DESIGN.md §5), computed one way for every method.
+"""The numbers every cdmpp report uses (docs/evaluation.md), computed one way for every method.
 
 * On absolute latency: MAPE, RMSE, the share of programs within ±10 % and ±25 %. A tuner compares
   predictions across tasks and devices, so errors are judged on seconds, not on a transformed label.

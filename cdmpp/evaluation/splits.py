@@ -1,4 +1,4 @@
-"""Deterministic train/val/test splits for the three evaluation protocols (DESIGN.md §5).
+"""Deterministic train/val/test splits for the three evaluation protocols (docs/evaluation.md).
 
 The original CDMPP selected models and fitted normalizers on its test split and let tasks shared with
 training networks into its cross-model test set. Here every split is a pure function of the data and a

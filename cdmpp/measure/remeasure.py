@@ -23,10 +23,8 @@ def remeasure(tasks, dataset_dir: str, device, target, passes: int = 2, min_gap_
     ``runs``: only programs first measured by these collection runs (one that hit a slow spell).
 
     Why: on a shared VM a slow spell (a neighbour, the host) lasts minutes and slows every repeat of a
-    pass, so one pass's fastest repeat is not enough. On the 2-thread probe set (09:27), 23 % of the
-    collection's labels were > 10 % slower than two re-measurements hours apart that agreed with each
-    other (1.9 % median apart); against those, the fastest of the label and one of them had half the noise
-    (median 2.5 -> 1.5 %, p90 24 -> 12 %). A pass is a record of its own (``<id>|pass<N>``, ``of`` = the
+    pass, so one pass's fastest repeat is not enough: the fastest over passes hours apart is
+    (``datasets/README.md`` has the figures). A pass is a record of its own (``<id>|pass<N>``, ``of`` = the
     record's id) appended like any other, so a killed run resumes. ``probe_only``: just the device's
     fixed probe set (``cdmpp noise``), to see what a pass does to the noise before paying for all.
     """

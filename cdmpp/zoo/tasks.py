@@ -344,7 +344,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``python -m cdmpp.zoo.tasks``: extract a task table for some networks and save it."""
     from cdmpp.zoo.networks import NETWORKS
 
-    p = argparse.ArgumentParser(prog="cdmpp tasks", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m cdmpp.zoo.tasks", description=__doc__.split("\n\n")[0])
     p.add_argument("--networks", default="all", help="comma-separated zoo names, or 'all' (default)")
     p.add_argument("--batch-sizes", default=None, help="comma-separated, e.g. 1,8 (default: each network's own)")
     p.add_argument("--target", default="llvm", choices=["llvm", "cuda"])

@@ -48,9 +48,14 @@ def _task(tvm, name, mod):
     return Task(task_key(mod), name, tvm.ir.save_json(mod), None, {"toy@1": 1})
 
 
-@pytest.mark.slow
-def test_collect_kill_resume_and_load(tmp_path, monkeypatch):
-    ds = str(tmp_path / "ds")
+@pytest.fixture(scope="module")
+def collected(tmp_path_factory):
+    """A collection killed after its first stored batch, then run again to the end: (dataset folder, the
+    records before the kill, after the resume, the build folders the kill left, those left after)."""
+    import psutil
+
+    tmp = tmp_path_factory.mktemp("collect")
+    ds = str(tmp / "ds")
     store = RecordStore(ds)
     proc = _run(ds)
     deadline = time.time() + 240
@@ -58,39 +63,59 @@ def test_collect_kill_resume_and_load(tmp_path, monkeypatch):
         if any(len(list(store.iter_records())) for _ in [0]):
             break
         time.sleep(0.01)  # a task's 4 programs run in ~0.1 s: kill before the second task is stored
-    import psutil
-
     workers = psutil.Process(proc.pid).children(recursive=True)  # its build and runner processes
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    gone, alive = psutil.wait_procs(workers, timeout=20)
+    _, alive = psutil.wait_procs(workers, timeout=20)
     assert workers and not alive  # none is left waiting for a parent that is gone
     before = {r["id"]: r for r in store.iter_records()}
-    assert 0 < len(before) < 8
-    assert len(list(tmp_path.glob("cdmpp-measure-*"))) == 1  # the killed run's build folder
-
+    left_by_kill = list(tmp.glob("cdmpp-measure-*"))
     out, err = _run(ds).communicate(timeout=300)
     assert "'measured'" in out, err
-    assert not list(tmp_path.glob("cdmpp-measure-*"))  # the resumed run removed it, and its own
+    after = {r["id"]: r for r in store.iter_records()}
+    return ds, before, after, left_by_kill, list(tmp.glob("cdmpp-measure-*"))
+
+
+def _copy(collected, tmp_path) -> str:
+    """A copy of the collected dataset (and its task table) that a test may add to."""
+    import shutil
+
+    ds = str(tmp_path / "ds")
+    shutil.copytree(collected[0], ds)
+    shutil.copy(collected[0] + "-tasks.json", ds + "-tasks.json")
+    return ds
+
+
+@pytest.mark.slow
+def test_a_killed_collection_resumes_without_losing_or_redoing_work(collected):
+    ds, before, after, left_by_kill, left_after = collected
+    assert 0 < len(before) < 8
+    assert len(left_by_kill) == 1 and not left_after  # the resumed run removed the killed run's build folder
     report = LoadReport()
-    after = {r["id"]: r for r in store.iter_records(report=report)}
-    assert len(after) == 8 and report.duplicates == 0 and not report.problems
+    assert len({r["id"] for r in RecordStore(ds).iter_records(report=report)}) == 8
+    assert report.duplicates == 0 and not report.problems
     for rid, rec in before.items():  # nothing finished before the kill was lost or redone
         assert after[rid] == rec
     for rec in after.values():
         assert rec["error"] is None and len(rec["seconds"]) == 3 and all(s > 0 for s in rec["seconds"])
         assert rec["trace"] and rec["task_name"] in ("matmul", "softmax")
-    runs = store.runs()
+    runs = RecordStore(ds).runs()
     assert len(runs) == 2 and all(r["tvm_version"] and r["cpu_model"] and r["target"] for r in runs.values())
 
-    # a resumed run over a complete dataset measures nothing
-    out, _ = _run(ds).communicate(timeout=300)
+
+@pytest.mark.slow
+def test_a_resumed_run_over_a_complete_dataset_measures_nothing(collected, tmp_path):
+    out, _ = _run(_copy(collected, tmp_path)).communicate(timeout=300)
     assert "'measured': 0" in out and "'skipped_done': 8" in out
 
-    # load it back: features, labels, filters; the second load comes from the feature cache only
+
+@pytest.mark.slow
+def test_a_collection_loads_back_and_then_from_the_feature_cache(collected, tmp_path, monkeypatch):
+    """Features, labels and filters; the second load comes from the feature cache only."""
     from cdmpp.records import dataset as data
     from cdmpp.zoo.tasks import TaskTable
 
+    ds, _, after, _, _ = collected
     table = TaskTable.load(ds + "-tasks.json")
     cache = str(tmp_path / "cache")
     loaded = data.load_dataset(ds, table, cache_dir=cache, progress=False)
@@ -106,18 +131,27 @@ def test_collect_kill_resume_and_load(tmp_path, monkeypatch):
     monkeypatch.setattr(data, "_featurize_records", no_tvm)
     again = data.load_dataset(ds, table, cache_dir=cache, progress=False)
     assert [p.features.program_hash for p in again.programs] == [p.features.program_hash for p in loaded.programs]
-    monkeypatch.undo()
 
-    # run-to-run noise: a fixed probe set, re-measured the same way each time
+
+def _remeasure_setup(collected, tmp_path):
     from types import SimpleNamespace
 
     from cdmpp.measure.measurer import MeasureConfig
-    from cdmpp.measure.remeasure import remeasure_noise
     from cdmpp.program import tvm_env
+    from cdmpp.zoo.tasks import TaskTable
 
+    ds = _copy(collected, tmp_path)
     dev = SimpleNamespace(id="test-cpu-1t/llvm", threads=1)
     cfg = MeasureConfig(repeat=3, min_repeat_ms=5, builders=1, quiet_share=1.0)
-    target = tvm_env.make_target("llvm", num_cores=1)
+    return ds, TaskTable.load(ds + "-tasks.json"), dev, tvm_env.make_target("llvm", num_cores=1), cfg
+
+
+@pytest.mark.slow
+def test_noise_checks_remeasure_a_fixed_probe_set(collected, tmp_path):
+    from cdmpp.measure.remeasure import remeasure_noise
+
+    ds, table, dev, target, cfg = _remeasure_setup(collected, tmp_path)
+    after = collected[2]
     first = remeasure_noise(ds, table, dev, target, n=5, cfg=cfg, progress=False)
     second = remeasure_noise(ds, table, dev, target, n=7, cfg=cfg, progress=False)
     assert first["programs"] == second["programs"] == 5
@@ -126,10 +160,16 @@ def test_collect_kill_resume_and_load(tmp_path, monkeypatch):
     history = json.load(open(os.path.join(ds, "noise-test-cpu-1t_llvm.json")))
     assert len(history) == 2 and 0 <= history[-1]["median_rel_diff"] <= history[-1]["p90_rel_diff"]
 
-    # a later pass over every program: real measurements appended, labels the fastest over both passes
-    from cdmpp.measure.remeasure import remeasure
+
+@pytest.mark.slow
+def test_a_later_pass_lowers_labels_to_the_fastest_over_both_passes(collected, tmp_path):
+    """Real measurements appended to every program; the noise check then compares like with like."""
+    from cdmpp.measure.remeasure import remeasure, remeasure_noise
     from cdmpp.records.labels import label
 
+    ds, table, dev, target, cfg = _remeasure_setup(collected, tmp_path)
+    before, after = collected[1], collected[2]
+    remeasure_noise(ds, table, dev, target, n=5, cfg=cfg, progress=False)  # fixes the probe set
     assert remeasure(table, ds, dev, target, passes=2, min_gap_minutes=60, cfg=cfg, progress=False)["too_recent"] == 8
     killed_run = {r["run"] for r in before.values()}  # only the programs the killed run measured
     assert remeasure(table, ds, dev, target, passes=2, min_gap_minutes=60, cfg=cfg, runs=killed_run,
@@ -139,7 +179,7 @@ def test_collect_kill_resume_and_load(tmp_path, monkeypatch):
     s = remeasure(table, ds, dev, target, passes=2, min_gap_minutes=0, cfg=cfg, batch_size=3, progress=False)
     assert s["measured"] == 8 and s["failed"] == 0
     report = LoadReport()
-    passed = {r["id"]: r for r in store.iter_records(report=report)}
+    passed = {r["id"]: r for r in RecordStore(ds).iter_records(report=report)}
     assert set(passed) == set(after) and report.remeasures == 8 and report.duplicates == 0
     for rid, rec in passed.items():
         (later,) = rec["remeasures"]
@@ -151,9 +191,9 @@ def test_collect_kill_resume_and_load(tmp_path, monkeypatch):
     assert third["same_passes_programs"] == 0  # the earlier checks are seconds old, not 30 minutes
     # like for like: 2-pass labels against this check combined with the one before, fastest wins
     fourth = remeasure_noise(ds, table, dev, target, cfg=cfg, min_gap_minutes=0, progress=False)
-    before = {p["id"]: p["new"] for p in third["pairs"]}
+    previous = {p["id"]: p["new"] for p in third["pairs"]}
     assert fourth["same_passes_programs"] == 5 and fourth["same_passes_median_rel_diff"] >= 0
-    assert all(p["new_same_passes"] == min(p["new"], before[p["id"]]) for p in fourth["pairs"])
+    assert all(p["new_same_passes"] == min(p["new"], previous[p["id"]]) for p in fourth["pairs"])
 
 
 @pytest.mark.slow

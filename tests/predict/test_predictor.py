@@ -1,8 +1,5 @@
 """``Predictor``: out-of-distribution flags, programs with nothing to predict, untrusted text in the sandbox."""
 
-import tempfile
-import uuid
-from importlib import resources
 from pathlib import Path
 
 import numpy as np
@@ -11,80 +8,15 @@ import pytest
 from cdmpp.defaults import MODEL as DEFAULT_MODEL
 from cdmpp.program.features import N_FEATURES, featurize
 from cdmpp.program.inputs import ProgramError
-
-
-def _concat_and_empty(tvm):
-    from tvm.script import tirx as T
-
-    @T.prim_func(s_tir=True)
-    def concat(A: T.Buffer((16,), "float32"), B: T.Buffer((16,), "float32"), C: T.Buffer((32,), "float32")):
-        for i in range(16):
-            with T.sblock("a"):
-                vi = T.axis.spatial(16, i)
-                C[vi] = A[vi] + T.float32(1)
-        for i in range(16):
-            with T.sblock("b"):
-                vi = T.axis.spatial(16, i)
-                C[vi + 16] = B[vi] * T.float32(2)
-
-    @T.prim_func(s_tir=True)
-    def never_runs(A: T.Buffer((16,), "float32"), C: T.Buffer((16,), "float32")):
-        for i in range(0):
-            with T.sblock("a"):
-                vi = T.axis.spatial(16, i)
-                C[vi] = A[vi] + T.float32(1)
-
-    @T.prim_func(s_tir=True)
-    def negative_extent(A: T.Buffer((16,), "float32"), C: T.Buffer((16,), "float32")):
-        for i in range(-5):
-            with T.sblock("a"):
-                vi = T.axis.spatial(16, i)
-                C[vi] = A[vi] + T.float32(1)
-        for i in range(16):
-            with T.sblock("b"):
-                vi = T.axis.spatial(16, i)
-                C[vi] = A[vi] * T.float32(2)
-
-    return concat, never_runs, negative_extent
-
+from tests.attacks import IMP, SAMPLE, TMP, marker_path, tvmscript_with
+from tests.programs import concat_and_empty
 
 pytestmark = pytest.mark.skipif(not (DEFAULT_MODEL / "predictor.json").exists(),
                                 reason=f"no shipped model at {DEFAULT_MODEL} yet")
 
 
-TMP = Path(tempfile.gettempdir())
-
-
-RUN = uuid.uuid4().hex[:12]
-
-
-MARKERS: list[Path] = []  # every path an attempt tries to create
-
-
-def _marker(where: Path, tag: str) -> str:
-    p = where / f"cdmpp-pwned-{RUN}-{tag}"
-    MARKERS.append(p)
-    return str(p)
-
-
-# ---- payloads ---------------------------------------------------------------------------------------------
-SAMPLE = (resources.files("cdmpp") / "samples" / "conv2d.tvmscript").read_text()
-
-
-STORE = "pad_temp[v_i0, v_i1, v_i2, v_i3] = T.if_then_else("
-
-
-IMP = 'T.grid.__globals__["__builtins__"]["__import__"]'
-
-
-def tvmscript_with(expr: str) -> str:
-    """The shipped conv2d with ``expr`` evaluated inside one store (the issue's injection point)."""
-    assert STORE in SAMPLE
-    return SAMPLE.replace(STORE, STORE.replace("= T.if_then_else(", f"= T.float32({expr}) + T.if_then_else("), 1)
-
-
 def test_loop_that_never_runs_gives_no_leaf_and_predictor_says_why(tvm, predictor, device):
-    _, never_runs, negative = _concat_and_empty(tvm)
+    _, never_runs, negative = concat_and_empty(tvm)
     feats = featurize(never_runs)
     assert feats.n_leaves == 0 and feats.leaf_features.shape == (0, N_FEATURES)
     assert featurize(negative).n_leaves == 1  # a negative extent runs nothing either; the other loop stays
@@ -98,7 +30,7 @@ def test_predictor_parses_text_in_the_sandbox_unless_trusted(predictor, device):
     writes nothing; ``trusted=True`` (text you wrote) parses in process, with the same answer."""
     from cdmpp.program.inputs import ProgramError
 
-    marker = _marker(TMP, "predictor")
+    marker = marker_path(TMP, "predictor")
     with pytest.raises(ProgramError) as e:
         predictor.predict([SAMPLE, tvmscript_with(f'{IMP}("pathlib").Path("{marker}").write_text("x")')], device)
     assert [x["index"] for x in e.value.errors] == [1] and "not allowed" in e.value.errors[0]["reason"]

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from cdmpp.defaults import MODEL as DEFAULT_MODEL
+from tests.processes import app_server, descendants, free_port, running
 
 pytestmark = pytest.mark.skipif(not (DEFAULT_MODEL / "predictor.json").exists(),
                                 reason=f"no shipped model at {DEFAULT_MODEL} yet")
@@ -17,17 +18,10 @@ httpx = pytest.importorskip("httpx")
 TOKEN = "s3cret-token"
 
 
-def _server(predictor, **settings):
-    from cdmpp.service.app import Settings, create_app
-    from cdmpp.service.background import BackgroundServer
-
-    return BackgroundServer(create_app(Settings(**settings), predictor))
-
-
 @pytest.fixture(scope="module")
 def strict_url(predictor):
     """Token required, at most 4 programs and 64 KiB per request."""
-    with _server(predictor, token=TOKEN, max_batch=4, max_body_bytes=64 * 1024, allow_tvmscript=True) as u:
+    with app_server(predictor, token=TOKEN, max_batch=4, max_body_bytes=64 * 1024, allow_tvmscript=True) as u:
         yield u
 
 
@@ -35,36 +29,6 @@ def _metric(url, name, headers=None):
     for line in httpx.get(url + "/metrics", headers=headers).text.splitlines():
         if line.startswith(name + " ") or line.startswith(name + "{"):
             yield line
-
-
-def _children(pid: int) -> set[int]:
-    """Pids whose parent is ``pid`` (from /proc)."""
-    import os
-
-    out = set()
-    for d in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            if int(open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split()[1]) == pid:
-                out.add(int(d))
-        except OSError:
-            pass
-    return out
-
-
-def _running(pid: int) -> bool:
-    try:
-        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def _descendants(pid: int) -> set[int]:
-    out, todo = set(), [pid]
-    while todo:
-        kids = _children(todo.pop())
-        out |= kids
-        todo += kids
-    return out
 
 
 def test_health_devices_models_docs(url, predictor):
@@ -175,7 +139,7 @@ def test_timeout_504(predictor, device, sampled):
     from cdmpp.predict.client import Client, ServiceError
 
     fresh = [s.mod.script() for s in sampled["conv2d"][3:6]]  # not seen by any server yet
-    with _server(predictor, timeout_s=0.001, allow_tvmscript=True) as u:
+    with app_server(predictor, timeout_s=0.001, allow_tvmscript=True) as u:
         r = httpx.post(u + "/v1/predict", json={"device": device, "programs": fresh})
         assert r.status_code == 504 and "CDMPP_TIMEOUT_S" in r.json()["detail"]
         with pytest.raises(ServiceError) as e:
@@ -193,7 +157,7 @@ def test_tvmscript_off_by_default_workload_trace_on(predictor, device, sampled, 
 
     schs = sampled["matmul"][:3]
     items = [workload_trace_json(workloads.matmul(), s.trace) for s in schs]
-    with _server(predictor) as u:
+    with app_server(predictor) as u:
         r = httpx.post(u + "/v1/predict", json={"device": device, "programs": [items[0], texts[0]]})
         assert r.status_code == 422 and [e["index"] for e in r.json()["errors"]] == [1]
         assert "--allow-tvmscript" in r.json()["errors"][0]["reason"]
@@ -238,21 +202,21 @@ def test_killed_server_leaves_no_featurizer_processes(tmp_path):
     import signal
     import time
 
-    from cdmpp.bench.serve import _free_port, start_server
+    from cdmpp.bench.serve import start_server
 
-    proc, url = start_server(None, workers=1, threads=1, port=_free_port(), featurize_procs=2,
+    proc, url = start_server(None, workers=1, threads=1, port=free_port(), featurize_procs=2,
                              env_extra={"TMPDIR": str(tmp_path)})
     assert len(list(tmp_path.glob("cdmpp-sandbox-*"))) == 2
     try:
-        workers = _descendants(proc.pid)
+        workers = descendants(proc.pid)
         assert len(workers) >= 3  # the forkserver and two workers
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
     deadline = time.monotonic() + 15
-    while time.monotonic() < deadline and any(map(_running, workers)):
+    while time.monotonic() < deadline and any(map(running, workers)):
         time.sleep(0.2)
-    assert not [w for w in workers if _running(w)], "featurizer processes outlived the server"
+    assert not [w for w in workers if running(w)], "featurizer processes outlived the server"
     # workers remove their own folders where they may (not here, when they run as nobody under a root-only
     # folder); the next sandbox started removes what is left
     from cdmpp.sandbox.pool import remove_stale_folders
@@ -272,7 +236,7 @@ def test_network_endpoint_answers_as_the_cli_does(predictor, tmp_path):
 
     data = Path(__file__).resolve().parents[2] / "datasets"
     dev = "amd-epyc-znver4-2t/llvm-avx512"
-    with _server(predictor, dataset=str(data / "measurements"), task_table=str(data / "tasks-llvm.json.gz")) as u:
+    with app_server(predictor, dataset=str(data / "measurements"), task_table=str(data / "tasks-llvm.json.gz")) as u:
         r = httpx.post(u + "/v1/network", json={"network": "bert_tiny@1", "device": dev}, timeout=120)
         assert r.status_code == 200, r.text
         got = r.json()

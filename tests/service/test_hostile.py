@@ -7,16 +7,16 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from importlib import resources
 from pathlib import Path
 
 import pytest
 
 from cdmpp.defaults import MODEL as DEFAULT_MODEL
+from tests.attacks import IMP, MARKERS, SAMPLE, TMP, marker_path, tvmscript_with
+from tests.processes import descendants, free_port, running
 
 pytestmark = [pytest.mark.skipif(not (DEFAULT_MODEL / "predictor.json").exists(), reason="no shipped model"),
               pytest.mark.skipif(not os.path.isdir("/proc"), reason="needs /proc")]
@@ -28,56 +28,12 @@ httpx = pytest.importorskip("httpx")
 SECRET = "hostile-suite-" + uuid.uuid4().hex  # the trusted server's token: must never be echoed back
 
 
-TMP = Path(tempfile.gettempdir())
-
-
-RUN = uuid.uuid4().hex[:12]
-
-
-MARKERS: list[Path] = []  # every path an attempt tries to create
-
-
-def _marker(where: Path, tag: str) -> str:
-    p = where / f"cdmpp-pwned-{RUN}-{tag}"
-    MARKERS.append(p)
-    return str(p)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _descendants(pid: int) -> set[int]:
-    kids: dict[int, list[int]] = {}
-    for d in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            ppid = int(open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        kids.setdefault(ppid, []).append(int(d))
-    out, todo = set(), [pid]
-    while todo:
-        for k in kids.get(todo.pop(), []):
-            out.add(k)
-            todo.append(k)
-    return out
-
-
-def _running(pid: int) -> bool:
-    try:
-        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 class Server:
     """``cdmpp serve`` in a subprocess, in an empty working folder of its own."""
 
     def __init__(self, tmp: Path, log: Path, sandboxes: Path, *args: str, env: dict | None = None):
         self.cwd, self.log, self.sandboxes = tmp, log, sandboxes
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         full_env = {**{k: v for k, v in os.environ.items() if not k.startswith("CDMPP_")},
                     "CDMPP_ITEM_CPU_S": "3", "CDMPP_TIMEOUT_S": "20", "TMPDIR": str(sandboxes), **(env or {})}
@@ -98,10 +54,10 @@ class Server:
             time.sleep(0.3)
         self.device = next(d["id"] for d in httpx.get(self.url + "/v1/devices", headers=self.headers).json()["devices"]
                            if "llvm" in d["id"])
-        self.workers = _descendants(self.proc.pid)
+        self.workers = descendants(self.proc.pid)
 
     def stop(self) -> set[int]:
-        seen = self.workers | _descendants(self.proc.pid)
+        seen = self.workers | descendants(self.proc.pid)
         self.proc.send_signal(signal.SIGTERM)
         self.proc.wait(30)
         return seen
@@ -116,29 +72,13 @@ def servers(tmp_path_factory):
     yield plain, trusted
     seen = plain.stop() | trusted.stop()
     deadline = time.monotonic() + 15
-    while time.monotonic() < deadline and any(map(_running, seen)):
+    while time.monotonic() < deadline and any(map(running, seen)):
         time.sleep(0.2)
-    assert not [p for p in seen if _running(p)], "sandbox workers outlived their server"
+    assert not [p for p in seen if running(p)], "sandbox workers outlived their server"
     for s in (plain, trusted):
         assert not list(s.cwd.iterdir()), f"something wrote into the server's folder: {list(s.cwd.iterdir())}"
         left = [p for p in s.sandboxes.iterdir() if p.name.startswith("cdmpp-sandbox-")]
         assert not left, f"worker folders left behind: {left}"
-
-
-# ---- payloads ---------------------------------------------------------------------------------------------
-SAMPLE = (resources.files("cdmpp") / "samples" / "conv2d.tvmscript").read_text()
-
-
-STORE = "pad_temp[v_i0, v_i1, v_i2, v_i3] = T.if_then_else("
-
-
-IMP = 'T.grid.__globals__["__builtins__"]["__import__"]'
-
-
-def tvmscript_with(expr: str) -> str:
-    """The shipped conv2d with ``expr`` evaluated inside one store (the issue's injection point)."""
-    assert STORE in SAMPLE
-    return SAMPLE.replace(STORE, STORE.replace("= T.if_then_else(", f"= T.float32({expr}) + T.if_then_else("), 1)
 
 
 def code_execution_attempts(server_cwd: Path, server_pid: int) -> list[str]:
@@ -146,7 +86,7 @@ def code_execution_attempts(server_cwd: Path, server_pid: int) -> list[str]:
     out = []
     for where in (TMP, server_cwd, Path.home()):
         tag = where.name or "root"
-        m = [_marker(where, f"{tag}-{k}") for k in range(12)]
+        m = [marker_path(where, f"{tag}-{k}") for k in range(12)]
         out += [
             f'{IMP}("pathlib").Path("{m[0]}").write_text("x")',
             f'{IMP}("builtins").open("{m[1]}", "w").write("x")',
