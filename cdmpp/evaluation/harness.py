@@ -27,7 +27,7 @@ from cdmpp import defaults
 from cdmpp.evaluation import metrics as ev
 from cdmpp.evaluation import splits
 from cdmpp.evaluation.methods.cdmpp_model import CDMPP
-from cdmpp.evaluation.methods.method import make_peers
+from cdmpp.evaluation.methods.peers import make_peers
 from cdmpp.records.dataset import per_device_counts
 
 ABLATIONS = {"no-pe": "ablation-no-pe", "no-da": "ablation-no-da", "random-sampler": None}

@@ -4,7 +4,7 @@ and returns ``self``, learned state ends in ``_``, ``predict`` has no side effec
 new method for the target device and leaves the source one as it was.
 
 Samples are anything with ``features``, ``device``, ``seconds`` and ``task`` (``LabeledProgram``).
-Peers by short name (``make_peers(["xgb", "mlp"])``), as MetaSchedule names its cost models.
+Peers by short name: ``cdmpp.evaluation.methods.peers.make_peers(["xgb", "mlp"])``.
 
 XGBoost runs one thread by default: on a 2-core machine shared with a measurement job, OpenMP's
 spin-waiting made 2 threads ~18x slower than 1; pass ``nthread`` to change it.
@@ -47,20 +47,3 @@ class Peer:
 
     def predict_interval(self, programs: Sequence):
         return self.predict(programs), None, None
-
-
-def make_peers(names: Sequence[str], nthread: int = 1, seed: int = 0, device_table: dict | None = None) -> list:
-    """Peers by short name: ``"xgb"`` gives both XGBoost peers (ranking + regressor), ``"mlp"`` Tenset's MLP.
-    ``device_table`` ({device: spec dict}) goes to the peer that can use device specs (the regressor)."""
-    from cdmpp.evaluation.methods.mlp import TensetMLP
-    from cdmpp.evaluation.methods.xgb import MetaScheduleXGB, XGBRegressorPeer
-
-    peers = {"xgb": lambda: [MetaScheduleXGB(nthread=nthread),
-                             XGBRegressorPeer(nthread=nthread, device_table=device_table)],
-             "mlp": lambda: [TensetMLP(random_state=seed)]}
-    out = []
-    for name in names:
-        if name not in peers:
-            raise ValueError(f"unknown peer {name!r}: expected one of {sorted(peers)}")
-        out += peers[name]()
-    return out
