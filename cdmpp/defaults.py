@@ -13,6 +13,8 @@ TASK_TABLE = "datasets/tasks-llvm.json.gz"  # the network zoo's tuning tasks
 DEVICES = "datasets/devices.json"  # the device spec table
 MODEL = PACKAGE / "models" / "default"  # the shipped checkpoint (package data)
 MODEL_OUT = "cdmpp/models/default"  # where `cdmpp train` writes by default (a checkout's shipped model)
+REPORTS = "reports"  # evaluation reports and benchmark results
+PROTOCOL_RUNS = REPORTS + "/protocol-runs.jsonl"  # every scored row of `cdmpp protocol`
 
 RECIPES = PACKAGE.parent / "train"  # a checkout; an installed wheel has them as package data (cdmpp/recipes)
 if not (RECIPES / "default.toml").exists():

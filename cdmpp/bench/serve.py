@@ -25,6 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from cdmpp import defaults
+
 # (network@batch, task name) pairs: a mix of what a compiler tunes.
 BENCH_TASKS = [
     ("resnet18@1", "fused_conv2d_subtract_divide_multiply_add1_relu"),
@@ -212,7 +214,7 @@ def _split(before: dict, after: dict) -> dict:
 
 def bench_serve(model: str | None = None, clients: int = 16, batch: int = 64, batches: int = 160,
                 cold_batches: int = 16, repeat_share: float = 0.9, workers: int = 1, threads: int = 2,
-                featurize_procs: int = 1, form: str = "trace", duration_s: float = 120.0, task_table: str = "datasets/tasks-llvm.json.gz",
+                featurize_procs: int = 1, form: str = "trace", duration_s: float = 120.0, task_table: str = defaults.TASK_TABLE,
                 device: str | None = None, seed: int = 0) -> dict:
     rng = random.Random(seed)
     n_tasks = len(BENCH_TASKS)

@@ -129,7 +129,7 @@ def add_eval_commands(sub) -> None:
     e.add_argument("--max-minutes", type=float, default=8.0, help="time budget for all training (default 8)")
     e.add_argument("--minutes-per-method", type=float,
                    help="instead of sharing --max-minutes: every trained model gets this cap (fairer, slower)")
-    e.add_argument("--reports-dir", default="reports")
+    e.add_argument("--reports-dir", default=defaults.REPORTS)
     e.add_argument("--limit", type=int, help="use only the first N records (smoke runs)")
     e.add_argument("--train-fraction", type=float, default=1.0,
                    help="random/cross-model: train on this share of the training programs, same test set "
@@ -153,8 +153,8 @@ def add_eval_commands(sub) -> None:
     pr.add_argument("--device-ids", default="amd-epyc-znver4-2t/llvm-avx512,amd-epyc-znver4-1t/llvm-avx512",
                     help="devices whose programs are used (pinned, so added data does not move the numbers)")
     pr.add_argument("--target-device", default="amd-epyc-znver4-1t/llvm-avx512")
-    pr.add_argument("--runs", default="reports/protocol-runs.jsonl", help="every scored row is appended here")
-    pr.add_argument("--summary", default="reports/summary.json", help="summary of --runs (empty: none)")
+    pr.add_argument("--runs", default=defaults.PROTOCOL_RUNS, help="every scored row is appended here")
+    pr.add_argument("--summary", default=defaults.REPORTS + "/summary.json", help="summary of --runs (empty: none)")
     pr.add_argument("--jobs", type=int, default=1, help="seeds run in parallel processes (1 thread each)")
     pr.set_defaults(func=cmd_protocol)
 

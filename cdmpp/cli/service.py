@@ -156,13 +156,13 @@ def add_service_commands(sub, bsub) -> None:
     bt.add_argument("--threads", type=int, default=2, help="threads the tuned programs run with (default 2)")
     bt.add_argument("--no-finetune", action="store_true", help="cdmpp without online fine-tuning")
     bt.add_argument("--seeds", default="0,1", help="comma-separated search seeds (default %(default)s)")
-    bt.add_argument("--out", default="reports/tune.json")
+    bt.add_argument("--out", default=defaults.REPORTS + "/tune.json")
     bt.set_defaults(func=cmd_bench_tune)
 
     bn = bsub.add_parser("network", help="predicted vs measured end-to-end latency of zoo networks on this machine")
     bn.add_argument("--networks", help="comma-separated network@batch (default: every network at batch 1)")
     _add_network_args(bn)
-    bn.add_argument("--out", default="reports/network.json")
+    bn.add_argument("--out", default=defaults.REPORTS + "/network.json")
     bn.set_defaults(func=cmd_bench_network)
 
     nw = sub.add_parser("network", help="predict a network's latency: weighted sum over its tasks' programs")

@@ -48,7 +48,7 @@ class EvalOptions:
     ablations: Sequence[str] = ("no-pe", "no-da", "random-sampler")
     max_minutes: float = 8.0
     minutes_per_method: float | None = None  # set: every trained model gets this cap instead of a share
-    reports_dir: str = "reports"
+    reports_dir: str = defaults.REPORTS
     limit: int | None = None
     train_fraction: float = 1.0  # random / cross-model: train on this share of the training programs
     seed: int = 0

@@ -64,7 +64,7 @@ class ProtocolOptions:
     overrides: dict = field(default_factory=dict)  # TrainConfig keys on top of the recipe (ablations)
     label: str = "cdmpp"  # row name of the cdmpp model (an ablation's name in a study)
     minutes: float = 4.0  # cap on one cdmpp training run
-    runs: str = "reports/protocol-runs.jsonl"
+    runs: str = defaults.PROTOCOL_RUNS
     threads: int = 1
 
 
