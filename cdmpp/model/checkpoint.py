@@ -71,16 +71,24 @@ class TrainedModel:
 
     def model_inputs(self, packed: PackedPrograms, devices: Sequence[str] | None = None
                      ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """Program-level inputs ``[n, 3]`` (standardized log2 FLOPs, bytes, unique bytes) and the output
+        """Program-level inputs ``[n, 3 (+ 3F)]`` (standardized log2 FLOPs, bytes, unique bytes; with
+        ``pooled_inputs`` also the standardized sum / max / mean of the leaf rows) and the output
         offset ``[n]``: the device's roofline bound max(FLOPs / peak, unique bytes / bandwidth) in label
         space, so the network predicts log(latency / roofline), an efficiency. None where not used
         (the offset also without ``devices``)."""
         extra = offset = None
         if self.program_inputs is None or packed.stats is None:
             return None, None
+        parts = []
         if self.config.get("program_inputs"):
-            extra = torch.from_numpy(((packed.stats - np.asarray(self.program_inputs["mean"]))
-                                      / np.asarray(self.program_inputs["std"])).astype(np.float32))
+            parts.append(((packed.stats - np.asarray(self.program_inputs["mean"]))
+                          / np.asarray(self.program_inputs["std"])).astype(np.float32))
+        if self.config.get("pooled_inputs"):  # sum / max / mean of the normalized leaves, standardized
+            pooled = packed.pooled()
+            parts.append(np.clip((pooled - np.asarray(self.program_inputs["pooled_mean"], np.float32))
+                                 * np.asarray(self.program_inputs["pooled_inv_std"], np.float32), -10, 10))
+        if parts:
+            extra = torch.from_numpy(np.hstack(parts).astype(np.float32))
         if self.config.get("roofline") and devices is not None:
             offset = torch.from_numpy(self.label_transform.transform(self.roofline(packed, devices)).astype(np.float32))
         return extra, offset

@@ -156,13 +156,16 @@ def leaf_flops(raw_leaves: np.ndarray) -> np.ndarray:
 
 
 def program_stats(raw_leaves: np.ndarray, offsets: np.ndarray, flops: np.ndarray | None = None) -> np.ndarray:
-    """Per program ``[n, 3]``: log2(1 + FLOPs), log2(1 + bytes accessed), log2(1 + unique bytes),
-    summed over its leaves from the raw (unnormalized) TVM rows: the inputs of a roofline bound.
-    FLOPs count a multiply-add as 2 (``leaf_flops``); ``flops`` is unused, kept for callers."""
+    """Per program ``[n, 3]``: log2(1 + FLOPs), log2(1 + bytes accessed), log2(1 + unique bytes), the
+    inputs of a roofline bound. FLOPs are ``flops`` (``ProgramFeatures.flops``: counted on the program's
+    blocks, schedule-independent) when given, else TVM's per-store counts (``leaf_flops``, which count
+    recomputation at the loops' trip count); bytes are summed over the leaves' raw TVM rows."""
     x = raw_leaves.astype(np.float64)
-    flops = np.add.reduceat(leaf_flops(raw_leaves), offsets[:-1])
+    if flops is None:
+        flops = np.add.reduceat(leaf_flops(raw_leaves), offsets[:-1])
     total = np.add.reduceat(np.exp2(x[:, _BYTES_COLS]) - 1.0, offsets[:-1], axis=0).sum(axis=1)
     unique = np.add.reduceat(np.exp2(x[:, _UNIQUE_BYTES_COLS]) - 1.0, offsets[:-1], axis=0).sum(axis=1)
+    flops = np.asarray(flops, dtype=np.float64)
     return np.log2(1.0 + np.stack([np.maximum(flops, 0.0), np.maximum(total, 0.0), np.maximum(unique, 0.0)], axis=1))
 
 
@@ -202,7 +205,9 @@ class PackedPrograms:
         offsets = np.zeros(len(feats) + 1, np.int64)
         np.cumsum(lengths, out=offsets[1:])
         leaves = np.concatenate(feats).astype(np.float32, copy=False)
-        stats = program_stats(leaves, offsets) if n_features == _N_TVM_FEATURES else None
+        flops = [getattr(p, "flops", None) for p in programs]
+        flops = None if any(f is None for f in flops) else np.array(flops, dtype=np.float64)
+        stats = program_stats(leaves, offsets, flops) if n_features == _N_TVM_FEATURES else None
         if normalize is not None:
             leaves = normalize(leaves)
         return cls(leaves, np.concatenate(poss), offsets, stats)
@@ -219,6 +224,14 @@ class PackedPrograms:
         rows = np.repeat(self.offsets[idx] - offsets[:-1], lengths) + np.arange(offsets[-1])
         return PackedPrograms(self.leaves[rows], self.positions[rows], offsets,
                               None if self.stats is None else self.stats[idx])
+
+    def pooled(self) -> np.ndarray:
+        """Per program ``[n, 3F]``: sum / 8, max and mean of its leaf rows (as packed, i.e. normalized
+        when the pack is): the pooled GBT's view of a program, for the ``pooled_inputs`` recipe option."""
+        starts = self.offsets[:-1]
+        sums = np.add.reduceat(self.leaves, starts, axis=0)
+        maxs = np.maximum.reduceat(self.leaves, starts, axis=0)
+        return np.hstack([sums / 8.0, maxs, sums / self.lengths[:, None]]).astype(np.float32)
 
     def program_means(self) -> np.ndarray:
         """Mean leaf vector per program ``[n, F]``: a model-free embedding for KMeans sampling."""

@@ -54,6 +54,7 @@ class TrainConfig:
     pooling: str = "mean"  # "mean" | "sum" | "attention" (see CDMPPModel)
     film: bool = False  # device FiLM on the program embedding
     program_inputs: bool = False  # log FLOPs / bytes / unique bytes into the embedding
+    pooled_inputs: bool = False  # sum / max / mean of the leaf rows (the pooled GBT's view) into the embedding
     roofline: bool = False  # predict log(latency / roofline bound); needs label = "log"
     label: str = "boxcox"  # "boxcox" (lambda by ML) | "log"
     mape_scale: bool = False  # multiply predictions by the factor with the lowest validation MAPE (mape_scale)
@@ -232,8 +233,13 @@ def fit(config: TrainConfig, train_set: Sequence[LabeledProgram], val_set: Seque
     normalizer = FeatureNormalizer(config.feature_scaling).fit(raw.leaves)
     labels = BoxCox().fit([s.seconds for s in train_set], 0.0 if config.label == "log" else None)
     program_inputs = None
-    if (config.program_inputs or config.roofline) and raw.stats is not None:
+    if (config.program_inputs or config.roofline or config.pooled_inputs) and raw.stats is not None:
         program_inputs = dict(mean=raw.stats.mean(axis=0).tolist(), std=np.maximum(raw.stats.std(axis=0), 1e-6).tolist())
+        if config.pooled_inputs:
+            pooled = PackedPrograms(normalizer.transform(raw.leaves), raw.positions, raw.offsets).pooled()
+            std = pooled.std(axis=0)
+            program_inputs.update(pooled_mean=pooled.mean(axis=0).tolist(),
+                                  pooled_inv_std=np.where(std > 1e-6, 1.0 / np.maximum(std, 1e-6), 0.0).tolist())
     trained = TrainedModel([], normalizer, labels, specs, config.to_dict(),
                            featurizer_version=featurizer_version or current_featurizer_version(),
                            program_inputs=program_inputs)
@@ -281,7 +287,8 @@ def fit(config: TrainConfig, train_set: Sequence[LabeledProgram], val_set: Seque
 def _model_with(config: TrainConfig, train: _Split, dev_matrix: torch.Tensor, state: dict | None = None) -> CDMPPModel:
     model = CDMPPModel(train.pack.leaves.shape[1], dev_matrix.shape[1], config.d_model, config.n_heads,
                        config.n_layers, config.d_ff, config.dropout, config.use_pe, config.pooling,
-                       3 if config.program_inputs else 0, config.film)
+                       (3 if config.program_inputs else 0) + (3 * train.pack.leaves.shape[1] if config.pooled_inputs else 0),
+                       config.film)
     if state is not None:
         model.load_state_dict(state)
         model.eval()

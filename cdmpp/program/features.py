@@ -6,6 +6,15 @@ the program's FLOP count and a stable hash. Feature values come from MetaSchedul
 docs/features.md); the compact AST (``cdmpp.program.compact_ast``) supplies the positions. Row *i* belongs to
 leaf *i* by construction (one leaf per stored buffer, in first-store order); ``featurize`` checks that
 the counts agree and raises ``ProgramError`` if they ever do not.
+
+FLOPs (``program_flops``) are counted on the scheduled module's *blocks*, not on its loop nests nor on
+TVM's per-store op counts: each floating-point operation of a block counts once per distinct value of
+the block iterators it depends on. So a ``compute_at`` tile or a cache stage never multiplies work,
+and an expression that ``compute_inline`` leaves inside a reduction but that does not depend on the
+reduction (a layer norm's mean inside its variance) counts as LLVM computes it, hoisted; work a
+schedule really repeats (an exp inlined into two consumers, an rfactor's final pass) counts. TVM's
+op counts multiplied by the loop trip count gave some layer norms 2-3x their FLOPs and data-movement
+ops (concatenate: only selects) up to 10^4x (issue 19).
 """
 
 from __future__ import annotations
@@ -18,7 +27,8 @@ from cdmpp.program import tvm_env
 from cdmpp.program.compact_ast import CompactAST, build_compact_ast, lower_for_features
 from cdmpp.program.inputs import Program, ProgramError, load_program
 
-FEATURIZER_VERSION = "1"
+FEATURIZER_VERSION = "2"  # 2: FLOPs counted on blocks (program_flops); the rows are those of version 1
+ROWS_COMPATIBLE_VERSIONS = ("1",)  # cached rows of these versions are reused; only their FLOPs are recounted
 
 
 def _feature_names() -> list[str]:
@@ -71,10 +81,105 @@ def program_hash(mod) -> str:
 
 
 def flops_from_rows(rows: np.ndarray) -> float:
-    """Floating-point operations of the program, undoing TVM's log2(x+1) scaling of its op counts."""
+    """TVM's own count: its per-store float op counts (log2(x+1) undone), which multiply each store's
+    ops by the trip count of the loops around it, recomputation and all. Kept for comparison;
+    ``ProgramFeatures.flops`` is ``program_flops``."""
     if rows.size == 0:
         return 0.0
     return float(np.rint(np.sum(np.exp2(rows[:, _FLOAT_OP_COLUMNS].astype(np.float64)) - 1.0)))
+
+
+_NOT_FLOPS = frozenset({"if_then_else", "likely", "reinterpret", "tvm_access_ptr", "call_extern", "call_pure_extern",
+                        "call_llvm_intrin", "call_llvm_pure_intrin", "ret", "undef"})
+
+
+def program_flops(mod) -> float:
+    """Floating-point operations of a (scheduled or not) TIR module, counted per block.
+
+    For every store in a block, every float ``+ - * / min max`` and float math call (exp, rsqrt, ...)
+    of the stored value counts once per distinct value of the block iterators it depends on
+    (through buffer indices), times the instances of enclosing blocks. A multiply-add is 2. Selects
+    (padding, concatenation) and casts are not FLOPs. On an unscheduled workload this is the usual
+    count (2*M*N*K for a matmul); a schedule's loops, tiles and cache stages do not change it.
+    """
+    tvm = tvm_env.setup()
+    from tvm import s_tir, tirx
+
+    arith = (tirx.Add, tirx.Sub, tirx.Mul, tirx.Div, tirx.FloorDiv, tirx.Mod, tirx.FloorMod, tirx.Min, tirx.Max)
+    total = 0.0
+
+    def is_float(x) -> bool:
+        return str(getattr(x, "ty", getattr(x, "dtype", ""))).removeprefix("T.").startswith(("float", "bfloat"))
+
+    def count(v: frozenset, ext: dict) -> float:
+        n = 1.0
+        for h in v:
+            n *= ext[h]
+        return n
+
+    def expr(x, ext) -> tuple[frozenset, float]:
+        """(the block iterators ``x`` depends on, the FLOPs inside ``x``)."""
+        kind = type(x).__name__
+        if isinstance(x, arith):
+            va, fa = expr(x.a, ext)
+            vb, fb = expr(x.b, ext)
+            v = va | vb
+            return v, fa + fb + (count(v, ext) if is_float(x) else 0.0)
+        if kind == "Var":
+            h = x.__chandle__()
+            return (frozenset((h,)) if h in ext else frozenset()), 0.0
+        if kind in ("TensorLoad", "BufferLoad"):
+            v = frozenset()
+            for i in x.indices:
+                v = v | expr(i, ext)[0]
+            return v, 0.0
+        if kind == "Call":
+            kids, op = list(x.args), str(getattr(x.op, "name", "")).rsplit(".", 1)[-1]
+        elif isinstance(x, tirx.Select):
+            kids, op = [x.condition, x.true_value, x.false_value], None
+        elif isinstance(x, tirx.Let):
+            kids, op = [x.value, x.body], None
+        elif hasattr(x, "a"):
+            kids, op = [x.a] + ([x.b] if hasattr(x, "b") else []), None
+        elif hasattr(x, "value") and not isinstance(x, (tirx.IntImm, tirx.FloatImm)):
+            kids, op = [x.value], None  # Cast, Broadcast
+        else:
+            return frozenset(), 0.0
+        v, f = frozenset(), 0.0
+        for k in kids:
+            vk, fk = expr(k, ext)
+            v, f = v | vk, f + fk
+        if op is not None and op not in _NOT_FLOPS and is_float(x):
+            f += count(v, ext)
+        return v, f
+
+    def visit(stmt, mult: float, ext: dict) -> None:
+        nonlocal total
+        if isinstance(stmt, tirx.SeqStmt):
+            for s in stmt.seq:
+                visit(s, mult, ext)
+        elif isinstance(stmt, s_tir.SBlockRealize):
+            visit(stmt.block, mult, ext)
+        elif isinstance(stmt, s_tir.SBlock):
+            inner = {}
+            for iv in stmt.iter_vars:
+                e = iv.dom.extent
+                inner[iv.var.__chandle__()] = float(e.value) if isinstance(e, tirx.IntImm) else 1.0
+            visit(stmt.body, mult * count(frozenset(ext), ext), inner)  # a nested block runs per outer instance
+        elif isinstance(stmt, tirx.BufferStore):
+            total += mult * expr(stmt.value, ext)[1]
+        elif isinstance(stmt, tirx.IfThenElse):
+            visit(stmt.then_case, mult, ext)
+            if stmt.else_case is not None:
+                visit(stmt.else_case, mult, ext)
+        elif getattr(stmt, "body", None) is not None:  # For, Let, Attr, Alloc, ...
+            visit(stmt.body, mult, ext)
+
+    del tvm
+    for _, func in mod.functions.items():
+        if isinstance(func, tirx.PrimFunc):
+            visit(func.body, 1.0, {})
+    return float(total)
 
 
 class Featurizer:
@@ -138,7 +243,7 @@ class Featurizer:
     @staticmethod
     def _assemble(p: Program, rows: np.ndarray) -> ProgramFeatures:
         ast = compact_ast_of(p, expected_leaves=rows.shape[0])
-        return ProgramFeatures(rows, np.asarray(ast.leaf_positions, dtype=np.int64), flops_from_rows(rows),
+        return ProgramFeatures(rows, np.asarray(ast.leaf_positions, dtype=np.int64), program_flops(p.mod),
                                program_hash(p.mod))
 
 

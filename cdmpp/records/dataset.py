@@ -3,7 +3,9 @@
 Records come from ``cdmpp.records.store.RecordStore``; programs are rebuilt from the task's workload and the
 record's trace, then featurized. Features are cached on disk keyed by program hash and
 ``FEATURIZER_VERSION`` (a changed featurizer never reuses stale features), in append-only ``.npz``
-chunks, so a second load of the same data does not touch TVM at all.
+chunks, so a second load of the same data does not touch TVM at all. Rows cached by an older version
+whose rows are unchanged (``ROWS_COMPATIBLE_VERSIONS``) are reused; only what changed (FLOPs) is
+recounted, on the rebuilt program, without TVM's feature extraction.
 """
 
 from __future__ import annotations
@@ -18,8 +20,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from cdmpp import defaults
+from cdmpp.program.features import FEATURIZER_VERSION, ROWS_COMPATIBLE_VERSIONS, ProgramFeatures
 from cdmpp.records.labels import label, usable
-from cdmpp.program.features import FEATURIZER_VERSION, ProgramFeatures
 from cdmpp.records.store import LoadReport, RecordStore, publish_numbered
 
 
@@ -63,14 +65,21 @@ class Dataset:
 
 
 class FeatureCache:
-    """program hash → ProgramFeatures, persisted as ``features-v<version>-NNNN.npz`` chunks."""
+    """program hash → ProgramFeatures, persisted as ``features-v<version>-NNNN.npz`` chunks.
+    ``stale``: entries of row-compatible older versions (their rows are valid, their FLOPs are not)."""
 
     def __init__(self, directory: str):
         self.directory = directory
         self.items: dict[str, ProgramFeatures] = {}
+        self.stale: dict[str, ProgramFeatures] = {}
         self._new: list[ProgramFeatures] = []
         os.makedirs(directory, exist_ok=True)
-        for path in sorted(glob.glob(os.path.join(directory, f"features-v{FEATURIZER_VERSION}-*.npz"))):
+        for version in ROWS_COMPATIBLE_VERSIONS:
+            self._read(version, self.stale)
+        self._read(FEATURIZER_VERSION, self.items)
+
+    def _read(self, version: str, into: dict) -> None:
+        for path in sorted(glob.glob(os.path.join(self.directory, f"features-v{version}-*.npz"))):
             try:
                 with np.load(path, allow_pickle=False) as z:
                     rows, pos, off, flops, hashes = z["rows"], z["positions"], z["offsets"], z["flops"], z["hashes"]
@@ -79,7 +88,7 @@ class FeatureCache:
                 continue
             for i, h in enumerate(hashes):
                 a, b = off[i], off[i + 1]
-                self.items[str(h)] = ProgramFeatures(rows[a:b], pos[a:b], float(flops[i]), str(h))
+                into[str(h)] = ProgramFeatures(rows[a:b], pos[a:b], float(flops[i]), str(h))
 
     def get(self, h: str) -> ProgramFeatures | None:
         return self.items.get(h)
@@ -140,7 +149,7 @@ def load_dataset(dataset_dir: str, task_table, devices=None, networks=None, task
 def _featurize_records(records: list[dict], task_table, cache: FeatureCache, progress: bool) -> None:
     from tqdm import tqdm
 
-    from cdmpp.program.features import Featurizer
+    from cdmpp.program.features import Featurizer, program_flops
     from cdmpp.program.inputs import ProgramError, apply_trace, load_program
     from cdmpp.zoo.tasks import load_task_mod
 
@@ -156,7 +165,11 @@ def _featurize_records(records: list[dict], task_table, cache: FeatureCache, pro
             continue
         try:
             mod = apply_trace(mods[key], rec["trace"])
-            f = featurizer([load_program(mod, "cuda" if "cuda" in rec["device"] else "llvm")])[0]
+            old = cache.stale.get(rec["program_hash"])
+            if old is not None:  # rows still valid: recount only the FLOPs
+                f = ProgramFeatures(old.leaf_features, old.positions, program_flops(mod), old.program_hash)
+            else:
+                f = featurizer([load_program(mod, "cuda" if "cuda" in rec["device"] else "llvm")])[0]
         except ProgramError as e:
             print(f"dataset: {rec['id']}: cannot featurize: {str(e).splitlines()[-1][:200]}", file=sys.stderr)
             continue

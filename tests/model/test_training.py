@@ -76,7 +76,7 @@ def test_snapshot_ensemble_takes_members_from_distinct_cycles():
 
 
 def test_new_model_options_train_save_and_load(tmp_path):
-    """Sum/attention pooling, program inputs, roofline offset, FiLM, log label and the L1/MAPE losses
+    """Sum/attention pooling, program inputs, pooled leaf inputs, roofline offset, FiLM, log label and the L1/MAPE losses
     (issue 19) train, predict finite positive latencies and survive a checkpoint round trip.
     SYNTHETIC programs with 164 columns, so the program inputs (FLOPs, bytes) are computed."""
     rng = np.random.default_rng(3)
@@ -89,7 +89,9 @@ def test_new_model_options_train_save_and_load(tmp_path):
     train = [sample(d) for d in ["cpu-a", "cpu-b"] * 60]
     val = [sample("cpu-a") for _ in range(30)]
     for kw in (dict(pooling="sum", program_inputs=True, loss="l1", label="log"),
-               dict(pooling="attention", film=True, roofline=True, label="log", loss="mape")):
+               dict(pooling="attention", film=True, roofline=True, label="log", loss="mape"),
+               dict(pooled_inputs=True, program_inputs=True, label="log", loss="mape"),
+               dict(pooled_inputs=True, label="log", loss="l1")):
         model = fit(quick_config(epochs=3, ensemble=1, **kw), train, val, device_table=DEVICES)
         mean, lo, hi = model.predict([s.features for s in val], "cpu-b")
         assert np.all(np.isfinite(mean)) and np.all(mean > 0) and np.all(lo <= hi)

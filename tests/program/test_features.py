@@ -58,6 +58,48 @@ def test_flops_and_hash_of_matmul(cpu_target):
     assert len(feats.program_hash) == 16
 
 
+def test_flops_do_not_depend_on_the_schedule(cpu_target):
+    """A matmul is 2*M*N*K FLOPs however it is tiled and cached; a layer norm's mean inlined into its
+    variance (recomputed per element in the IR, hoisted by LLVM) is not counted per element;
+    TVM's per-store counts get that case wrong (issue 19)."""
+    from tvm.s_tir import Schedule
+
+    from cdmpp.program.features import flops_from_rows, program_flops
+    from cdmpp.zoo import workloads
+
+    mm = workloads.matmul(64, 48, 32)
+    assert program_flops(mm) == 2 * 64 * 48 * 32
+    s = Schedule(mm)
+    blk = s.get_sblock("matmul")
+    cache = s.cache_write(blk, 0, "global")
+    i, j, k = s.get_loops(blk)
+    i0, i1 = s.split(i, [None, 16])
+    j0, j1 = s.split(j, [None, 8])
+    k0, k1 = s.split(k, [None, 4])
+    s.reorder(i0, j0, k0, i1, k1, j1)
+    s.reverse_compute_at(cache, j0)
+    s.vectorize(j1)
+    s.parallel(i0)
+    s.decompose_reduction(blk, k0)
+    assert program_flops(s.mod) == 2 * 64 * 48 * 32
+    assert featurize(load_program(s.mod, cpu_target)).flops == 2 * 64 * 48 * 32
+
+    rows, cols = 16, 64
+    ln = workloads.layer_norm(rows, cols)
+    # sum: r*c adds; mean: r divides; variance: 2 subtracts, 1 multiply, 1 add per element; output:
+    # subtract, 2 multiplies, 1 add per element and (divide, add, rsqrt) per row
+    expected = rows * cols + rows + 4 * rows * cols + 4 * rows * cols + 3 * rows
+    assert program_flops(ln) == expected
+    s = Schedule(ln)
+    s.compute_inline(s.get_sblock("X_mean"))
+    # the mean's division now sits in 3 places (twice in the variance, once in the output): once per row
+    # each, not once per element
+    assert program_flops(s.mod) == expected + 2 * rows
+    feats = featurize(load_program(s.mod, cpu_target))
+    assert feats.flops == expected + 2 * rows
+    assert flops_from_rows(feats.leaf_features) > 1.5 * expected  # TVM's count: the mean per element
+
+
 def test_two_schedules_give_different_features(sampled):
     for name in ["matmul", "conv2d", "softmax"]:
         mats = [featurize(s.mod).leaf_features for s in sampled[name]]
