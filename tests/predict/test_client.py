@@ -14,13 +14,6 @@ pytestmark = pytest.mark.skipif(not (DEFAULT_MODEL / "predictor.json").exists(),
 httpx = pytest.importorskip("httpx")
 
 
-def _server(predictor, **settings):
-    from cdmpp.service.app import Settings, create_app
-    from cdmpp.service.background import BackgroundServer
-
-    return BackgroundServer(create_app(Settings(**settings), predictor))
-
-
 def test_client_round_trip_equals_in_process(url, predictor, device, sampled, texts):
     from cdmpp.predict.client import Client
     from cdmpp.program.inputs import workload_trace_json
