@@ -214,14 +214,16 @@ class Featurizer:
         out.extend(result)  # type: ignore[arg-type]
         return out
 
-    def from_candidates(self, context, candidates) -> list[ProgramFeatures]:
+    def from_candidates(self, context, candidates, with_hash: bool = True) -> list[ProgramFeatures]:
         """Features of MetaSchedule ``MeasureCandidate``s inside a tuner: the candidates' own schedules
-        (none rebuilt) and the tuning context's thread count, as MetaSchedule's own cost models do."""
+        (none rebuilt) and the tuning context's thread count, as MetaSchedule's own cost models do.
+        ``with_hash=False`` leaves ``program_hash`` empty: scoring a tuner's batch needs no hash, and a
+        structural hash costs about as much per program as the model's forward pass."""
         try:
             tensors = self._extractor.extract_from(context, candidates)
         except Exception as e:
             raise ProgramError(f"feature extraction failed: {str(e).strip().splitlines()[-1][:300]}") from None
-        return [self._assemble(Program(c.sch.mod, context.target), t.numpy().astype(np.float32))
+        return [self._assemble(Program(c.sch.mod, context.target), t.numpy().astype(np.float32), with_hash)
                 for c, t in zip(candidates, tensors)]
 
     def _extract(self, progs: list[Program]) -> list[np.ndarray]:
@@ -241,10 +243,10 @@ class Featurizer:
         return [t.numpy().astype(np.float32) for t in tensors]
 
     @staticmethod
-    def _assemble(p: Program, rows: np.ndarray) -> ProgramFeatures:
+    def _assemble(p: Program, rows: np.ndarray, with_hash: bool = True) -> ProgramFeatures:
         ast = compact_ast_of(p, expected_leaves=rows.shape[0])
         return ProgramFeatures(rows, np.asarray(ast.leaf_positions, dtype=np.int64), program_flops(p.mod),
-                               program_hash(p.mod))
+                               program_hash(p.mod) if with_hash else "")
 
 
 def compact_ast_of(p: Program, expected_leaves: int | None = None) -> CompactAST:
