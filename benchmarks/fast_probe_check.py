@@ -30,14 +30,15 @@ def main():
     ap.add_argument("--quiet-share", type=float, default=0.05)
     a = ap.parse_args()
 
-    from cdmpp import tvm_env
-    from cdmpp.collect import MeasureConfig, label
-    from cdmpp.store import RecordStore, slug
+    from cdmpp.measure.measurer import MeasureConfig
+    from cdmpp.program import tvm_env
+    from cdmpp.records.labels import label
+    from cdmpp.records.store import RecordStore, slug
     from cdmpp.zoo.tasks import TaskTable
 
     threads = int(a.device.split("/")[0].split("-")[-1].rstrip("t"))
     tvm_env.setup(threads)
-    from cdmpp.fastmeasure import FastMeasurer
+    from cdmpp.measure.fast import FastMeasurer
 
     ids = json.load(open(f"{a.dataset}/probe-{slug(a.device)}.json"))["ids"]
     recs = {r["id"]: r for r in RecordStore(a.dataset).iter_records(a.device) if r["id"] in set(ids)}
