@@ -40,3 +40,25 @@ def test_xgb_regressor_sees_device_specs(real):
     assert np.allclose(x[:, N_FEATURES:], DeviceSpecs(table).raw_vector(table[programs[0].device]), equal_nan=True)
     with pytest.raises(KeyError, match="no-such-device"):
         peer.predict([dataclasses.replace(programs[0], device="no-such-device")])
+
+
+def test_every_method_offers_the_method_interface():
+    from cdmpp.evaluation.methods.cdmpp_model import CDMPP
+    from cdmpp.evaluation.methods.mlp import TensetMLP
+    from cdmpp.evaluation.methods.pooled_gbt import PooledGBT
+    from cdmpp.evaluation.methods.twin_ratio import TwinRatio
+    from cdmpp.evaluation.methods.xgb import MetaScheduleXGB, XGBRegressorPeer
+
+    for cls in (CDMPP, MetaScheduleXGB, XGBRegressorPeer, TensetMLP, PooledGBT, TwinRatio):
+        for name in ("fit", "predict", "predict_interval", "adapt", "describe"):
+            assert callable(getattr(cls, name)), (cls.__name__, name)
+        assert cls.predicts in ("seconds", "score") and 0 < cls.budget_weight <= 1
+
+
+def test_peers_by_short_name():
+    from cdmpp.evaluation.methods.peers import make_peers
+
+    assert [p.label for p in make_peers(["mlp", "xgb"])] == ["mlp (Tenset segment-sum)", "xgb (TVM XGBModel, ranking)",
+                                                           "xgb-regressor (TVM features + device specs)"]
+    with pytest.raises(ValueError, match="unknown peer 'gbm'"):
+        make_peers(["gbm"])
