@@ -67,6 +67,11 @@ class MeasureConfig:
     min_repeats: int = 5
     stable_tol: float = 0.01
     stable_patience: int = 3
+    # kernels that fill a repeat with one call (>= min_repeat_ms): at least this many repeats, the probe
+    # included, and a patience of at most one fewer (their repeats vary little; each costs a whole call)
+    min_repeats_long: int = 3
+    # fast measurer with overlap: one more build worker on the runner's cores, stopped while programs run
+    idle_builder: bool = True
 
 
 def task_seed(key: str, seed: int) -> int:
@@ -507,14 +512,15 @@ def _provenance(device, target, cfg: MeasureConfig, rpc, **extra) -> dict:
 def collect(tasks, dataset_dir: str, device, target, per_task: int = 32, budget_minutes: float | None = None,
             cfg: MeasureConfig | None = None, batch_size: int = 32, seed: int = 0, rpc=None,
             artifact_dir: str | None = None, progress: bool = True, programs_from: str | None = None,
-            fast: bool | None = None, overlap: bool = False) -> dict:
+            fast: bool | None = None, overlap: bool | None = None) -> dict:
     """Measure ``per_task`` schedules of every task in ``tasks``; resumable; returns a summary.
 
     ``programs_from``: another device's id; its stored (labelled) programs of these tasks are measured
     first, so both devices share them (twins), then new ones. ``fast`` (default: unless ``rpc`` or
     ``cache_flush``): the fast local measurer (``cdmpp.fastmeasure``); else MetaSchedule's builder and
     runner (``Measurer``), which can keep built programs in ``artifact_dir`` for later passes.
-    ``overlap``: fast path only; build the next tasks while one runs (runner alone on its cores)."""
+    ``overlap``: fast path only; build the next tasks while one runs (runner alone on its cores); None:
+    ``cdmpp.fastmeasure.default_overlap`` (on for 1-thread CPU programs on a machine with more cores)."""
     cfg = cfg or MeasureConfig()
     if fast is None:
         fast = rpc is None and not cfg.cache_flush
@@ -606,10 +612,12 @@ def _collect_fast(tasks, dataset_dir, device, target, per_task, budget_minutes, 
     """``collect`` with the fast measurer: jobs of one task each, twins first."""
     from tqdm import tqdm
 
-    from cdmpp.fastmeasure import FastMeasurer
+    from cdmpp.fastmeasure import FastMeasurer, default_overlap
 
     if not fast:
         raise ValueError("--programs-from needs the fast measurer")
+    if overlap is None:
+        overlap = default_overlap(device.threads, "cuda" if target.kind.name == "cuda" else "cpu")
     store = RecordStore(dataset_dir)
     done: dict[str, set] = {}
     for rid in store.done_ids(device.id):
@@ -631,7 +639,7 @@ def _collect_fast(tasks, dataset_dir, device, target, per_task, budget_minutes, 
             yield {"task_key": t.key, "mod_json": t.mod_json, "n": per_task, "seed": task_seed(t.key, seed),
                    "skip": frozenset(done.get(t.key, ()))}
     stats = {"measured": 0, "failed": 0, "skipped_done": 0, "tasks": len(task_list), "jobs": n_jobs,
-             "twins_measured": 0, "stopped_by_budget": False}
+             "twins_measured": 0, "stopped_by_budget": False, "overlap": overlap}
     deadline = time.time() + budget_minutes * 60 if budget_minutes else None
     bar = tqdm(total=n_jobs, unit="task", disable=not progress, dynamic_ncols=True, smoothing=0.05)
     t_start = time.time()
@@ -774,10 +782,15 @@ def _drawn(record_id: str, share: float, seed: int) -> bool:
 def is_stable(secs: list[float], cfg: MeasureConfig) -> bool | None:
     """Whether a pass's fastest repeat was stable (the fast measurer's stopping rule held): it came before
     the last ``stable_patience`` repeats, or they beat it by no more than ``stable_tol``. None when the
-    pass has too few repeats to tell (slow programs: their few long repeats vary little)."""
-    if len(secs) < max(cfg.min_repeats, cfg.stable_patience + 1):
+    pass has too few repeats to tell (slow programs: their few long repeats vary little). Kernels of one
+    call per repeat follow ``min_repeats_long`` (``cdmpp.fastmeasure.adaptive_repeats``)."""
+    need, patience = cfg.min_repeats, cfg.stable_patience
+    if min(secs) >= cfg.min_repeat_ms / 1e3:
+        need = cfg.min_repeats_long
+        patience = max(1, min(patience, need - 1))
+    if len(secs) < max(need, patience + 1):
         return None
-    head = min(secs[:-cfg.stable_patience])
+    head = min(secs[:-patience])
     return min(secs) >= head * (1 - cfg.stable_tol)
 
 
