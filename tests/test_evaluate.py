@@ -341,3 +341,29 @@ def test_train_checkpoint_leaves_out_excluded_networks(real, tiny_recipe, tmp_pa
     assert nets[0] not in seen and seen
     kept = [p for p in real.programs[:120] if not any(o.split("@")[0] == nets[0] for o in p.networks)]
     assert s["data"]["programs"] == len(kept)
+
+
+def test_protocol_seed_mechanics_with_every_peer(two_devices, tiny_recipe, tmp_path):
+    """MECHANICS ONLY (relabeled fake device): one protocol seed writes rows for cdmpp, the pooled GBT,
+    TVM's XGBModel (ranking metrics only), the Tenset MLP and the twin-based predictors."""
+    import json
+
+    from cdmpp import protocol as P
+    from cdmpp.devices import DeviceTable
+
+    table = DeviceTable(str(ROOT / "datasets" / "devices.json")).spec_table()
+    real_dev = next(iter({p.device for p in two_devices.programs} - {FAKE_DEVICE}))
+    table[FAKE_DEVICE] = {**table[real_dev], "cores": 1, "threads": 1}
+    runs = tmp_path / "runs.jsonl"
+    opts = P.ProtocolOptions(settings=("random-new", "cross-device-seen"), ks=("0", "8"), samplers=("random",),
+                             methods=("cdmpp", "pooled-gbt", "xgb", "mlp"), recipe=tiny_recipe, minutes=0.2,
+                             peer_minutes=0.1, runs=str(runs), target_device=FAKE_DEVICE)
+    P.run_seed(opts, 0, two_devices, table)
+    rows = [json.loads(line) for line in runs.read_text().splitlines()]
+    by = {(r["setting"], r["method"]): r["metrics"] for r in rows}
+    assert {"cdmpp", "pooled GBT", "Tenset MLP", "TVM XGBModel (ranking only)"} <= {m for s, m in by if s == "random-new"}
+    xgb = by[("random-new", "TVM XGBModel (ranking only)")]
+    assert "mape" not in xgb and "spearman" in xgb
+    seen = {m for s, m in by if s == "cross-device-seen"}
+    assert {"twin-ratio k=8 (random)", "Tenset MLP k=8 (random)", "TVM XGBModel (ranking only)"} <= seen
+    assert "TVM XGBModel (ranking only) k=8 (random)" not in seen
