@@ -36,6 +36,15 @@ VARIANTS = {
 }
 # the study's baseline is the recipe as it was before the study (train/default.toml then)
 BEFORE = {"program_inputs": False, "label": "boxcox", "loss": "paper", "da_weight": 10.0}
+# second round (block-counted FLOPs, featurizer 2): variants on top of the recipe H became, run with
+# `study_issue19.py 3.0 --round2`; "pooled GBT (block FLOPs)" is the peer retrained on the new FLOPs
+ROUND2 = {
+    "P0 default recipe (H), block FLOPs": {},
+    "P1 H + pooled leaf inputs": {"pooled_inputs": True},
+    "P2 H + roofline offset": {"roofline": True},
+    "P3 H + pooled inputs + roofline": {"pooled_inputs": True, "roofline": True},
+}
+GBT2 = "pooled GBT (block FLOPs)"
 
 
 def job(args):
@@ -45,8 +54,10 @@ def job(args):
     from cdmpp.evaluation import protocol as P
 
     torch.set_num_threads(1)
-    opts = P.ProtocolOptions(settings=["random-new"], methods=methods, overrides={**BEFORE, **overrides},
-                             label=name, minutes=minutes, runs=RUNS, ks=("0",))
+    base = {} if name in ROUND2 or name == GBT2 else BEFORE
+    opts = P.ProtocolOptions(settings=["random-new"], methods=methods, overrides={**base, **overrides},
+                             label=name, minutes=minutes, runs=RUNS, ks=("0",),
+                             gbt_label=GBT2 if name == GBT2 else "pooled GBT")
     P.run_seed(opts, seed, P.load_pinned(opts))
 
 
@@ -67,14 +78,48 @@ def table() -> str:
     return "\n".join(out)
 
 
+def pick(base: str = "P0 default recipe (H), block FLOPs") -> str:
+    """Round 2's rule: a variant replaces ``base`` only if its mean MAPE is lower by more than the
+    larger std of the two, or (MAPE within that) its Spearman is higher by more than the spread."""
+    latest = {}
+    with open(RUNS) as f:
+        for line in f:
+            r = json.loads(line)
+            if r["method"] in ROUND2:
+                latest[(r["method"], r["seed"])] = r["metrics"]
+    st = {}
+    for name in ROUND2:
+        ms = [m for (n, _), m in latest.items() if n == name]
+        if len(ms) >= 3:
+            st[name] = {k: (np.mean([m[k] for m in ms]), np.std([m[k] for m in ms])) for k in ("mape", "spearman")}
+    b = st[base]
+    gap = lambda n, k, sign: sign * (b[k][0] - st[n][k][0]) > max(b[k][1], st[n][k][1])  # noqa: E731
+    better = [n for n in st if n != base and gap(n, "mape", 1)]
+    if better:
+        return min(better, key=lambda n: st[n]["mape"][0])
+    tied = [n for n in st if n != base and not gap(n, "mape", -1) and gap(n, "spearman", -1)]
+    return max(tied, key=lambda n: st[n]["spearman"][0]) if tied else base
+
+
 if __name__ == "__main__":
     if sys.argv[1:] == ["--table"]:
         print(table())
         sys.exit(0)
+    if sys.argv[1:] == ["--pick"]:
+        print(pick())
+        sys.exit(0)
     minutes = float(sys.argv[1])
-    names = sys.argv[2].split(";") if len(sys.argv) > 2 else list(VARIANTS)
-    jobs = [(n, VARIANTS[n], seed, minutes, ["cdmpp", "pooled-gbt"] if n.startswith("A ") else ["cdmpp"])
-            for seed in (0, 1, 2) for n in names]
+    if "--round2" in sys.argv:
+        names = [a for a in sys.argv[2:] if a != "--round2"]
+        names = names[0].split(";") if names else [*ROUND2, GBT2]
+        variants = {**ROUND2, GBT2: {}}
+    else:
+        names = sys.argv[2].split(";") if len(sys.argv) > 2 else list(VARIANTS)
+        variants = VARIANTS
+    jobs = [(n, variants[n], seed, minutes, ["pooled-gbt"] if n == GBT2 else
+             ["cdmpp", "pooled-gbt"] if n.startswith("A ") else ["cdmpp"])
+            for n in names for seed in (0, 1, 2)]
+    jobs.sort(key=lambda j: j[0] != GBT2)  # the GBT's long jobs first
     with ProcessPoolExecutor(2, mp_context=mp.get_context("spawn")) as ex:
         for f in [ex.submit(job, j) for j in jobs]:
             f.result()

@@ -30,7 +30,7 @@ def bench_featurize(n: int, threads: int, seed: int) -> dict:
 
 
 def bench_collect(task_table: str, devices: str, threads: int, mcpu: str | None, tasks: int, per_task: int,
-                  seed: int, measurer: str, overlap: bool, quiet_share: float, run_budget_s: float,
+                  seed: int, measurer: str, overlap: bool | None, quiet_share: float, run_budget_s: float,
                   dataset: str | None = None) -> dict:
     """Collect ``per_task`` programs of ``tasks`` tasks drawn at random (``seed``) from the table into a
     throw-away dataset (or ``dataset``); programs/s and where the time went."""
@@ -59,7 +59,7 @@ def bench_collect(task_table: str, devices: str, threads: int, mcpu: str | None,
     with tempfile.TemporaryDirectory() as tmp:
         s = collect(sub, dataset or tmp, device, target, per_task=per_task, cfg=cfg, seed=seed,
                     fast={"fast": True, "metaschedule": False}[measurer], overlap=overlap, artifact_dir=None)
-    s.update(device=device.id, measurer=measurer, overlap=overlap, loadavg_1m_before=load0,
+    s.update(device=device.id, measurer=measurer, overlap=s.get("overlap", overlap), loadavg_1m_before=load0,
              loadavg_1m_after=os.getloadavg()[0])
     s.setdefault("programs_per_s", round(s["measured"] / max(1e-9, s["seconds"]), 3))
     waited = sum(s.get("times", {}).get(k, 0.0) for k in ("wait_quiet", "paused"))
@@ -81,7 +81,8 @@ def main(args) -> int:
               f"{r['loadavg_1m_before']:.2f} before, {r['loadavg_1m_after']:.2f} after")
         if "times" in r:
             print("seconds: " + ", ".join(f"{k} {v}" for k, v in r["times"].items())
-                  + "  (sample_cpu/build_cpu: summed over the build workers)")
+                  + "  (sample_cpu/build_cpu: wall seconds summed over the build workers; worker_cpu: their CPU "
+                    "seconds, sampling, lowering, LLVM and linking)")
         return 0
     if args.bench == "featurize":
         r = bench_featurize(args.n, args.threads, args.seed)

@@ -36,16 +36,30 @@ def cmd_protocol(args) -> int:
     import shlex
     import tomllib
 
-    from cdmpp.evaluation.protocol import ProtocolOptions, markdown, run_protocol
+    import dataclasses
+    import json
+
+    from cdmpp.evaluation.protocol import ProtocolOptions, aggregate, markdown, run_protocol, summary_markdown
 
     overrides = tomllib.loads("\n".join(args.set)) if args.set else {}
     opts = ProtocolOptions(dataset=args.dataset, task_table=args.task_table, devices=args.devices,
                            device_ids=_csv(args.device_ids), target_device=args.target_device,
                            settings=_csv(args.settings), seeds=[int(s) for s in _csv(args.seeds)], ks=_csv(args.k),
                            samplers=_csv(args.samplers), methods=_csv(args.methods), recipe=args.recipe,
-                           overrides=overrides, label=args.label, minutes=args.minutes, runs=args.runs)
-    summary = run_protocol(opts, jobs=args.jobs, command="cdmpp " + shlex.join(sys.argv[1:]),
-                           summary_path=args.summary or None)
+                           overrides=overrides, label=args.label, minutes=args.minutes, runs=args.runs,
+                           peer_minutes=args.peer_minutes)
+    command = "cdmpp " + shlex.join(sys.argv[1:])
+    if args.summarize_only:  # rows already in --runs (e.g. a run of more peers appended): summary only
+        summary = aggregate(opts.runs, command)
+        summary["options"] = {**dataclasses.asdict(opts)}
+        if args.summary:
+            with open(args.summary, "w") as f:
+                json.dump(summary, f, indent=1)
+    else:
+        summary = run_protocol(opts, jobs=args.jobs, command=command, summary_path=args.summary or None)
+    if args.summary:
+        with open(os.path.splitext(args.summary)[0] + ".md", "w") as f:
+            f.write(summary_markdown(summary))
     print(markdown(summary))
     return 0
 
@@ -144,7 +158,9 @@ def add_eval_commands(sub) -> None:
     pr.add_argument("--seeds", default="0,1,2", help="split and model seeds (default 0,1,2)")
     pr.add_argument("--k", default="0,16,64,5%", help="cross-device shot counts; N%% = share of the target's programs")
     pr.add_argument("--samplers", default="kmeans,random")
-    pr.add_argument("--methods", default="cdmpp,pooled-gbt", help="cdmpp, pooled-gbt (with the twin-ratio baseline)")
+    pr.add_argument("--methods", default="cdmpp,pooled-gbt",
+                    help="cdmpp, pooled-gbt (with the twin-ratio baseline), xgb (TVM's XGBModel), mlp (Tenset MLP)")
+    pr.add_argument("--peer-minutes", type=float, default=2.0, help="cap on each xgb / mlp training run (default 2)")
     pr.add_argument("--recipe", default="default")
     pr.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="a training setting on top of the recipe (TOML value; repeatable), e.g. pooling=\"sum\"")
@@ -156,6 +172,8 @@ def add_eval_commands(sub) -> None:
     pr.add_argument("--runs", default=defaults.PROTOCOL_RUNS, help="every scored row is appended here")
     pr.add_argument("--summary", default=defaults.REPORTS + "/summary.json", help="summary of --runs (empty: none)")
     pr.add_argument("--jobs", type=int, default=1, help="seeds run in parallel processes (1 thread each)")
+    pr.add_argument("--summarize-only", action="store_true",
+                    help="train nothing: rewrite the summary (.json and .md) from the rows already in --runs")
     pr.set_defaults(func=cmd_protocol)
 
     t = sub.add_parser("train", parents=[data], help="train on a whole dataset (all devices) and save a checkpoint")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 from importlib import resources
@@ -201,9 +202,9 @@ def add_measure_commands(sub):
                    help="fast: one module per task, one runner process, adaptive repeats; metaschedule: "
                         "MetaSchedule's LocalBuilder/LocalRunner (RPC, --cache-flush, kept artifacts); "
                         "auto: fast unless --rpc-tracker or --cache-flush (default auto)")
-    c.add_argument("--overlap", action="store_true",
+    c.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=None,
                    help="fast measurer: build the next tasks on the other cores while a task runs "
-                        "(threads < cores only)")
+                        "(threads < cores only; default: on for 1-thread programs on a machine with more cores)")
     c.add_argument("--run-budget-s", type=float, default=1.0,
                    help="seconds of repeats per program: slow programs get fewer (default 1.0)")
     c.add_argument("--per-task", type=int, default=32, help="schedules per task (default 32)")
@@ -280,7 +281,8 @@ def add_measure_commands(sub):
     bc.add_argument("--threads", type=int, default=1, help="threads the programs run with (default 1)")
     bc.add_argument("--mcpu", help="LLVM cpu to target (default: this machine's)")
     bc.add_argument("--measurer", choices=["fast", "metaschedule"], default="fast")
-    bc.add_argument("--overlap", action="store_true", help="build the next tasks while one runs")
+    bc.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=None,
+                    help="build the next tasks while one runs (default: as `cdmpp collect`)")
     bc.add_argument("--run-budget-s", type=float, default=1.0)
     bc.add_argument("--quiet-share", type=float, default=0.05,
                     help="as in `cdmpp collect` (default %(default)s)")

@@ -59,10 +59,12 @@ class ProtocolOptions:
     seeds: Sequence[int] = (0, 1, 2)
     ks: Sequence[str] = KS
     samplers: Sequence[str] = ("kmeans", "random")
-    methods: Sequence[str] = ("cdmpp", "pooled-gbt")
+    methods: Sequence[str] = ("cdmpp", "pooled-gbt")  # also "xgb" (TVM's XGBModel), "mlp" (Tenset MLP)
+    peer_minutes: float = 2.0  # cap on one training run of the "xgb" / "mlp" peers
     recipe: str = "default"
     overrides: dict = field(default_factory=dict)  # TrainConfig keys on top of the recipe (ablations)
     label: str = "cdmpp"  # row name of the cdmpp model (an ablation's name in a study)
+    gbt_label: str = "pooled GBT"  # row name of the pooled GBT (a study's variant of it)
     minutes: float = 4.0  # cap on one cdmpp training run
     runs: str = defaults.PROTOCOL_RUNS
     threads: int = 1
@@ -131,6 +133,28 @@ def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | Non
         model = CDMPP(config, device_table, pool).fit(split.train, split.val)
         return model, round(time.monotonic() - t, 1)
 
+    def train_peers(split) -> list:
+        """TVM's XGBModel and the Tenset MLP where ``methods`` asks for them: [(row name, peer, seconds)]."""
+        from cdmpp.evaluation.methods.mlp import TensetMLP
+        from cdmpp.evaluation.methods.xgb import MetaScheduleXGB
+
+        made = []
+        for name, key, make in (("TVM XGBModel (ranking only)", "xgb", lambda: MetaScheduleXGB(opts.threads, seed)),
+                                ("Tenset MLP", "mlp", lambda: TensetMLP(random_state=seed))):
+            if key in opts.methods:
+                t = time.monotonic()
+                peer = make().fit(split.train, split.val, time_budget_s=60.0 * opts.peer_minutes)
+                made.append((name, peer, round(time.monotonic() - t, 1)))
+        return made
+
+    def peer_row(setting, name, peer, secs, test, **n):
+        pred = peer.predict(test)
+        if peer.predicts == "score":  # higher = faster within a task: ranking metrics only
+            m = ev.evaluate([p.seconds for p in test], [(p.device, p.task) for p in test], rank_key=-pred)
+        else:
+            m = _metrics(test, pred)
+        out.row(setting, name, m, train_seconds=secs, **n)
+
     def train_gbt(split):
         t = time.monotonic()
         gbt = PooledGBT(device_table, nthread=opts.threads, random_state=seed).fit(split.train, split.val)
@@ -149,11 +173,13 @@ def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | Non
         if "pooled-gbt" in opts.methods:
             gbt, gsecs = train_gbt(split)
             pred = gbt.predict(split.test)
-            out.row(setting, "pooled GBT", _metrics(split.test, pred), k=None,
+            out.row(setting, opts.gbt_label, _metrics(split.test, pred), k=None,
                     train_seconds=gsecs, trees=int(gbt.model_.best_iteration) + 1, **n)
             c = mape_scale(gbt.predict(split.val), np.array([p.seconds for p in split.val]))
-            out.row(setting, "pooled GBT, val-scaled", _metrics(split.test, c * pred), k=None, scale=c,
+            out.row(setting, opts.gbt_label + ", val-scaled", _metrics(split.test, c * pred), k=None, scale=c,
                     train_seconds=gsecs, **n)
+        for name, peer, psecs in train_peers(split):
+            peer_row(setting, name, peer, psecs, split.test, k=None, **n)
         if mean is not None and pred is not None:
             w = blend_weight(split.val, model.predict(split.val), gbt.predict(split.val))
             out.row(setting, blend_name, _metrics(split.test, blend(mean, pred, w)), k=None, weight=w,
@@ -170,6 +196,7 @@ def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | Non
     if "pooled-gbt" in opts.methods:
         gbt, gbt_secs = train_gbt(base)
         gbt_scale = mape_scale(gbt.predict(base.val), np.array([p.seconds for p in base.val]))
+    peers = train_peers(base)
     n_target = base.info["n_target"]
     embed = model.embed if model is not None else None
     w = None
@@ -204,9 +231,16 @@ def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | Non
                     out.row(setting, "pooled GBT" + suffix, _metrics(test, pred), train_seconds=gbt_secs, **n)
                     out.row(setting, "pooled GBT, val-scaled" + suffix, _metrics(test, gbt_scale * pred),
                             scale=gbt_scale, train_seconds=gbt_secs, **n)
+                for name, peer, psecs in peers:  # the MLP is fine-tuned on the shots; XGBModel only at k = 0
+                    if peer.predicts == "score" and k:
+                        continue
+                    peer_row(setting, name + suffix, peer.adapt(sp.shots) if k else peer, psecs, test, **n)
                 if programs == "seen" and "pooled-gbt" in opts.methods:
                     tr = TwinRatio(sp.twins, nthread=opts.threads, random_state=seed).fit(sp.shots)
                     out.row(setting, "twin-ratio" + suffix, _metrics(test, tr.predict(test)), train_seconds=0.0, **n)
+                    tr = TwinRatio(sp.twins, nthread=opts.threads, random_state=seed, inputs="physics").fit(sp.shots)
+                    out.row(setting, "twin-ratio, physics inputs" + suffix, _metrics(test, tr.predict(test)),
+                            train_seconds=0.0, **n)
 
 
 def blend_weight(val, a: np.ndarray, b: np.ndarray) -> float:
@@ -316,3 +350,16 @@ def headline(summary: dict, label: str = "cdmpp") -> str:
             cells.append(f"{100 * e['mape']:.1f} ± {100 * e['mape_std']:.1f} %" if e else "—")
         lines.append(f"| {setting}{suffix.replace(' (kmeans)', ', KMeans shots')} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def summary_markdown(summary: dict) -> str:
+    """``reports/summary.md``: the command, the headline table and every setting's table."""
+    opts = summary.get("options", {})
+    seeds = ", ".join(str(s) for s in opts.get("seeds", [])) or "see rows"
+    return "\n".join([
+        "# cdmpp protocol summary", "",
+        f"Command: `{summary.get('command', '')}` ({summary.get('created', '')}); protocol: docs/evaluation.md; "
+        f"every row of every seed: {opts.get('runs', 'reports/protocol-runs.jsonl')}. Mean ± std over seeds {seeds}.", "",
+        "## Headline (MAPE)", "", headline(summary), "",
+        "## Every setting and method", "", markdown(summary)]) + "\n"
+

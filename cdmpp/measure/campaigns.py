@@ -28,14 +28,15 @@ def task_seed(key: str, seed: int) -> int:
 def collect(tasks, dataset_dir: str, device, target, per_task: int = 32, budget_minutes: float | None = None,
             cfg: MeasureConfig | None = None, batch_size: int = 32, seed: int = 0, rpc=None,
             artifact_dir: str | None = None, progress: bool = True, programs_from: str | None = None,
-            fast: bool | None = None, overlap: bool = False) -> dict:
+            fast: bool | None = None, overlap: bool | None = None) -> dict:
     """Measure ``per_task`` schedules of every task in ``tasks``; resumable; returns a summary.
 
     ``programs_from``: another device's id; its stored (labelled) programs of these tasks are measured
     first, so both devices share them (twins), then new ones. ``fast`` (default: unless ``rpc`` or
     ``cache_flush``): the fast local measurer (``cdmpp.measure.fast``); else MetaSchedule's builder and
     runner (``Measurer``), which can keep built programs in ``artifact_dir`` for later passes.
-    ``overlap``: fast path only; build the next tasks while one runs (runner alone on its cores)."""
+    ``overlap``: fast path only; build the next tasks while one runs (runner alone on its cores); None:
+    ``cdmpp.measure.fast.default_overlap`` (on for 1-thread CPU programs on a machine with more cores)."""
     cfg = cfg or MeasureConfig()
     if fast is None:
         fast = rpc is None and not cfg.cache_flush
@@ -127,10 +128,12 @@ def _collect_fast(tasks, dataset_dir, device, target, per_task, budget_minutes, 
     """``collect`` with the fast measurer: jobs of one task each, twins first."""
     from tqdm import tqdm
 
-    from cdmpp.measure.fast import FastMeasurer
+    from cdmpp.measure.fast import FastMeasurer, default_overlap
 
     if not fast:
         raise ValueError("--programs-from needs the fast measurer")
+    if overlap is None:
+        overlap = default_overlap(device.threads, "cuda" if target.kind.name == "cuda" else "cpu")
     store = RecordStore(dataset_dir)
     done: dict[str, set] = {}
     for rid in store.done_ids(device.id):
@@ -152,7 +155,7 @@ def _collect_fast(tasks, dataset_dir, device, target, per_task, budget_minutes, 
             yield {"task_key": t.key, "mod_json": t.mod_json, "n": per_task, "seed": task_seed(t.key, seed),
                    "skip": frozenset(done.get(t.key, ()))}
     stats = {"measured": 0, "failed": 0, "skipped_done": 0, "tasks": len(task_list), "jobs": n_jobs,
-             "twins_measured": 0, "stopped_by_budget": False}
+             "twins_measured": 0, "stopped_by_budget": False, "overlap": overlap}
     deadline = time.time() + budget_minutes * 60 if budget_minutes else None
     bar = tqdm(total=n_jobs, unit="task", disable=not progress, dynamic_ncols=True, smoothing=0.05)
     t_start = time.time()

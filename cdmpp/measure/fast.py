@@ -10,13 +10,16 @@ loaded once, and each function is timed in the same process. The generated code 
 programs take the same buffers, so the runner allocates and fills them once per task (random floats,
 zero integers: random indices read out of bounds).
 
-Repeats are adaptive: after a probe run (also the warm-up) fixes how many calls make one repeat last
-``min_repeat_ms``, repeats are taken until the fastest one has not improved by more than ``stable_tol``
-for ``stable_patience`` repeats (at least ``min_repeats``, at most ``repeat``, within ``run_budget_s``).
-The label is still the fastest repeat (``cdmpp.records.labels.label``).
+Repeats are adaptive: after a probe run (after TVM's warm-up call) fixes how many calls make one repeat
+last ``min_repeat_ms``, repeats are taken until the fastest one has not improved by more than
+``stable_tol`` for ``stable_patience`` repeats (at least ``min_repeats``, at most ``repeat``, within
+``run_budget_s``). A kernel whose one call fills a repeat counts its probe as the first repeat and needs
+``min_repeats_long`` (patience at most one fewer). The label is still the fastest repeat
+(``cdmpp.records.labels.label``).
 
-Overlap (``overlap=True``, for 1-thread programs on a machine with 2+ cores): the runner is pinned to
-core 0 and the build workers to the other cores, and the next tasks are built while one runs.
+Overlap (the default for 1-thread CPU programs on a machine with 2+ cores, ``default_overlap``): the
+runner is pinned to core 0 and the build workers to the other cores, and the next tasks are built while
+one runs.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import math
 import multiprocessing as mp
 import os
 import shutil
+import signal
 import tempfile
 import time
 import traceback
@@ -36,6 +40,8 @@ from cdmpp.errors import error_message
 
 BUILD_SECONDS_PER_PROGRAM = 60.0  # a task's build job fails after this many seconds per program
 STARTUP_S = 120.0  # a new runner process imports TVM
+_clock = time.perf_counter  # the direct timer's clock (a test replaces it)
+DIRECT_MIN_S = 1e-3  # repeats of kernels at least this long are timed around direct calls (adaptive_repeats)
 
 
 @dataclass
@@ -50,6 +56,7 @@ class Built:
     args: list = field(default_factory=list)  # [(dtype, shape)] of the PrimFunc's buffers
     error: str | None = None
     build_s: float = 0.0
+    cpu_s: float = 0.0  # its share of the build job's CPU seconds (sampling, lowering, LLVM, linking)
 
 
 # ---- build worker side ----------------------------------------------------------------------------
@@ -85,8 +92,10 @@ def build_worker_init(threads: int, cores: list[int] | None) -> None:
 def prepare_task(task_key: str, mod_json: str, target_json: str, out_dir: str, traces: list | None = None,
                  n: int = 0, seed: int = 0, skip: frozenset = frozenset()) -> tuple[list[Built], float, int]:
     """In a build worker: the task's programs (``traces`` replayed, else ``n`` sampled with ``seed``),
-    minus the program hashes in ``skip``, built into one shared library. Returns the programs, the
-    seconds spent sampling and how many were skipped."""
+    minus the program hashes in ``skip``, built into one shared library. Returns the programs (each with
+    its share of the job's CPU seconds, the linker's included), the seconds spent sampling and how many
+    were skipped."""
+    cpu0 = _cpu_s()
     from cdmpp.program import tvm_env
 
     tvm = tvm_env.setup()
@@ -126,7 +135,16 @@ def prepare_task(task_key: str, mod_json: str, target_json: str, out_dir: str, t
     todo = [(b, m) for b, m in progs if m is not None]
     if todo:
         _build(tvm, todo, target, out_dir)
+    cpu = (_cpu_s() - cpu0) / max(1, len(progs))
+    for b, _ in progs:
+        b.cpu_s = cpu
     return [b for b, _ in progs], sample_s, skipped
+
+
+def _cpu_s() -> float:
+    """CPU seconds of this process and its finished children (the linker)."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
 
 
 def _build(tvm, todo: list, target, out_dir: str) -> None:
@@ -210,7 +228,14 @@ def runner_main(conn, threads: int, cores: list[int] | None, device_type: str = 
 
 
 def adaptive_repeats(rt_mod, fname: str, dev, arrays: list, cfg: dict) -> list[float]:
-    """Seconds of each repeat; stops once the fastest repeat is stable (module docstring)."""
+    """Seconds of each repeat; stops once the fastest repeat is stable (module docstring).
+
+    TVM's ``time_evaluator`` makes one untimed call before it times ("skip first time call"), so the probe
+    is the warm-up plus one warm timed call, and a repeat taken with a fresh evaluator would cost one more
+    call each: for a kernel longer than ``min_repeat_ms`` (one call per repeat) that doubled its run time.
+    So the probe counts as the first repeat when one call fills a repeat, and repeats of kernels of at
+    least ``DIRECT_MIN_S`` are timed here around direct calls (Python's call overhead, about a microsecond,
+    is < 0.1 % of them); shorter ones keep TVM's evaluator, whose extra call is 1/number of a repeat."""
     probe = rt_mod.time_evaluator(fname, dev, number=1, repeat=1)
     dev.sync()
     t = float(probe(*arrays).results[0])
@@ -218,11 +243,32 @@ def adaptive_repeats(rt_mod, fname: str, dev, arrays: list, cfg: dict) -> list[f
     if 2 * t > budget:  # too slow for two more runs: seconds-long runs vary little
         return [t]
     number = max(1, math.ceil(cfg["min_repeat_ms"] / 1e3 / max(t, 1e-9)))
-    ev = rt_mod.time_evaluator(fname, dev, number=number, repeat=1)
+    kind = getattr(dev, "dlpack_device_type", None)
+    if t >= DIRECT_MIN_S and (kind is None or int(kind()) == 1):  # CPU (kDLCPU); GPUs keep TVM's timer
+        f = rt_mod.get_function(fname)
+
+        def timed() -> float:
+            t0 = _clock()
+            for _ in range(number):
+                f(*arrays)
+            dev.sync()
+            return (_clock() - t0) / number
+    else:
+        ev = rt_mod.time_evaluator(fname, dev, number=number, repeat=1)
+
+        def timed() -> float:
+            return float(ev(*arrays).results[0])
     secs: list[float] = []
-    best, since, spent = math.inf, 0, t
+    best, since, spent = math.inf, 0, 2 * t
+    need, patience = cfg["min_repeats"], cfg["stable_patience"]
+    if number == 1:  # the probe's call came after a warm-up and fills a repeat by itself
+        secs, best = [t], t
+        need = cfg.get("min_repeats_long", need)
+        patience = max(1, min(patience, need - 1))
     while len(secs) < cfg["repeat"]:
-        s = float(ev(*arrays).results[0])
+        if len(secs) >= 2 and spent + secs[-1] * number > budget:
+            break
+        s = timed()
         secs.append(s)
         spent += s * number
         if s < best * (1 - cfg["stable_tol"]):
@@ -230,9 +276,7 @@ def adaptive_repeats(rt_mod, fname: str, dev, arrays: list, cfg: dict) -> list[f
         else:
             since += 1
         best = min(best, s)
-        if len(secs) >= cfg["min_repeats"] and since >= cfg["stable_patience"]:
-            break
-        if spent + s * number > budget and len(secs) >= 2:
+        if len(secs) >= need and since >= patience:
             break
     return secs
 
@@ -244,20 +288,30 @@ class Runner:
     def __init__(self, threads: int, cores: list[int] | None, timeout_s: float, device_type: str = "cpu"):
         self.threads, self.cores, self.timeout_s, self.device_type = threads, cores, timeout_s, device_type
         self.proc = self.conn = None
+        self.ready = False
 
-    def _start(self) -> None:
+    def start(self) -> None:
+        """Start the process (it imports TVM meanwhile); ``run`` waits until it is ready."""
         ctx = mp.get_context("spawn")
         self.conn, child = ctx.Pipe()
         self.proc = ctx.Process(target=runner_main, args=(child, self.threads, self.cores, self.device_type),
                                 daemon=True)
         self.proc.start()
         child.close()
+        self.ready = False
+
+    def _start(self) -> None:
+        if self.proc is None or not self.proc.is_alive():
+            self.start()
+        if self.ready:
+            return
         if not self.conn.poll(STARTUP_S) or self.conn.recv()[0] != "ready":  # TVM's import, not a run
             self.close(kill=True)
             raise RuntimeError(f"the runner process did not start within {STARTUP_S} s")
+        self.ready = True
 
     def run(self, b: Built, cfg: dict) -> tuple[list[float] | None, str | None]:
-        if self.proc is None or not self.proc.is_alive():
+        if self.proc is None or not self.proc.is_alive() or not self.ready:
             self._start()
         self.conn.send((b.so, b.fname, b.args, cfg))
         if not self.conn.poll(self.timeout_s):
@@ -286,11 +340,13 @@ class Runner:
         except (OSError, ValueError):
             pass
         self.proc = self.conn = None
+        self.ready = False
 
 
 def runner_cfg(cfg) -> dict:
     return {"repeat": cfg.repeat, "min_repeat_ms": cfg.min_repeat_ms, "run_budget_s": cfg.run_budget_s,
-            "min_repeats": cfg.min_repeats, "stable_tol": cfg.stable_tol, "stable_patience": cfg.stable_patience}
+            "min_repeats": cfg.min_repeats, "stable_tol": cfg.stable_tol, "stable_patience": cfg.stable_patience,
+            "min_repeats_long": cfg.min_repeats_long}
 
 
 class Builders:
@@ -331,6 +387,13 @@ class Builders:
         self.pool = None
 
 
+def default_overlap(threads: int, device_type: str = "cpu") -> bool:
+    """Overlap unless told otherwise: 1-thread CPU programs on a machine with more cores (on this 2-core
+    VM it kept the labels as good as without it, datasets/README.md "The fast measurer")."""
+    return (device_type == "cpu" and threads == 1 and hasattr(os, "sched_getaffinity")
+            and len(os.sched_getaffinity(0)) > 1)
+
+
 def cores_for(threads: int, overlap: bool) -> tuple[list[int] | None, list[int] | None]:
     """(runner cores, builder cores): with overlap the runner gets the first ``threads`` cores alone."""
     if not overlap or not hasattr(os, "sched_getaffinity"):
@@ -351,33 +414,50 @@ class FastMeasurer:
     whose run phase others disturbed is run again, ``PAUSE`` files pause it, a stop signal ends it
     after the program in flight (KeyboardInterrupt)."""
 
-    def __init__(self, target, cfg, threads: int, pause_dir: str | None = None, overlap: bool = False):
-        from cdmpp.program import tvm_env
+    def __init__(self, target, cfg, threads: int, pause_dir: str | None = None, overlap: bool | None = None):
         from cdmpp.measure.guard import CpuGuard
         from cdmpp.measure.stop import ROOT_PREFIX, _remove_stale_roots
+        from cdmpp.program import tvm_env
 
         tvm_env.setup(threads)
         _remove_stale_roots()
         self.tmp_root = tempfile.mkdtemp(prefix=f"{ROOT_PREFIX}{os.getpid()}-")
+        self.device_type = "cuda" if "gpu" in [str(k) for k in target.keys] else "cpu"
+        if overlap is None:
+            overlap = default_overlap(threads, self.device_type)
         self.target_json, self.cfg, self.overlap = str(target), cfg, overlap
         run_cores, build_cores = cores_for(threads, overlap)
         workers = len(build_cores) if overlap else cfg.builders
         self.builders = Builders(workers, threads, build_cores, self.tmp_root)
-        self.device_type = "cuda" if "gpu" in [str(k) for k in target.keys] else "cpu"
+        # overlap: one more build worker on the runner's cores, stopped (SIGSTOP) while a task runs, so
+        # that those cores build whenever the runner waits for a build
+        self.helper = (Builders(1, threads, run_cores, self.tmp_root)
+                       if overlap and getattr(cfg, "idle_builder", False) and hasattr(signal, "SIGSTOP") else None)
         self.runner = Runner(threads, run_cores, cfg.run_timeout_s + cfg.kill_grace_s, self.device_type)
-        self.ahead = workers + 1 if overlap else 2 * workers
+        self.ahead = workers + 1 + 2 * bool(self.helper) if overlap else 2 * workers
         self.guard = CpuGuard()
         self.pause_dir = pause_dir
         self.on_wait = None  # callback(seconds waited) while waiting for a quiet machine or a pause
         self.times = {"wait_build": 0.0, "run": 0.0, "rerun": 0.0, "wait_quiet": 0.0, "paused": 0.0,
-                      "sample_cpu": 0.0, "build_cpu": 0.0}
+                      "sample_cpu": 0.0, "build_cpu": 0.0, "worker_cpu": 0.0}
         self.skipped = 0  # programs already stored
         self._quiet = False  # the last run phase saw a quiet machine: no need to wait a second first
 
     def close(self) -> None:
         self.builders.close(kill=True)
+        if self.helper:
+            self.helper.close(kill=True)
         self.runner.close()
         remove_dir(self.tmp_root)
+
+    def _hold_helper(self, stop: bool) -> None:
+        """Stop (or continue) the helper build worker: it may use the runner's cores only between runs."""
+        pool = self.helper.pool if self.helper else None
+        for p in list((getattr(pool, "_processes", None) or {}).values()):
+            try:
+                os.kill(p.pid, signal.SIGSTOP if stop else signal.SIGCONT)
+            except OSError:
+                pass
 
     def __enter__(self):
         return self
@@ -394,26 +474,32 @@ class FastMeasurer:
 
         jobs, queue = iter(jobs), deque()
 
+        def pending(pool):
+            return sum(1 for _, f, q in queue if q is pool and not f.done())
+
         def refill():
             while len(queue) < self.ahead:
                 job = next(jobs, None)
                 if job is None:
                     return
-                queue.append((job, self.builders.submit(target_json=self.target_json, **job)))
+                pool = self.helper if self.helper and pending(self.helper) < pending(self.builders) else self.builders
+                queue.append((job, pool.submit(target_json=self.target_json, **job), pool))
 
         _measuring.set()
         try:
             refill()
+            if self.runner.proc is None:  # it imports TVM while the first tasks build
+                self.runner.start()
             while queue:
                 if STOP.is_set():
                     raise KeyboardInterrupt
                 if not self.overlap:  # nothing builds while a program runs
                     t0 = time.perf_counter()
-                    cf.wait([f for _, f in queue])
+                    cf.wait([f for _, f, _ in queue])
                     self.times["wait_build"] += time.perf_counter() - t0
-                job, fut = queue.popleft()
+                job, fut, pool = queue.popleft()
                 t0 = time.perf_counter()
-                progs, sample_s, skipped, err = self.builders.result(fut, len(job.get("traces") or ()) or job.get("n", 1))
+                progs, sample_s, skipped, err = pool.result(fut, len(job.get("traces") or ()) or job.get("n", 1))
                 self.times["wait_build"] += time.perf_counter() - t0
                 if self.overlap:
                     refill()
@@ -423,9 +509,15 @@ class FastMeasurer:
                         refill()
                     continue
                 self.times["sample_cpu"] += sample_s
+                self.times["worker_cpu"] += sum(b.cpu_s for b in progs)
                 self.skipped += skipped
                 self.times["build_cpu"] += sum(b.build_s for b in progs)
-                yield job, self._run_task(progs)
+                self._hold_helper(True)
+                try:
+                    results = self._run_task(progs)
+                finally:
+                    self._hold_helper(False)
+                yield job, results
                 for so in {b.so for b in progs if b.so}:
                     try:
                         os.remove(so)

@@ -49,6 +49,11 @@ class MeasureConfig:
     min_repeats: int = 5
     stable_tol: float = 0.01
     stable_patience: int = 3
+    # kernels that fill a repeat with one call (>= min_repeat_ms): at least this many repeats, the probe
+    # included, and a patience of at most one fewer (their repeats vary little; each costs a whole call)
+    min_repeats_long: int = 3
+    # fast measurer with overlap: one more build worker on the runner's cores, stopped while programs run
+    idle_builder: bool = True
 
 
 def _fill_for_measure(fill):

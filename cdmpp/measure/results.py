@@ -37,8 +37,13 @@ def provenance(device, target, cfg: MeasureConfig, rpc, **extra) -> dict:
 def is_stable(secs: list[float], cfg: MeasureConfig) -> bool | None:
     """Whether a pass's fastest repeat was stable (the fast measurer's stopping rule held): it came before
     the last ``stable_patience`` repeats, or they beat it by no more than ``stable_tol``. None when the
-    pass has too few repeats to tell (slow programs: their few long repeats vary little)."""
-    if len(secs) < max(cfg.min_repeats, cfg.stable_patience + 1):
+    pass has too few repeats to tell (slow programs: their few long repeats vary little). Kernels of one
+    call per repeat follow ``min_repeats_long`` (``cdmpp.measure.fast.adaptive_repeats``)."""
+    need, patience = cfg.min_repeats, cfg.stable_patience
+    if min(secs) >= cfg.min_repeat_ms / 1e3:
+        need = cfg.min_repeats_long
+        patience = max(1, min(patience, need - 1))
+    if len(secs) < max(need, patience + 1):
         return None
-    head = min(secs[:-cfg.stable_patience])
+    head = min(secs[:-patience])
     return min(secs) >= head * (1 - cfg.stable_tol)

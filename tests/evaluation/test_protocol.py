@@ -27,3 +27,28 @@ def test_protocol_seed_writes_a_row_per_setting_and_method(two_devices, tiny_rec
     assert {("random-new", "cdmpp"), ("random-new", "pooled GBT"), ("random-new", "cdmpp ⊕ pooled GBT"),
             ("cross-device-seen", "cdmpp k=4 (kmeans)"), ("cross-device-seen", "twin-ratio k=4 (kmeans)"),
             ("cross-device-seen", "cdmpp + twin k=4 (kmeans)")} <= rows
+
+
+@pytest.mark.slow
+def test_protocol_seed_mechanics_with_every_peer(two_devices, tiny_recipe, tmp_path):
+    """MECHANICS ONLY (relabeled fake device): one protocol seed writes rows for cdmpp, the pooled GBT,
+    TVM's XGBModel (ranking metrics only), the Tenset MLP and the twin-based predictors."""
+    from cdmpp.devices.table import DeviceTable
+    from cdmpp.evaluation import protocol as P
+
+    table = DeviceTable(str(ROOT / "datasets" / "devices.json")).spec_table()
+    real_dev = next(iter({p.device for p in two_devices.programs} - {FAKE_DEVICE}))
+    table[FAKE_DEVICE] = {**table[real_dev], "cores": 1, "threads": 1}
+    runs = tmp_path / "runs.jsonl"
+    opts = P.ProtocolOptions(settings=("random-new", "cross-device-seen"), ks=("0", "8"), samplers=("random",),
+                             methods=("cdmpp", "pooled-gbt", "xgb", "mlp"), recipe=tiny_recipe, minutes=0.2,
+                             peer_minutes=0.1, runs=str(runs), target_device=FAKE_DEVICE)
+    P.run_seed(opts, 0, two_devices, table)
+    rows = [json.loads(line) for line in runs.read_text().splitlines()]
+    by = {(r["setting"], r["method"]): r["metrics"] for r in rows}
+    assert {"cdmpp", "pooled GBT", "Tenset MLP", "TVM XGBModel (ranking only)"} <= {m for s, m in by if s == "random-new"}
+    xgb = by[("random-new", "TVM XGBModel (ranking only)")]
+    assert "mape" not in xgb and "spearman" in xgb
+    seen = {m for s, m in by if s == "cross-device-seen"}
+    assert {"twin-ratio k=8 (random)", "Tenset MLP k=8 (random)", "TVM XGBModel (ranking only)"} <= seen
+    assert "TVM XGBModel (ranking only) k=8 (random)" not in seen

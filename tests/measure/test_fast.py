@@ -8,10 +8,11 @@ EMPTY_TRACE = [[], []]  # a trace with no instruction: the unscheduled program i
 
 
 class _FakeModule:
-    """``time_evaluator`` that returns preset seconds, to check the stopping rule without timing."""
+    """``time_evaluator`` (and direct calls, on a fake clock) that return preset seconds, to check the
+    stopping rule without timing."""
 
     def __init__(self, seconds):
-        self.seconds, self.calls = list(seconds), []
+        self.seconds, self.calls, self.now = list(seconds), [], 0.0
 
     def time_evaluator(self, fname, dev, number=1, repeat=1):
         self.calls.append(number)
@@ -24,6 +25,20 @@ class _FakeModule:
             r.results = [self.seconds.pop(0)]
             return r
         return ev
+
+    def get_function(self, fname):
+        self.calls.append("direct")
+        state = {"left": 0}
+
+        def f(*args):  # one call of a repeat: the repeat's preset seconds spread over its calls
+            if state["left"] == 0:
+                state["per"], state["left"] = self.seconds.pop(0), self.number
+            self.now += state["per"]
+            state["left"] -= 1
+        return f
+
+    def clock(self):
+        return self.now
 
 
 class _Dev:
@@ -62,24 +77,45 @@ def _wild_store(tvm, stride=100_000_000):
     return tvm.IRModule({"main": te.create_prim_func([a, out])})
 
 
-def test_adaptive_repeats_stop_once_the_fastest_is_stable():
-    from cdmpp.measure.fast import adaptive_repeats
+def _repeats(monkeypatch, seconds, **cfg):
+    from cdmpp.measure import fast as fastmeasure
 
-    # probe 1 ms -> 15 calls per repeat; the best (0.90) stops improving after the 4th repeat
-    m = _FakeModule([1e-3, 1.00e-3, 0.95e-3, 0.92e-3, 0.90e-3, 0.905e-3, 0.91e-3, 0.90e-3, 0.5e-3])
-    secs = adaptive_repeats(m, "f", _Dev(), [], _cfg())
-    assert secs == [1.00e-3, 0.95e-3, 0.92e-3, 0.90e-3, 0.905e-3, 0.91e-3, 0.90e-3]
-    assert m.calls == [1, 15]
+    m = _FakeModule(seconds)
+    c = _cfg(**cfg)
+    m.number = max(1, -(-c["min_repeat_ms"] // (seconds[0] * 1e3)))  # calls per repeat, as the probe decides
+    m.number = int(m.number)
+    monkeypatch.setattr(fastmeasure, "_clock", m.clock)
+    return fastmeasure.adaptive_repeats(m, "f", _Dev(), [], c), m
+
+
+def test_adaptive_repeats_stop_once_the_fastest_is_stable(monkeypatch):
+    # probe 0.1 ms -> 150 calls per repeat (TVM's evaluator); the best (0.090) stops improving after the 4th repeat
+    secs, m = _repeats(monkeypatch, [1e-4, 1.00e-4, 0.95e-4, 0.92e-4, 0.90e-4, 0.905e-4, 0.91e-4, 0.90e-4, 0.5e-4])
+    assert secs == [1.00e-4, 0.95e-4, 0.92e-4, 0.90e-4, 0.905e-4, 0.91e-4, 0.90e-4]
+    assert m.calls == [1, 150]
     # never more than ``repeat``, never fewer than ``min_repeats`` while the budget allows
-    m = _FakeModule([1e-3] + [1e-3 * (1 - 0.02 * i) for i in range(20)])
-    assert len(adaptive_repeats(m, "f", _Dev(), [], _cfg(repeat=6))) == 6
-    m = _FakeModule([1e-3] * 10)
-    assert len(adaptive_repeats(m, "f", _Dev(), [], _cfg())) == 5
+    assert len(_repeats(monkeypatch, [1e-4] + [1e-4 * (1 - 0.02 * i) for i in range(20)], repeat=6)[0]) == 6
+    assert len(_repeats(monkeypatch, [1e-4] * 10)[0]) == 5
     # a slow program: the budget decides; one too slow for two runs keeps its probe alone
-    m = _FakeModule([0.3] * 10)
-    assert len(adaptive_repeats(m, "f", _Dev(), [], _cfg(run_budget_s=1.0))) == 2
-    m = _FakeModule([0.6] * 10)
-    assert adaptive_repeats(m, "f", _Dev(), [], _cfg(run_budget_s=1.0)) == [0.6]
+    assert len(_repeats(monkeypatch, [0.3] * 10, run_budget_s=1.0)[0]) == 2
+    assert _repeats(monkeypatch, [0.6] * 10, run_budget_s=1.0)[0] == [0.6]
+
+
+def test_repeats_of_longer_kernels_are_direct_calls_and_a_long_probe_is_one(monkeypatch):
+    """TVM's evaluator calls the kernel once more than it times: a kernel of a millisecond or more is
+    timed around direct calls instead, and a probe as long as a repeat (after that warm-up) is a repeat."""
+    # 2 ms: 8 calls per repeat, timed directly; the probe is not a repeat (one call, not 15 ms)
+    secs, m = _repeats(monkeypatch, [2e-3, 2.1e-3, 2.0e-3, 2.0e-3, 2.0e-3, 2.0e-3, 1e-3])
+    assert m.calls == [1, "direct"] and secs == pytest.approx([2.1e-3, 2.0e-3, 2.0e-3, 2.0e-3, 2.0e-3])
+    # 50 ms: the probe is the first repeat, then single direct calls until the fastest is stable; such
+    # kernels need 3 repeats (``min_repeats_long``) with a patience of 2
+    secs, m = _repeats(monkeypatch, [0.05, 0.051, 0.049, 0.0495, 0.049, 0.049, 0.01], min_repeats_long=3)
+    assert m.calls == [1, "direct"] and secs == pytest.approx([0.05, 0.051, 0.049, 0.0495, 0.049])
+    assert _repeats(monkeypatch, [0.05, 0.0501, 0.0502, 0.01], min_repeats_long=3)[0] == pytest.approx(
+        [0.05, 0.0501, 0.0502])
+    # 0.3 s within 1 s: probe (with its warm-up, 0.6 s) + one more call; the label is the faster
+    secs, m = _repeats(monkeypatch, [0.3, 0.29, 0.28, 0.27], run_budget_s=1.0)
+    assert secs == pytest.approx([0.3, 0.29])
 
 
 @pytest.mark.slow
@@ -104,7 +140,10 @@ def test_fast_measurer_runs_crashes_and_timeouts_without_losing_the_next_program
     with FastMeasurer(target, cfg, threads=1, pause_dir=str(tmp_path)) as m:
         got = {job["task_key"]: res for job, res in m.measure_jobs(jobs)}
         root = m.tmp_root
-        assert m.times["run"] > 0 and m.times["build_cpu"] > 0
+        assert m.times["run"] > 0 and m.times["build_cpu"] > 0 and m.times["worker_cpu"] > 0
+        # 1 thread on a machine with more cores: overlap by default, with a helper builder that was
+        # stopped only while programs ran
+        assert m.overlap == (len(os.sched_getaffinity(0)) > 1) and (m.helper is not None) == m.overlap
     assert not os.path.exists(root)  # nothing built is left behind
     (gather,), (wild,), (slow,), (ok,), (bad,) = (got[j["task_key"]] for j in jobs)
     assert bad[1] == [] and bad[2].startswith("build: ") and "int32" in bad[2]
@@ -142,3 +181,11 @@ def test_a_paused_fast_collection_waits_and_honours_a_stop(tmp_path):
         finally:
             STOP.clear()
     assert waits and set(waits) == {"paused"}
+
+
+def test_overlap_by_default_only_for_one_thread_cpu_programs_with_cores_to_spare():
+    from cdmpp.measure.fast import default_overlap
+
+    spare = len(os.sched_getaffinity(0)) > 1
+    assert default_overlap(1, "cpu") == spare
+    assert not default_overlap(len(os.sched_getaffinity(0)), "cpu") and not default_overlap(1, "cuda")

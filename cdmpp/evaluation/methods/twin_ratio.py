@@ -8,8 +8,24 @@ from typing import Sequence
 
 import numpy as np
 
-from cdmpp.evaluation.methods.common import pooled_features
+from cdmpp.evaluation.methods.common import pooled_features, program_rows
 from cdmpp.evaluation.methods.method import Peer
+
+
+def physics_features(programs: Sequence, twins: dict | None = None) -> np.ndarray:
+    """A few program-level numbers that set how a latency moves between devices: log2 FLOPs (block
+    count), bytes and unique bytes, arithmetic intensity, the largest parallel extent, leaf count,
+    and (with ``twins``) log of the twin's measured seconds and its FLOP rate on the source device."""
+    from cdmpp.model.network import PackedPrograms
+
+    stats = PackedPrograms.from_programs([p.features for p in programs]).stats
+    par = np.array([float(np.exp2(program_rows(p.features)[:, 39].astype(np.float64)).max() - 1.0) for p in programs])
+    cols = [stats, stats[:, :1] - stats[:, 2:3], np.log2(1.0 + par)[:, None],
+            np.array([[p.features.n_leaves] for p in programs], dtype=np.float64)]
+    if twins is not None:
+        tw = np.log2(np.array([twins[p.features.program_hash] for p in programs]))
+        cols += [tw[:, None], (stats[:, 0] - tw)[:, None]]
+    return np.hstack(cols).astype(np.float32)
 
 
 class TwinRatio(Peer):
@@ -17,20 +33,32 @@ class TwinRatio(Peer):
 
     With no shots the ratio is 1 (the twin's label as is). The GBT is small (depth 3) and starts from
     the shots' median log ratio, so 16 shots give a sane constant and more shots a program-dependent ratio.
+    ``inputs``: "pooled" (the pooled leaf features), "physics" (``physics_features`` with the twin's
+    latency: a dozen numbers instead of ~500, which k shots can fit) or "both".
     """
 
     label = "twin-ratio"
 
-    def __init__(self, twins: dict, nthread: int = 1, random_state: int = 0, rounds: int = 100, embed=None):
+    def __init__(self, twins: dict, nthread: int = 1, random_state: int = 0, rounds: int = 100, embed=None,
+                 inputs: str = "pooled"):
         self.twins, self.nthread, self.random_state, self.rounds = twins, nthread, random_state, rounds
         self.embed = embed  # optional programs -> [n, d] extra inputs (e.g. a cdmpp model's embeddings)
+        if inputs not in ("pooled", "physics", "both"):
+            raise ValueError(f"inputs = {inputs!r}: expected pooled, physics or both")
+        self.inputs = inputs
 
     def _twin(self, programs) -> np.ndarray:
         return np.array([self.twins[p.features.program_hash] for p in programs])
 
     def _x(self, programs) -> np.ndarray:
-        x = pooled_features(programs)
-        return x if self.embed is None else np.hstack([x, self.embed(programs)])
+        parts = []
+        if self.inputs in ("pooled", "both"):
+            parts.append(pooled_features(programs))
+        if self.inputs in ("physics", "both"):
+            parts.append(physics_features(programs, self.twins))
+        if self.embed is not None:
+            parts.append(self.embed(programs))
+        return np.hstack(parts)
 
     def fit(self, shots: Sequence, val=None, time_budget_s=None) -> "TwinRatio":
         """Fits the ratio on target shots (the twins' labels are the source knowledge)."""
