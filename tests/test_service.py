@@ -408,3 +408,23 @@ def test_network_endpoint_answers_as_the_cli_does(predictor, tmp_path):
     assert got["seconds"] == pytest.approx(want.seconds, rel=1e-5)
     assert [t["task"] for t in got["tasks"]] == [t["task"] for t in want.tasks]
     assert got["lo90"] <= got["seconds"] <= got["hi90"]
+
+
+def test_bench_serve_in_process_reference(tvm, device):
+    """``cdmpp bench serve --in-process``: the requests' programs parsed, featurized and predicted in this
+    process, the reference that the wire path's cost per new program is compared with."""
+    import json
+
+    from tvm.s_tir.meta_schedule.database import Workload
+
+    from cdmpp import schedules, tvm_env, workloads
+    from cdmpp.bench_serve import TaskPrograms, _body, in_process
+    from cdmpp.program import to_json_value
+
+    mod = workloads.matmul(32, 32, 32)
+    schs = schedules.sample_schedules(mod, tvm_env.make_target("llvm", num_cores=2), 4, 0)
+    items = [json.dumps(json.dumps({"trace": to_json_value(s.trace.as_json())}, separators=(",", ":"))).encode()
+             for s in schs]
+    tp = TaskPrograms("matmul", Workload(mod).as_json(), items)
+    r = in_process([_body(tp, [0, 1]), _body(tp, [2, 3])], device, None)
+    assert r["programs"] == 4 and r["programs_per_s"] > 0
