@@ -632,10 +632,6 @@ def _add_service_commands(sub, bsub) -> None:
                     help="also parse, featurize and predict the cold phase's programs in this process on one thread, "
                          "after the server stopped: the per-program cost of the wire path against it "
                          "(compare like with like: --clients 1 --featurize-procs 1)")
-    bs.add_argument("--in-process", action="store_true",
-                    help="also parse, featurize and predict the cold phase's programs in this process on one thread, "
-                         "after the server stopped: the per-program cost of the wire path against it "
-                         "(compare like with like: --clients 1 --featurize-procs 1)")
     bs.add_argument("--json", help="also write the result here")
     bs.set_defaults(func=cmd_bench_serve)
 
