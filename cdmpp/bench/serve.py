@@ -190,6 +190,35 @@ def drive(url: str, bodies: list[bytes], device: str, clients: int, duration_s: 
             "mean_ms": round(float(a.mean()) * 1e3, 1), "unfinished": len(queue)}
 
 
+def in_process(bodies: list[bytes], device: str, model: str | None) -> dict:
+    """The same requests parsed, featurized and predicted in this process on one thread, as a sandbox
+    worker and the model do it, without HTTP, JSON bodies, caches and pipes: the reference that the
+    wire path's cost per new program is compared with (issue 21 allows it 20 % more)."""
+    import torch
+
+    from cdmpp.predict.predictor import Predictor
+    from cdmpp.program.inputs import parse_target
+    from cdmpp.sandbox.worker import featurize_items
+
+    torch.set_num_threads(1)
+    predictor, tgt = Predictor.load(model), parse_target("llvm")
+    reqs = [json.loads(b.replace(_DEVICE_PLACEHOLDER, device.encode(), 1)) for b in bodies]
+
+    def one(r) -> int:
+        feats, errors, _, _ = featurize_items(r["programs"], list(range(len(r["programs"]))), tgt, r.get("workload"),
+                                              tvmscript=False)
+        if errors:
+            raise RuntimeError(f"in-process featurization failed: {errors[:3]}")
+        predictor.predict_features(feats, device, "llvm")
+        return len(feats)
+
+    one(reqs[0])  # warm-up: the featurizer and the model's first call
+    t0 = time.perf_counter()
+    n = sum(one(r) for r in reqs)
+    wall = time.perf_counter() - t0
+    return {"programs": n, "wall_s": round(wall, 2), "programs_per_s": round(n / wall, 1)}
+
+
 def scrape(url: str) -> dict[str, float]:
     """The unlabelled counters of /metrics (one worker's, when several run)."""
     import httpx
@@ -215,7 +244,7 @@ def _split(before: dict, after: dict) -> dict:
 def bench_serve(model: str | None = None, clients: int = 16, batch: int = 64, batches: int = 160,
                 cold_batches: int = 16, repeat_share: float = 0.9, workers: int = 1, threads: int = 2,
                 featurize_procs: int = 1, form: str = "trace", duration_s: float = 120.0, task_table: str = defaults.TASK_TABLE,
-                device: str | None = None, seed: int = 0) -> dict:
+                device: str | None = None, seed: int = 0, compare_in_process: bool = False) -> dict:
     rng = random.Random(seed)
     n_tasks = len(BENCH_TASKS)
     new_per_batch = batch - int(round(repeat_share * batch))
@@ -249,7 +278,12 @@ def bench_serve(model: str | None = None, clients: int = 16, batch: int = 64, ba
     cold.update(_split(m0, m1))
     mixed.update(_split(m1, m2))
     mixed["repeat_share_sent"] = round(n_rep / max(n_mixed, 1), 3)
-    return {"device": device, "form": form, "clients": clients, "batch": batch, "workers": workers,
+    extra = {}
+    if compare_in_process and form == "trace":  # after the server stopped, so nothing else runs
+        ref = in_process(cold_bodies, device, model)
+        ref["http_cold_over_in_process"] = round(ref["programs_per_s"] / max(cold["programs_per_s"], 1e-9), 3)
+        extra["in_process"] = ref
+    return {**extra, "device": device, "form": form, "clients": clients, "batch": batch, "workers": workers,
             "threads": threads, "featurize_procs": featurize_procs, "tasks": [t.name for t in pool], "distinct_programs": sum(len(t.items) for t in pool),
             "sampling_s": round(sample_s, 1), "cold": cold, "mixed": mixed, "repeat_share": repeat_share,
             "machine_cpus": os.cpu_count()}
@@ -271,6 +305,11 @@ def report(r: dict) -> str:
                          f"features {p['server_featurize_s']} s, "
                          f"model {p['server_model_s']} s; prediction-cache hits {p['prediction_cache_hits']}, "
                          f"feature-cache hits {p['feature_cache_hits']}, parsed {p['cache_misses']}")
+    if "in_process" in r:
+        q = r["in_process"]
+        lines.append(f"  {'in process, 1 thread':22s} {q['programs']:6d} programs in {q['wall_s']:6.1f} s: "
+                     f"{q['programs_per_s']:7.1f} programs/s (the cold requests parsed, featurized and predicted "
+                     f"without HTTP); per new program HTTP costs {q['http_cold_over_in_process']:.2f}x")
     return "\n".join(lines)
 
 
@@ -278,7 +317,7 @@ def main(args) -> int:
     r = bench_serve(model=args.model, clients=args.clients, batch=args.batch, batches=args.batches,
                     cold_batches=args.cold_batches, repeat_share=args.repeat_share, workers=args.workers,
                     threads=args.threads, featurize_procs=args.featurize_procs, form=args.form, duration_s=args.duration, task_table=args.task_table,
-                    device=args.device, seed=args.seed)
+                    device=args.device, seed=args.seed, compare_in_process=args.in_process)
     print(report(r))
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -134,35 +135,62 @@ class CDMPPCostModel(PyCostModel):
             return {d["id"]: d.get("info", {}).get("target") or {} for d in self.client.devices()}
         return {d: self.predictor.device_info(d).get("target") or {} for d in self.predictor.devices()}
 
-    def _features(self, context, candidates) -> list:
-        """Features per candidate, extracted on the tuning context's threads; None for one that fails."""
-        from cdmpp.program.features import Featurizer
-
+    def _ensure_featurizer(self) -> None:
         if self._featurizer is None:
+            from cdmpp.program.features import Featurizer
+
             self._featurizer = Featurizer()
+
+    def _features(self, context, candidates, with_hash: bool = True) -> list:
+        """Features per candidate, extracted on the tuning context's threads; None for one that fails."""
+        self._ensure_featurizer()
         try:
-            return self._featurizer.from_candidates(context, candidates)
+            return self._featurizer.from_candidates(context, candidates, with_hash)
         except Exception:
             out = []
             for c in candidates:
                 try:
-                    out.append(self._featurizer.from_candidates(context, [c])[0])
+                    out.append(self._featurizer.from_candidates(context, [c], with_hash)[0])
                 except Exception:
                     out.append(None)
             return out
 
     def _local(self, context, candidates, device: str) -> np.ndarray:
-        feats = self._features(context, candidates)
-        good = [i for i, f in enumerate(feats) if f is not None]
-        seconds = np.full(len(candidates), np.nan)
-        if good:
-            fs = [feats[i] for i in good]
-            with _torch_threads(1):
-                if self.model_ is not None:
-                    seconds[good] = self.model_.predict(fs, device)[0]
-                else:
-                    seconds[good] = [p.seconds for p in self.predictor.predict_features(fs, device)]
+        """Seconds per candidate (NaN where a candidate does not featurize).
+
+        With a tuning context of n > 1 threads, n threads each featurize and score chunks of the batch
+        on a one-thread TVM context. TVM's extractor releases the GIL, so one thread's compact-AST walk
+        and model forward run while another thread extracts; extracting the whole batch on n TVM
+        threads and then scoring on one left those steps serial. The thread count is the tuner's, as
+        for XGBModel's extractor and booster."""
+        candidates = list(candidates)
+        n = len(candidates)
+        seconds = np.full(n, np.nan)
+        model = self.model_ if self.model_ is not None else self.predictor.model
+        if device not in model.device_specs.table:
+            from cdmpp.predict.predictor import UnknownDeviceError
+
+            raise UnknownDeviceError(device, sorted(model.device_specs.table))
+        self._ensure_featurizer()
+        threads = max(1, min(int(context.num_threads), n // 8))
+        with _torch_threads(1):
+            if threads == 1:
+                self._score(context, candidates, model, device, seconds, 0)
+                return seconds
+            one = self._featurizer._context(context.target)  # a one-thread context of the same target
+            size = -(-n // (4 * threads))  # a few chunks per thread, so that none waits on the last one
+            with ThreadPoolExecutor(threads, thread_name_prefix="cdmpp-costmodel") as pool:
+                for f in [pool.submit(self._score, one, candidates[a:a + size], model, device, seconds, a)
+                          for a in range(0, n, size)]:
+                    f.result()
         return seconds
+
+    def _score(self, context, candidates, model, device: str, out: np.ndarray, start: int) -> None:
+        """Featurize ``candidates`` on ``context`` and write their predicted seconds into ``out[start:]``."""
+        feats = self._features(context, candidates, with_hash=False)  # scores need no program hash
+        good = [i for i, f in enumerate(feats) if f is not None and f.n_leaves > 0]
+        if good:
+            out[start + np.asarray(good)] = model.predict([feats[i] for i in good], device)[0]
 
     def _remote(self, context, candidates, device: str) -> np.ndarray:
         from cdmpp.program.inputs import ProgramError, to_json_value

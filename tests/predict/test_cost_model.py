@@ -77,8 +77,9 @@ def test_scores_in_process_and_over_http_agree(tvm, predictor, device):
 
 
 def test_candidates_score_as_their_programs_do(tvm, predictor, device):
-    """The tuner path (features straight from MeasureCandidates, on the context's threads) gives the
-    same latencies as predicting the candidates' modules through the Predictor."""
+    """The tuner path (features straight from MeasureCandidates, on the context's threads, in chunks
+    scored in parallel when it has several) gives the same latencies as predicting the candidates'
+    modules through the Predictor."""
     from tvm.s_tir import meta_schedule as ms
 
     from cdmpp.bench.cost_model import _candidates
@@ -88,9 +89,10 @@ def test_candidates_score_as_their_programs_do(tvm, predictor, device):
 
     mod = workloads.matmul(64, 64, 64)
     target = tvm_env.make_target("llvm", num_cores=2)
-    cands = _candidates(mod, target, 6, seed=1)
-    context = ms.TuneContext(mod, target=target, num_threads=2)
+    cands = _candidates(mod, target, 24, seed=1)
     cm = CDMPPCostModel(predictor=predictor, device=device, online_finetune=False)
-    via_candidates = cm._local(context, cands, device)
     via_programs = predictor.predict_seconds([c.sch.mod for c in cands], device)
-    np.testing.assert_allclose(via_candidates, via_programs, rtol=1e-5)
+    for threads in (1, 2):  # 2: chunks featurized and scored on two threads at once
+        context = ms.TuneContext(mod, target=target, num_threads=threads)
+        np.testing.assert_allclose(cm._local(context, cands, device), via_programs, rtol=1e-5)
+        np.testing.assert_allclose(cm._local(context, cands[:6], device), via_programs[:6], rtol=1e-5)
