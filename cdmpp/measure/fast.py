@@ -387,6 +387,37 @@ class Builders:
         self.pool = None
 
 
+def _signal(pid: int, sig) -> bool:
+    try:
+        os.kill(pid, sig)
+        return True
+    except OSError:
+        return False
+
+
+def _descendants(pid: int) -> list[int]:
+    """Processes below ``pid`` (Linux /proc), parents before children."""
+    children: dict[int, list[int]] = {}
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return []
+    for name in names:
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(name))
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(0), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
 def default_overlap(threads: int, device_type: str = "cpu") -> bool:
     """Overlap unless told otherwise: 1-thread CPU programs on a machine with more cores (on this 2-core
     VM it kept the labels as good as without it, datasets/README.md "The fast measurer")."""
@@ -435,6 +466,7 @@ class FastMeasurer:
                        if overlap and getattr(cfg, "idle_builder", False) and hasattr(signal, "SIGSTOP") else None)
         self.runner = Runner(threads, run_cores, cfg.run_timeout_s + cfg.kill_grace_s, self.device_type)
         self.ahead = workers + 1 + 2 * bool(self.helper) if overlap else 2 * workers
+        self._held: list[int] = []  # helper processes stopped while a task runs
         self.guard = CpuGuard()
         self.pause_dir = pause_dir
         self.on_wait = None  # callback(seconds waited) while waiting for a quiet machine or a pause
@@ -451,13 +483,20 @@ class FastMeasurer:
         remove_dir(self.tmp_root)
 
     def _hold_helper(self, stop: bool) -> None:
-        """Stop (or continue) the helper build worker: it may use the runner's cores only between runs."""
+        """Stop (or continue) the helper build worker and its children (the linker it may be running):
+        they may use the runner's cores only between runs."""
+        if not stop:
+            pids, self._held = self._held, []
+            for pid in pids:
+                _signal(pid, signal.SIGCONT)
+            return
         pool = self.helper.pool if self.helper else None
         for p in list((getattr(pool, "_processes", None) or {}).values()):
-            try:
-                os.kill(p.pid, signal.SIGSTOP if stop else signal.SIGCONT)
-            except OSError:
-                pass
+            if _signal(p.pid, signal.SIGSTOP):  # first the worker, so that it starts no new child
+                self._held.append(p.pid)
+                for child in _descendants(p.pid):
+                    if _signal(child, signal.SIGSTOP):
+                        self._held.append(child)
 
     def __enter__(self):
         return self

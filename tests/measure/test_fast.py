@@ -1,6 +1,7 @@
 """The fast measurer: adaptive repeats, crashes and timeouts, pausing."""
 
 import os
+import time
 
 import pytest
 
@@ -189,3 +190,40 @@ def test_overlap_by_default_only_for_one_thread_cpu_programs_with_cores_to_spare
     spare = len(os.sched_getaffinity(0)) > 1
     assert default_overlap(1, "cpu") == spare
     assert not default_overlap(len(os.sched_getaffinity(0)), "cpu") and not default_overlap(1, "cuda")
+
+
+def test_the_helper_builder_and_its_children_are_stopped_while_a_task_runs():
+    """The helper build worker shares the runner's core; while a task runs it and whatever it started (the
+    linker) are stopped, and continued afterwards."""
+    import subprocess
+    import types
+
+    from cdmpp.measure.fast import FastMeasurer
+
+    worker = subprocess.Popen(["sh", "-c", "sleep 30 & wait"])  # a worker with a child
+    try:
+        time.sleep(0.3)
+        m = FastMeasurer.__new__(FastMeasurer)
+        m.helper, m._held = types.SimpleNamespace(pool=types.SimpleNamespace(_processes={1: worker})), []
+
+        def states():
+            out = []
+            for pid in [worker.pid] + [int(p) for p in os.listdir("/proc") if p.isdigit()]:
+                try:
+                    stat = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+                except OSError:
+                    continue
+                if pid == worker.pid or int(stat[1]) == worker.pid:
+                    out.append(stat[0])
+            return out
+        m._hold_helper(True)
+        assert len(m._held) == 2 and set(states()) == {"T"}
+        m._hold_helper(False)
+        assert m._held == [] and "T" not in states()
+    finally:
+        from cdmpp.measure.fast import _descendants
+
+        for pid in _descendants(worker.pid):
+            os.kill(pid, 9)
+        worker.kill()
+        worker.wait()
