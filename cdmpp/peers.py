@@ -343,20 +343,36 @@ class PooledGBT:
     predicts = "seconds"
 
     def __init__(self, device_table: dict, max_depth: int = 8, learning_rate: float = 0.05, n_estimators: int = 4000,
-                 nthread: int = 1, random_state: int = 0):
+                 nthread: int = 1, random_state: int = 0, target: str = "flops"):
         from cdmpp.transforms import DeviceSpecs
 
+        if target not in ("flops", "roofline"):
+            raise ValueError(f"target = {target!r}: expected flops or roofline")
         self.specs = DeviceSpecs(device_table)
         self.max_depth, self.learning_rate, self.n_estimators = max_depth, learning_rate, n_estimators
-        self.nthread, self.random_state = nthread, random_state
+        self.nthread, self.random_state, self.target = nthread, random_state, target
 
     def inputs(self, programs: Sequence) -> np.ndarray:
         dev = np.stack([self.specs.raw_vector(self.specs.table[p.device]) for p in programs])
         return np.hstack([pooled_features(programs), dev.astype(np.float32)])
 
-    @staticmethod
-    def _target(programs) -> np.ndarray:
-        return np.log([p.seconds / (p.features.flops + 1.0) for p in programs])
+    def scale(self, programs) -> np.ndarray:
+        """What the latency is divided by: FLOPs + 1, or (``target="roofline"``) the device's roofline
+        bound max(FLOPs / peak, unique bytes / bandwidth) in seconds, which stays a measure of the work
+        for programs with few or no FLOPs (data movement: concatenate, pad, transpose)."""
+        flops = np.array([p.features.flops for p in programs], dtype=np.float64)
+        if self.target == "flops":
+            return flops + 1.0
+        from cdmpp.model import _UNIQUE_BYTES_COLS
+
+        unique = np.array([float((np.exp2(_rows(p.features)[:, _UNIQUE_BYTES_COLS].astype(np.float64)) - 1.0).sum())
+                           for p in programs])
+        peak = np.array([float(self.specs.table[p.device].get("peak_gflops", 1.0)) for p in programs]) * 1e9
+        bw = np.array([float(self.specs.table[p.device].get("mem_bw_gbs", 1.0)) for p in programs]) * 1e9
+        return np.maximum(np.maximum(flops / peak, unique / bw), 1e-9)
+
+    def _target(self, programs) -> np.ndarray:
+        return np.log(np.array([p.seconds for p in programs]) / self.scale(programs))
 
     def fit(self, train: Sequence, val: Sequence | None = None, time_budget_s: float | None = None) -> "PooledGBT":
         import xgboost as xgb
@@ -378,8 +394,7 @@ class PooledGBT:
     def predict(self, programs: Sequence) -> np.ndarray:
         import xgboost as xgb
 
-        flops = np.array([p.features.flops + 1.0 for p in programs])
-        return flops * np.exp(self.booster_.predict(xgb.DMatrix(self.inputs(programs))).astype(np.float64))
+        return self.scale(programs) * np.exp(self.booster_.predict(xgb.DMatrix(self.inputs(programs))).astype(np.float64))
 
     def adapt(self, shots: Sequence, rounds: int = 50) -> "PooledGBT":
         """k-shot: ``rounds`` more shallow trees on the measured target programs, on top of the source model."""
