@@ -159,7 +159,7 @@ def add_eval_commands(sub) -> None:
     pr.add_argument("--k", default="0,16,64,5%", help="cross-device shot counts; N%% = share of the target's programs")
     pr.add_argument("--samplers", default="kmeans,random")
     pr.add_argument("--methods", default="cdmpp,pooled-gbt",
-                    help="cdmpp, pooled-gbt (with the twin-ratio baseline), xgb (TVM's XGBModel), mlp (Tenset MLP)")
+                    help="cdmpp, pooled-gbt (with the twin-ratio baseline), pooled-gbt-roofline (the GBT on log(latency / roofline bound)), xgb (TVM's XGBModel), mlp (Tenset MLP)")
     pr.add_argument("--peer-minutes", type=float, default=2.0, help="cap on each xgb / mlp training run (default 2)")
     pr.add_argument("--recipe", default="default")
     pr.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",

@@ -178,7 +178,9 @@ class CDMPPCostModel(PyCostModel):
                 self._score(context, candidates, model, device, seconds, 0)
                 return seconds
             one = self._featurizer._context(context.target)  # a one-thread context of the same target
-            size = -(-n // (4 * threads))  # a few chunks per thread, so that none waits on the last one
+            # a few chunks per thread, so that none waits long on the last one; at least 8 programs per
+            # chunk, so that the model's per-call cost stays small against the batch
+            size = max(8, -(-n // (4 * threads)))
             with ThreadPoolExecutor(threads, thread_name_prefix="cdmpp-costmodel") as pool:
                 for f in [pool.submit(self._score, one, candidates[a:a + size], model, device, seconds, a)
                           for a in range(0, n, size)]:

@@ -62,3 +62,23 @@ def test_peers_by_short_name():
                                                            "xgb-regressor (TVM features + device specs)"]
     with pytest.raises(ValueError, match="unknown peer 'gbm'"):
         make_peers(["gbm"])
+
+
+def test_pooled_gbt_targets(real):
+    """The pooled GBT on log(latency / FLOPs) and on log(latency / roofline bound): finite positive
+    latencies, and the roofline scale is a time no program beats by much (ON the real device table)."""
+    from cdmpp.devices.table import DeviceTable
+    from cdmpp.evaluation.methods.pooled_gbt import PooledGBT
+
+    table = DeviceTable(str(ROOT / "datasets" / "devices.json")).spec_table()
+    sp = splits.random_split(real[1], seed=0)
+    for target in ("flops", "roofline"):
+        gbt = PooledGBT(table, n_estimators=50, target=target).fit(sp.train, sp.val)
+        pred = gbt.predict(sp.test)
+        assert np.all(np.isfinite(pred)) and np.all(pred > 0), target
+        assert np.all(np.isfinite(gbt.adapt(sp.val[:5], rounds=3).predict(sp.test[:7])))
+    bound = PooledGBT(table, target="roofline").scale(sp.test)
+    assert np.all(bound > 0)
+    assert np.mean(np.array([p.seconds for p in sp.test]) >= 0.5 * bound) > 0.99
+    with pytest.raises(ValueError, match="target"):
+        PooledGBT(table, target="bytes")

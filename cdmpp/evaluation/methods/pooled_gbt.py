@@ -10,7 +10,7 @@ from typing import Sequence
 
 import numpy as np
 
-from cdmpp.evaluation.methods.common import deadline_callback, pooled_features
+from cdmpp.evaluation.methods.common import deadline_callback, pooled_features, program_rows
 from cdmpp.evaluation.methods.method import Peer
 
 
@@ -24,20 +24,36 @@ class PooledGBT(Peer):
     label = "pooled GBT"
 
     def __init__(self, device_table: dict, max_depth: int = 8, learning_rate: float = 0.05, n_estimators: int = 4000,
-                 nthread: int = 1, random_state: int = 0):
+                 nthread: int = 1, random_state: int = 0, target: str = "flops"):
         from cdmpp.model.transforms import DeviceSpecs
 
+        if target not in ("flops", "roofline"):
+            raise ValueError(f"target = {target!r}: expected flops or roofline")
         self.specs = DeviceSpecs(device_table)
         self.max_depth, self.learning_rate, self.n_estimators = max_depth, learning_rate, n_estimators
-        self.nthread, self.random_state = nthread, random_state
+        self.nthread, self.random_state, self.target = nthread, random_state, target
 
     def inputs(self, programs: Sequence) -> np.ndarray:
         dev = np.stack([self.specs.raw_vector(self.specs.table[p.device]) for p in programs])
         return np.hstack([pooled_features(programs), dev.astype(np.float32)])
 
-    @staticmethod
-    def _target(programs) -> np.ndarray:
-        return np.log([p.seconds / (p.features.flops + 1.0) for p in programs])
+    def scale(self, programs) -> np.ndarray:
+        """What the latency is divided by: FLOPs + 1, or (``target="roofline"``) the device's roofline
+        bound max(FLOPs / peak, unique bytes / bandwidth) in seconds, which stays a measure of the work
+        for programs with few or no FLOPs (data movement: concatenate, pad, transpose)."""
+        flops = np.array([p.features.flops for p in programs], dtype=np.float64)
+        if self.target == "flops":
+            return flops + 1.0
+        from cdmpp.model.network import _UNIQUE_BYTES_COLS
+
+        unique = np.array([float((np.exp2(program_rows(p.features)[:, _UNIQUE_BYTES_COLS].astype(np.float64)) - 1.0).sum())
+                           for p in programs])
+        peak = np.array([float(self.specs.table[p.device].get("peak_gflops", 1.0)) for p in programs]) * 1e9
+        bw = np.array([float(self.specs.table[p.device].get("mem_bw_gbs", 1.0)) for p in programs]) * 1e9
+        return np.maximum(np.maximum(flops / peak, unique / bw), 1e-9)
+
+    def _target(self, programs) -> np.ndarray:
+        return np.log(np.array([p.seconds for p in programs]) / self.scale(programs))
 
     def fit(self, train: Sequence, val: Sequence | None = None, time_budget_s: float | None = None) -> "PooledGBT":
         import xgboost as xgb
@@ -59,8 +75,7 @@ class PooledGBT(Peer):
     def predict(self, programs: Sequence) -> np.ndarray:
         import xgboost as xgb
 
-        flops = np.array([p.features.flops + 1.0 for p in programs])
-        return flops * np.exp(self.booster_.predict(xgb.DMatrix(self.inputs(programs))).astype(np.float64))
+        return self.scale(programs) * np.exp(self.booster_.predict(xgb.DMatrix(self.inputs(programs))).astype(np.float64))
 
     def describe(self) -> str:
         return f"pooled leaves + device specs -> log(latency / FLOPs); {self.booster_.num_boosted_rounds()} trees"
