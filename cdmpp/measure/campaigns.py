@@ -16,7 +16,7 @@ import sys
 import time
 
 from cdmpp.measure.measurer import MeasureConfig, Measurer
-from cdmpp.measure.results import is_stable, measurement_fields, provenance
+from cdmpp.measure.results import is_stable, measurement_fields, run_provenance
 from cdmpp.records.labels import label
 from cdmpp.records.store import RecordStore, record_id
 
@@ -56,7 +56,7 @@ def collect(tasks, dataset_dir: str, device, target, per_task: int = 32, budget_
     cfg = cfg or MeasureConfig()
     store = RecordStore(dataset_dir)
     done = store.done_ids(device.id)
-    run_id = store.add_run(provenance(device, target, cfg, rpc, per_task=per_task, seed=seed))
+    run_id = store.add_run(run_provenance(device, target, cfg, rpc, per_task=per_task, seed=seed))
     measurer = Measurer(target, cfg, rpc, pause_flag=os.path.join(dataset_dir, "PAUSE"), artifact_dir=artifact_dir)
     measurer.on_wait = lambda waited: bar.set_postfix_str(f"waiting {waited:.0f}s for a quiet machine")
     deadline = time.time() + budget_minutes * 60 if budget_minutes else None
@@ -142,7 +142,7 @@ def _collect_fast(tasks, dataset_dir, device, target, per_task, budget_minutes, 
     task_list = sorted(tasks, key=lambda t: t.key)
     by_key = {t.key: t for t in task_list}
     twins = twin_traces(store, programs_from, by_key) if programs_from else {}
-    run_id = store.add_run(provenance(device, target, cfg, None, per_task=per_task, seed=seed,
+    run_id = store.add_run(run_provenance(device, target, cfg, None, per_task=per_task, seed=seed,
                                        measurer="fast", overlap=overlap, programs_from=programs_from))
     twin_tasks = [t for t in task_list if twins.get(t.key)]
     n_jobs = len(twin_tasks) + (len(task_list) if per_task > 0 else 0)

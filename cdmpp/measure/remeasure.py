@@ -9,7 +9,7 @@ import os
 import time
 
 from cdmpp.measure.measurer import MeasureConfig, Measurer
-from cdmpp.measure.results import measurement_fields
+from cdmpp.measure.results import measurement_fields, run_provenance
 from cdmpp.records.labels import label, usable
 from cdmpp.records.store import RecordStore
 
@@ -64,7 +64,7 @@ def remeasure(tasks, dataset_dir: str, device, target, passes: int = 2, min_gap_
             continue
         todo.append((r, len(r.get("remeasures", [])) + 2))  # a pass number no earlier pass of r used
     todo.sort(key=lambda t: t[0]["task"])
-    run_id = store.add_run(provenance(device, target, cfg, rpc, mode="remeasure", passes=passes))
+    run_id = store.add_run(run_provenance(device, target, cfg, rpc, mode="remeasure", passes=passes))
     measurer = Measurer(target, cfg, rpc, pause_flag=os.path.join(dataset_dir, "PAUSE"), artifact_dir=artifact_dir)
     bar = tqdm(total=len(todo), unit="prog", desc="remeasure", disable=not progress, dynamic_ncols=True)
     measurer.on_wait = lambda waited: bar.set_postfix_str(f"waiting {waited:.0f}s for a quiet machine")

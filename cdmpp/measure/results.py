@@ -20,7 +20,7 @@ def measurement_fields(secs: list, err: str | None, build_s: float, others: floa
             "disturbed": others >= cfg.quiet_share, "run": run_id, "measured_at": round(time.time())}
 
 
-def provenance(device, target, cfg: MeasureConfig, rpc, **extra) -> dict:
+def run_provenance(device, target, cfg: MeasureConfig, rpc, **extra) -> dict:
     """What a run entry in ``runs.jsonl`` says about the machine, the software and the settings."""
     tvm = tvm_env.setup()
     return {
