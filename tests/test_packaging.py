@@ -31,19 +31,20 @@ def test_wheel_in_fresh_venv_serves_the_readme_request(tmp_path):
 
     wheels, venv, cwd = tmp_path / "wheels", tmp_path / "venv", tmp_path / "empty"
     cwd.mkdir()
+    # nothing of the caller's Python path: a checkout on PYTHONPATH would satisfy pip without installing
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CDMPP_") and k != "PYTHONPATH"}
     subprocess.run([sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps", "--no-build-isolation",
-                    "-q", "-w", str(wheels)], check=True, cwd=cwd, timeout=300)
+                    "-q", "-w", str(wheels)], check=True, cwd=cwd, timeout=300, env=env)
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     py = venv / "bin" / "python"
     # --no-deps: pip installs the wheel alone (never resolves torch or TVM)
     subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "--no-deps", "-q",
-                    *map(str, wheels.glob("cdmpp-*.whl"))], check=True, cwd=cwd, timeout=300)
+                    *map(str, wheels.glob("cdmpp-*.whl"))], check=True, cwd=cwd, timeout=300, env=env)
     site = Path(subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                                check=True, capture_output=True, text=True).stdout.strip())
     # the dependencies come from this environment's site-packages, appended after the venv's own (a
     # path line in a .pth does not run that folder's .pth files, so this checkout's editable cdmpp stays out)
     (site / "zz-borrowed-deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CDMPP_") and k != "PYTHONPATH"}
     where = subprocess.run([str(py), "-c", "import cdmpp, cdmpp.model.training as t; print(cdmpp.__file__); "
                             "print(t.TrainConfig.recipe('default').epochs)"],
                            check=True, capture_output=True, text=True, cwd=cwd, env=env).stdout.split()
