@@ -73,7 +73,7 @@ def tune_one(mod, target, cost_model, trials: int, per_iter: int, threads: int, 
     from cdmpp.program import tvm_env
 
     t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory() as work_dir, _unnamed_handlers_aside():
+    with tempfile.TemporaryDirectory() as work_dir, unnamed_handlers_aside():
         db = ms.tune_tir(
             mod, target, work_dir, max_trials_global=trials, num_trials_per_iter=per_iter,
             builder=ms.builder.LocalBuilder(max_workers=threads, timeout_sec=60,
@@ -93,7 +93,7 @@ def tune_one(mod, target, cost_model, trials: int, per_iter: int, threads: int, 
 
 
 @contextlib.contextmanager
-def _unnamed_handlers_aside():
+def unnamed_handlers_aside():
     """``tune_tir`` puts every handler of MetaSchedule's logger into a logging dictConfig by name and fails
     on unnamed ones (pytest's capture handlers, which a previous run leaves there): set them aside meanwhile."""
     import logging
