@@ -14,6 +14,7 @@ pytestmark = pytest.mark.skipif(not (DEFAULT_MODEL / "predictor.json").exists(),
 httpx = pytest.importorskip("httpx")
 
 
+@pytest.mark.slow
 def test_client_round_trip_equals_in_process(url, predictor, device, sampled, texts):
     from cdmpp.predict.client import Client
     from cdmpp.program.inputs import workload_trace_json

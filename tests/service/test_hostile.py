@@ -297,6 +297,7 @@ def test_worst_requests_then_healthz_ok_within_10s(servers):
     assert h["workers_ready"] == h["workers"] and h["worker_restarts"] >= 4
 
 
+@pytest.mark.slow
 def test_abandoned_upload_counts_499_not_500(servers):
     plain, _ = servers
     for _ in range(3):
