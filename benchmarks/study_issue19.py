@@ -45,6 +45,14 @@ ROUND2 = {
     "P3 H + pooled inputs + roofline": {"pooled_inputs": True, "roofline": True},
 }
 GBT2 = "pooled GBT (block FLOPs)"
+# third round: the optimization and size knobs of item 3 on top of the recipe (`study_issue19.py 2.0 --round3`)
+ROUND3 = {
+    "Q0 recipe (H), round 3": {},
+    "Q1 attention pooling": {"pooling": "attention"},
+    "Q2 weight decay 0.01": {"weight_decay": 0.01},
+    "Q3 smaller model (d_model 64, d_ff 128)": {"d_model": 64, "d_ff": 128},
+    "Q4 max_lr 3e-3": {"max_lr": 3e-3},
+}
 
 
 def job(args):
@@ -54,7 +62,7 @@ def job(args):
     from cdmpp.evaluation import protocol as P
 
     torch.set_num_threads(1)
-    base = {} if name in ROUND2 or name == GBT2 else BEFORE
+    base = {} if name in ROUND2 or name in ROUND3 or name == GBT2 else BEFORE
     opts = P.ProtocolOptions(settings=["random-new"], methods=methods, overrides={**base, **overrides},
                              label=name, minutes=minutes, runs=RUNS, ks=("0",),
                              gbt_label=GBT2 if name == GBT2 else "pooled GBT")
@@ -78,17 +86,17 @@ def table() -> str:
     return "\n".join(out)
 
 
-def pick(base: str = "P0 default recipe (H), block FLOPs") -> str:
+def pick(variants: dict = ROUND2, base: str = "P0 default recipe (H), block FLOPs") -> str:
     """Round 2's rule: a variant replaces ``base`` only if its mean MAPE is lower by more than the
     larger std of the two, or (MAPE within that) its Spearman is higher by more than the spread."""
     latest = {}
     with open(RUNS) as f:
         for line in f:
             r = json.loads(line)
-            if r["method"] in ROUND2:
+            if r["method"] in variants:
                 latest[(r["method"], r["seed"])] = r["metrics"]
     st = {}
-    for name in ROUND2:
+    for name in variants:
         ms = [m for (n, _), m in latest.items() if n == name]
         if len(ms) >= 3:
             st[name] = {k: (np.mean([m[k] for m in ms]), np.std([m[k] for m in ms])) for k in ("mape", "spearman")}
@@ -108,8 +116,15 @@ if __name__ == "__main__":
     if sys.argv[1:] == ["--pick"]:
         print(pick())
         sys.exit(0)
+    if sys.argv[1:] == ["--pick3"]:
+        print(pick(ROUND3, "Q0 recipe (H), round 3"))
+        sys.exit(0)
     minutes = float(sys.argv[1])
-    if "--round2" in sys.argv:
+    if "--round3" in sys.argv:
+        names = [a for a in sys.argv[2:] if a != "--round3"]
+        names = names[0].split(";") if names else list(ROUND3)
+        variants = ROUND3
+    elif "--round2" in sys.argv:
         names = [a for a in sys.argv[2:] if a != "--round2"]
         names = names[0].split(";") if names else [*ROUND2, GBT2]
         variants = {**ROUND2, GBT2: {}}

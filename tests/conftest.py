@@ -53,25 +53,21 @@ def device(predictor):
 @pytest.fixture
 def restore_logging():
     """tune_tir attaches file handlers under its work_dir to every MetaSchedule logger; drop them after
-    the run, or later MetaSchedule users (the XGBoost peer) log into a deleted folder. It also fails on
-    unnamed handlers of MetaSchedule's logger (pytest's capture handlers, which an earlier run leaves
-    there): those are set aside meanwhile."""
+    the run, or later MetaSchedule users (the XGBoost peer) log into a deleted folder. Unnamed handlers
+    of MetaSchedule's logger are set aside meanwhile (``cdmpp.bench.tune.unnamed_handlers_aside``)."""
     import logging
+
+    from cdmpp.bench.tune import unnamed_handlers_aside
 
     before = {name: list(lg.handlers) for name, lg in logging.Logger.manager.loggerDict.items()
               if isinstance(lg, logging.Logger)}
-    ms = logging.getLogger("tvm.s_tir.meta_schedule")
-    aside = [h for h in ms.handlers if h.get_name() is None]
-    for h in aside:
-        ms.removeHandler(h)
-    yield
-    for name, lg in list(logging.Logger.manager.loggerDict.items()):
-        if isinstance(lg, logging.Logger):
-            for h in [h for h in lg.handlers if h not in before.get(name, [])]:
-                lg.removeHandler(h)
-                h.close()
-    for h in aside:
-        ms.addHandler(h)
+    with unnamed_handlers_aside():
+        yield
+        for name, lg in list(logging.Logger.manager.loggerDict.items()):
+            if isinstance(lg, logging.Logger):
+                for h in [h for h in lg.handlers if h not in before.get(name, [])]:
+                    lg.removeHandler(h)
+                    h.close()
 
 
 @pytest.fixture(scope="session")
