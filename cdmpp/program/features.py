@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from cdmpp.program import tvm_env
-from cdmpp.program.compact_ast import CompactAST, build_compact_ast, lower_for_features
+from cdmpp.program.compact_ast import CompactAST, build_compact_ast, lower_for_features, walk
 from cdmpp.program.inputs import Program, ProgramError, load_program
 
 FEATURIZER_VERSION = "2"  # 2: FLOPs counted on blocks (program_flops); the rows are those of version 1
@@ -89,10 +89,6 @@ def flops_from_rows(rows: np.ndarray) -> float:
     return float(np.rint(np.sum(np.exp2(rows[:, _FLOAT_OP_COLUMNS].astype(np.float64)) - 1.0)))
 
 
-_NOT_FLOPS = frozenset({"if_then_else", "likely", "reinterpret", "tvm_access_ptr", "call_extern", "call_pure_extern",
-                        "call_llvm_intrin", "call_llvm_pure_intrin", "ret", "undef"})
-
-
 def program_flops(mod) -> float:
     """Floating-point operations of a (scheduled or not) TIR module, counted per block.
 
@@ -101,85 +97,9 @@ def program_flops(mod) -> float:
     (through buffer indices), times the instances of enclosing blocks. A multiply-add is 2. Selects
     (padding, concatenation) and casts are not FLOPs. On an unscheduled workload this is the usual
     count (2*M*N*K for a matmul); a schedule's loops, tiles and cache stages do not change it.
+    The walk that counts them (``cdmpp.program.compact_ast.walk``) also builds the compact AST.
     """
-    tvm = tvm_env.setup()
-    from tvm import s_tir, tirx
-
-    arith = (tirx.Add, tirx.Sub, tirx.Mul, tirx.Div, tirx.FloorDiv, tirx.Mod, tirx.FloorMod, tirx.Min, tirx.Max)
-    total = 0.0
-
-    def is_float(x) -> bool:
-        return str(getattr(x, "ty", getattr(x, "dtype", ""))).removeprefix("T.").startswith(("float", "bfloat"))
-
-    def count(v: frozenset, ext: dict) -> float:
-        n = 1.0
-        for h in v:
-            n *= ext[h]
-        return n
-
-    def expr(x, ext) -> tuple[frozenset, float]:
-        """(the block iterators ``x`` depends on, the FLOPs inside ``x``)."""
-        kind = type(x).__name__
-        if isinstance(x, arith):
-            va, fa = expr(x.a, ext)
-            vb, fb = expr(x.b, ext)
-            v = va | vb
-            return v, fa + fb + (count(v, ext) if is_float(x) else 0.0)
-        if kind == "Var":
-            h = x.__chandle__()
-            return (frozenset((h,)) if h in ext else frozenset()), 0.0
-        if kind in ("TensorLoad", "BufferLoad"):
-            v = frozenset()
-            for i in x.indices:
-                v = v | expr(i, ext)[0]
-            return v, 0.0
-        if kind == "Call":
-            kids, op = list(x.args), str(getattr(x.op, "name", "")).rsplit(".", 1)[-1]
-        elif isinstance(x, tirx.Select):
-            kids, op = [x.condition, x.true_value, x.false_value], None
-        elif isinstance(x, tirx.Let):
-            kids, op = [x.value, x.body], None
-        elif hasattr(x, "a"):
-            kids, op = [x.a] + ([x.b] if hasattr(x, "b") else []), None
-        elif hasattr(x, "value") and not isinstance(x, (tirx.IntImm, tirx.FloatImm)):
-            kids, op = [x.value], None  # Cast, Broadcast
-        else:
-            return frozenset(), 0.0
-        v, f = frozenset(), 0.0
-        for k in kids:
-            vk, fk = expr(k, ext)
-            v, f = v | vk, f + fk
-        if op is not None and op not in _NOT_FLOPS and is_float(x):
-            f += count(v, ext)
-        return v, f
-
-    def visit(stmt, mult: float, ext: dict) -> None:
-        nonlocal total
-        if isinstance(stmt, tirx.SeqStmt):
-            for s in stmt.seq:
-                visit(s, mult, ext)
-        elif isinstance(stmt, s_tir.SBlockRealize):
-            visit(stmt.block, mult, ext)
-        elif isinstance(stmt, s_tir.SBlock):
-            inner = {}
-            for iv in stmt.iter_vars:
-                e = iv.dom.extent
-                inner[iv.var.__chandle__()] = float(e.value) if isinstance(e, tirx.IntImm) else 1.0
-            visit(stmt.body, mult * count(frozenset(ext), ext), inner)  # a nested block runs per outer instance
-        elif isinstance(stmt, tirx.BufferStore):
-            total += mult * expr(stmt.value, ext)[1]
-        elif isinstance(stmt, tirx.IfThenElse):
-            visit(stmt.then_case, mult, ext)
-            if stmt.else_case is not None:
-                visit(stmt.else_case, mult, ext)
-        elif getattr(stmt, "body", None) is not None:  # For, Let, Attr, Alloc, ...
-            visit(stmt.body, mult, ext)
-
-    del tvm
-    for _, func in mod.functions.items():
-        if isinstance(func, tirx.PrimFunc):
-            visit(func.body, 1.0, {})
-    return float(total)
+    return walk(mod, ast=False)[1]
 
 
 class Featurizer:
@@ -244,8 +164,10 @@ class Featurizer:
 
     @staticmethod
     def _assemble(p: Program, rows: np.ndarray, with_hash: bool = True) -> ProgramFeatures:
-        ast = compact_ast_of(p, expected_leaves=rows.shape[0])
-        return ProgramFeatures(rows, np.asarray(ast.leaf_positions, dtype=np.int64), program_flops(p.mod),
+        ast, flops = walk(p.mod)  # one pass for both: a cost model assembles thousands of programs
+        if p.is_gpu or ast.n_leaves != rows.shape[0]:
+            ast = compact_ast_of(p, expected_leaves=rows.shape[0])
+        return ProgramFeatures(rows, np.asarray(ast.leaf_positions, dtype=np.int64), flops,
                                program_hash(p.mod) if with_hash else "")
 
 
