@@ -52,6 +52,7 @@ ROUND3 = {
     "Q2 weight decay 0.01": {"weight_decay": 0.01},
     "Q3 smaller model (d_model 64, d_ff 128)": {"d_model": 64, "d_ff": 128},
     "Q4 max_lr 3e-3": {"max_lr": 3e-3},
+    "Q5 within-task ranking loss (rank_weight 0.2)": {"rank_weight": 0.2},
 }
 
 

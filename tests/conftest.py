@@ -53,21 +53,19 @@ def device(predictor):
 @pytest.fixture
 def restore_logging():
     """tune_tir attaches file handlers under its work_dir to every MetaSchedule logger; drop them after
-    the run, or later MetaSchedule users (the XGBoost peer) log into a deleted folder. Unnamed handlers
-    of MetaSchedule's logger are set aside meanwhile (``cdmpp.bench.tune.unnamed_handlers_aside``)."""
+    the run, or later MetaSchedule users (the XGBoost peer) log into a deleted folder. (pytest's own
+    capture handlers, on which tune_tir fails, are added at the call itself: the tuning code sets them
+    aside with ``cdmpp.bench.tune.unnamed_handlers_aside``.)"""
     import logging
-
-    from cdmpp.bench.tune import unnamed_handlers_aside
 
     before = {name: list(lg.handlers) for name, lg in logging.Logger.manager.loggerDict.items()
               if isinstance(lg, logging.Logger)}
-    with unnamed_handlers_aside():
-        yield
-        for name, lg in list(logging.Logger.manager.loggerDict.items()):
-            if isinstance(lg, logging.Logger):
-                for h in [h for h in lg.handlers if h not in before.get(name, [])]:
-                    lg.removeHandler(h)
-                    h.close()
+    yield
+    for name, lg in list(logging.Logger.manager.loggerDict.items()):
+        if isinstance(lg, logging.Logger):
+            for h in [h for h in lg.handlers if h not in before.get(name, [])]:
+                lg.removeHandler(h)
+                h.close()
 
 
 @pytest.fixture(scope="session")

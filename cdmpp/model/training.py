@@ -71,6 +71,7 @@ class TrainConfig:
     mape_weight: float = 1.0
     mape_floor: float = 1.0  # MAPE denominator is max(|z|, mape_floor); see cdmpp_loss
     patience: int = 12  # epochs without validation improvement before stopping
+    rank_weight: float = 0.0  # weight of a within-task pairwise ranking loss (see _rank_loss); 0 = off
     # domain adaptation (active only when fit gets a target pool)
     da: str = "cmd"  # "cmd" | "mmd" | "none"
     da_weight: float = 10.0
@@ -166,6 +167,20 @@ def _loss(config: "TrainConfig", pred: torch.Tensor, target: torch.Tensor, sigma
     return cdmpp_loss(pred, target, config.mse_weight, config.mape_weight, config.mape_floor)
 
 
+def _rank_loss(pred: torch.Tensor, target: torch.Tensor, groups: torch.Tensor, sigma: float = 1.0,
+               margin: float = 0.03) -> torch.Tensor:
+    """RankNet loss over the batch's pairs of one group (same task, same device) whose labels differ by
+    more than ``margin`` in log latency (closer pairs are within measurement noise): softplus of the
+    wrongly ordered predicted log-latency gap. MAPE alone does not reward ordering the candidates of a
+    task, which is what a tuner asks; a batch holds many such pairs because batches are length-bucketed
+    and a task's programs have similar leaf counts."""
+    gap = (target[:, None] - target[None, :]) * sigma
+    pairs = (groups[:, None] == groups[None, :]) & (gap > margin)
+    if not bool(pairs.any()):
+        return pred.sum() * 0.0
+    return torch.nn.functional.softplus(-((pred[:, None] - pred[None, :]) * sigma)[pairs]).mean()
+
+
 def mape_scale(predicted: np.ndarray, seconds: np.ndarray) -> float:
     """The factor c in [0.5, 1.2] (step 0.01) minimizing MAPE(c·predicted) on validation data.
 
@@ -187,6 +202,7 @@ class _Split:
     seconds: np.ndarray | None = None
     extra: torch.Tensor | None = None
     offset: torch.Tensor | None = None
+    groups: torch.Tensor | None = None  # (task, device) id per program, for rank_weight
 
     def inputs(self, idx) -> tuple:
         """``(extra, offset)`` rows of the batch ``idx`` (None where unused)."""
@@ -251,6 +267,9 @@ def fit(config: TrainConfig, train_set: Sequence[LabeledProgram], val_set: Seque
                    np.array([s.seconds for s in train_set]))
     train.z = labels.transform(train.seconds).astype(np.float32)
     train.extra, train.offset = trained.model_inputs(train.pack, [s.device for s in train_set])
+    if config.rank_weight:
+        ids: dict = {}
+        train.groups = torch.tensor([ids.setdefault((getattr(s, "task", None), s.device), len(ids)) for s in train_set])
     val = _prepare(val_set, trained, dev_index)
     target = _prepare(target_pool, trained, dev_index, labeled=False) if target_pool else None
 
@@ -329,7 +348,11 @@ def _train_run(config: TrainConfig, seed: int, train: _Split, val: _Split, targe
             extra, offset = train.inputs(idx)
             emb = model.embed(x, pos, mask, extra)
             pred = model.head(emb, dev)
-            loss = _loss(config, pred if offset is None else pred + offset, z_all[idx], trained.label_transform.std_)
+            pred = pred if offset is None else pred + offset
+            loss = _loss(config, pred, z_all[idx], trained.label_transform.std_)
+            if train.groups is not None:
+                loss = loss + config.rank_weight * _rank_loss(pred, z_all[idx], train.groups[idx],
+                                                              trained.label_transform.std_)
             if target is not None:
                 t_idx = matcher.sample(train.pack.lengths[idx], rng)
                 t_emb = model.embed(*target.pack.batch(t_idx), target.inputs(t_idx)[0])

@@ -101,3 +101,27 @@ def test_new_model_options_train_save_and_load(tmp_path):
         assert finetune(model, val[:8], steps=2).predict([s.features for s in val], "cpu-a")[0].shape == (30,)
     with pytest.raises(ValueError, match="label"):
         TrainConfig(roofline=True)
+
+
+def test_rank_loss_counts_only_ordered_pairs_of_one_group():
+    """The within-task ranking term: zero when every same-group pair is ordered by a wide margin, large
+    when it is reversed; pairs of different groups and pairs within the noise margin do not count."""
+    import torch
+
+    from cdmpp.model.training import _rank_loss
+
+    target = torch.tensor([0.0, 1.0, 2.0, 2.001])
+    groups = torch.tensor([0, 0, 1, 1])  # pairs (1, 0) in group 0; (3, 2) is within the margin
+    right = _rank_loss(torch.tensor([0.0, 30.0, 5.0, -5.0]), target, groups)
+    wrong = _rank_loss(torch.tensor([30.0, 0.0, 5.0, -5.0]), target, groups)
+    assert float(right) < 1e-6 and float(wrong) > 20
+    assert float(_rank_loss(torch.tensor([0.0, 30.0, 0.0, 0.0]), target, torch.tensor([0, 1, 2, 3]))) == 0.0
+
+
+def test_rank_weight_trains(tmp_path):
+    """``rank_weight`` groups training programs by (task, device) and trains to finite predictions."""
+    samples = synthetic_samples(160, np.random.default_rng(5))
+    samples = [LabeledProgram(s.features, s.device, s.seconds, f"t{i % 8}") for i, s in enumerate(samples)]
+    model = fit(quick_config(epochs=2, ensemble=1, rank_weight=0.5), samples[:120], samples[120:], device_table=DEVICES)
+    mean, _, _ = model.predict([s.features for s in samples[120:]], samples[0].device)
+    assert np.all(np.isfinite(mean)) and np.all(mean > 0)
