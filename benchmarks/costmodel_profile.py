@@ -19,9 +19,9 @@ tvm_env.setup()
 from tvm.s_tir import meta_schedule as ms  # noqa: E402
 
 from cdmpp.predict.cost_model import CDMPPCostModel, _torch_threads  # noqa: E402
-from cdmpp.program.features import compact_ast_of, program_flops, program_hash  # noqa: E402
+from cdmpp.program.compact_ast import walk  # noqa: E402
+from cdmpp.program.features import program_hash  # noqa: E402
 from cdmpp.predict.predictor import Predictor  # noqa: E402
-from cdmpp.program.inputs import Program  # noqa: E402
 
 DEVICE = "amd-epyc-znver4-2t/llvm-avx512"
 
@@ -38,7 +38,7 @@ def main() -> None:
     pred = Predictor.load(sys.argv[1] if len(sys.argv) > 1 else None)
     ext = ms.feature_extractor.PerStoreFeature()
     for threads in (1, 2):
-        t = dict(cdmpp=0.0, xgb=0.0, extract=0.0, xgb_booster=0.0, compact_ast=0.0, flops=0.0, hash=0.0, model=0.0)
+        t = dict(cdmpp=0.0, xgb=0.0, extract=0.0, xgb_booster=0.0, walk=0.0, hash=0.0, model=0.0)
         n = 0
 
         def timed(key, f):
@@ -59,11 +59,10 @@ def main() -> None:
             rows = [x.numpy().astype("float32") for x in timed("extract", lambda: ext.extract_from(ctx, cands))]
             timed("xgb_booster", lambda: xgb._predict(rows))
             mods = [c.sch.mod for c in cands]
-            timed("compact_ast", lambda: [compact_ast_of(Program(m, target), r.shape[0]) for m, r in zip(mods, rows)])
-            timed("flops", lambda: [program_flops(m) for m in mods])
+            timed("walk", lambda: [walk(m) for m in mods])  # compact AST and FLOPs, one pass
             timed("hash", lambda: [program_hash(m) for m in mods])
             feats = cm._features(ctx, cands)
-            with _torch_threads(1):
+            with _torch_threads(threads):
                 timed("model", lambda: pred.model.predict(feats, DEVICE))
             n += len(cands)
         print(f"{threads} thread(s), ms per program:", {k: round(v / n * 1e3, 3) for k, v in t.items()},

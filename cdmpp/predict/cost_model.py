@@ -158,11 +158,12 @@ class CDMPPCostModel(PyCostModel):
     def _local(self, context, candidates, device: str) -> np.ndarray:
         """Seconds per candidate (NaN where a candidate does not featurize).
 
-        With a tuning context of n > 1 threads, n threads each featurize and score chunks of the batch
-        on a one-thread TVM context. TVM's extractor releases the GIL, so one thread's compact-AST walk
-        and model forward run while another thread extracts; extracting the whole batch on n TVM
-        threads and then scoring on one left those steps serial. The thread count is the tuner's, as
-        for XGBModel's extractor and booster."""
+        With a tuning context of n > 1 threads, n threads featurize chunks of the batch on a one-thread
+        TVM context: TVM's extractor releases the GIL, so one thread's compact-AST walk runs while
+        another extracts. Meanwhile this thread scores what is featurized, in order, in a few large
+        model calls: the model's fixed cost per call is several ms, so small calls per chunk cost more
+        than the forward itself, and torch on more than one thread spins against the extracting threads.
+        The thread count is the tuner's, as for XGBModel's extractor and booster."""
         candidates = list(candidates)
         n = len(candidates)
         seconds = np.full(n, np.nan)
@@ -175,21 +176,25 @@ class CDMPPCostModel(PyCostModel):
         threads = max(1, min(int(context.num_threads), n // 8))
         with _torch_threads(1):
             if threads == 1:
-                self._score(context, candidates, model, device, seconds, 0)
+                self._score(model, device, self._features(context, candidates, with_hash=False), seconds, 0)
                 return seconds
             one = self._featurizer._context(context.target)  # a one-thread context of the same target
-            # a few chunks per thread, so that none waits long on the last one; at least 8 programs per
-            # chunk, so that the model's per-call cost stays small against the batch
-            size = max(8, -(-n // (4 * threads)))
+            size = max(4, -(-n // (4 * threads)))  # a few chunks per thread, so that none waits long on the last
+            batch = max(64, min(256, n // 4))  # programs per model call
             with ThreadPoolExecutor(threads, thread_name_prefix="cdmpp-costmodel") as pool:
-                for f in [pool.submit(self._score, one, candidates[a:a + size], model, device, seconds, a)
-                          for a in range(0, n, size)]:
-                    f.result()
+                parts = [pool.submit(self._features, one, candidates[a:a + size], False) for a in range(0, n, size)]
+                feats: list = []
+                done = 0  # feats[:done] are scored
+                for k, part in enumerate(parts):
+                    feats += part.result()
+                    if len(feats) - done >= batch or k == len(parts) - 1:
+                        self._score(model, device, feats[done:], seconds, done)
+                        done = len(feats)
         return seconds
 
-    def _score(self, context, candidates, model, device: str, out: np.ndarray, start: int) -> None:
-        """Featurize ``candidates`` on ``context`` and write their predicted seconds into ``out[start:]``."""
-        feats = self._features(context, candidates, with_hash=False)  # scores need no program hash
+    @staticmethod
+    def _score(model, device: str, feats: list, out: np.ndarray, start: int) -> None:
+        """Write the predicted seconds of ``feats`` (None: not featurized) into ``out[start:]``."""
         good = [i for i, f in enumerate(feats) if f is not None and f.n_leaves > 0]
         if good:
             out[start + np.asarray(good)] = model.predict([feats[i] for i in good], device)[0]
