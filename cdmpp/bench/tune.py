@@ -9,7 +9,8 @@ scores until it holds 100 measurements, so within a 64-trial budget ``xgb`` rank
 on. For every run: the best measured latency after each trial (the curve), the final best, and the
 trials each model needed to reach XGBoost's final best (and to come within 5 % of it). Each
 run's best schedule is compiled and timed once more in process (median of 10), because one runner
-measurement of one candidate is noisy (see TVM-NOTES). Writes ``reports/tune.json`` and prints a table.
+measurement of one candidate is noisy (see TVM-NOTES). Writes ``reports/tune.json`` after every run (a
+rerun with the same settings resumes from it) and prints a table.
 """
 
 from __future__ import annotations
@@ -136,42 +137,80 @@ def trials_to_reach(curve: list[float], goal: float) -> int | None:
 
 
 def run(tasks: list[str], cost_models: list[str], trials: int, per_iter: int, threads: int, model: str | None,
-        device: str | None, finetune: bool, task_table: str, seeds: list[int]) -> dict:
-    """Every task x cost model x seed; a run is compared with XGBoost's run of the same task and seed."""
+        device: str | None, finetune: bool, task_table: str, seeds: list[int], out: str | None = None) -> dict:
+    """Every task x cost model x seed; a run is compared with XGBoost's run of the same task and seed.
+
+    With ``out``, the report is rewritten after every run, and runs already in it (same trials, trials
+    per iteration, threads and model) are kept instead of tuned again: an interrupted benchmark resumes."""
     from cdmpp.program import tvm_env
 
     tvm_env.setup(threads)
     target = tvm_env.make_target("llvm", num_cores=threads)
     result = {"target": str(target), "trials": trials, "per_iter": per_iter, "threads": threads, "seeds": seeds,
-              "model_saw": sorted(_networks_seen(model)), "tasks": {}}
+              "model": model or "shipped", "model_saw": sorted(_networks_seen(model)), "tasks": {}}
+    done = _previous_runs(out, result)
     for spec, mod in load_tasks(tasks, task_table):
         runs: dict[str, list] = {}
         for seed in seeds:
             for kind in cost_models:
-                print(f"bench tune: {spec} with {kind}, seed {seed} ({trials} trials)", file=sys.stderr)
-                cm = make_cost_model(kind, model, device, finetune, seed, threads)
-                r = tune_one(mod, target, cm, trials, per_iter, threads, seed)
-                try:
-                    r["best_retimed_s"] = retime(mod, r.pop("best_record"), target)
-                except Exception as e:  # a report without the re-timing beats no report
-                    print(f"bench tune: could not re-time the best {kind} schedule: {e}", file=sys.stderr)
-                    r["best_retimed_s"] = None
-                if kind.startswith("cdmpp"):
-                    r["cdmpp"] = {"device": cm.device, "predict_calls": cm.n_predict_calls,
-                                  "predicted": cm.n_predicted, "results": cm.n_results, "finetunes": cm.n_finetunes}
-                r["seed"] = seed
+                r = done.get((spec, kind, seed))
+                if r is None:
+                    print(f"bench tune: {spec} with {kind}, seed {seed} ({trials} trials)", file=sys.stderr)
+                    r = _tune_and_retime(kind, mod, target, model, device, finetune, trials, per_iter, threads, seed)
                 runs.setdefault(kind, []).append(r)
-        for i, _ in enumerate(seeds):
-            xgb = runs.get("xgb", [{}] * len(seeds))[i].get("best_so_far")
-            goal = xgb[-1] if xgb else None
-            for kind_runs in runs.values():
-                r = kind_runs[i]
-                r["final_best_s"] = r["best_so_far"][-1] if r["best_so_far"] else None
-                r["trials_to_xgb_final"] = trials_to_reach(r["best_so_far"], goal) if goal else None
-                r["trials_to_within_5pct_of_xgb"] = trials_to_reach(r["best_so_far"], 1.05 * goal) if goal else None
-        result["tasks"][spec] = runs
+                _compare_with_xgb(runs)
+                result["tasks"][spec] = runs
+                if out:
+                    _write(out, result)
     result["verdict"] = verdict(result)
     return result
+
+
+def _tune_and_retime(kind, mod, target, model, device, finetune, trials, per_iter, threads, seed) -> dict:
+    cm = make_cost_model(kind, model, device, finetune, seed, threads)
+    r = tune_one(mod, target, cm, trials, per_iter, threads, seed)
+    try:
+        r["best_retimed_s"] = retime(mod, r.pop("best_record"), target)
+    except Exception as e:  # a report without the re-timing beats no report
+        print(f"bench tune: could not re-time the best {kind} schedule: {e}", file=sys.stderr)
+        r["best_retimed_s"] = None
+    if kind.startswith("cdmpp"):
+        r["cdmpp"] = {"device": cm.device, "predict_calls": cm.n_predict_calls,
+                      "predicted": cm.n_predicted, "results": cm.n_results, "finetunes": cm.n_finetunes}
+    r["seed"] = seed
+    return r
+
+
+def _compare_with_xgb(runs: dict[str, list]) -> None:
+    """Final best, and trials to reach XGBoost's final best (and within 5 % of it) of the same seed."""
+    goals = {x["seed"]: x["best_so_far"][-1] for x in runs.get("xgb", []) if x["best_so_far"]}
+    for kind_runs in runs.values():
+        for r in kind_runs:
+            goal = goals.get(r["seed"])
+            r["final_best_s"] = r["best_so_far"][-1] if r["best_so_far"] else None
+            r["trials_to_xgb_final"] = trials_to_reach(r["best_so_far"], goal) if goal else None
+            r["trials_to_within_5pct_of_xgb"] = trials_to_reach(r["best_so_far"], 1.05 * goal) if goal else None
+
+
+def _previous_runs(out: str | None, result: dict) -> dict:
+    """Runs of an earlier report at ``out`` made with the same settings, by (task, cost model, seed)."""
+    if not out or not os.path.exists(out):
+        return {}
+    with open(out) as f:
+        old = json.load(f)
+    if any(old.get(k) != result[k] for k in ("target", "trials", "per_iter", "threads", "model")):
+        return {}
+    return {(spec, kind, r["seed"]): {**r, "best_so_far": [np.inf if v is None else v for v in r["best_so_far"]],
+                                      "trial_seconds": [np.inf if v is None else v for v in r["trial_seconds"]]}
+            for spec, runs in old.get("tasks", {}).items() for kind, rs in runs.items() for r in rs}
+
+
+def _write(out: str, result: dict) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    tmp = out + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(_finite(result), f, indent=1)
+    os.replace(tmp, out)
 
 
 def _networks_seen(model: str | None) -> set[str]:
@@ -236,14 +275,12 @@ def main(args) -> int:
     cms = [c.strip() for c in args.cost_models.split(",") if c.strip()]
     seeds = [int(x) for x in str(args.seeds).split(",") if x.strip()]
     r = run(tasks, cms, args.trials, args.per_iter, args.threads, args.model, args.device, not args.no_finetune,
-            args.task_table, seeds)
+            args.task_table, seeds, args.out)
     print(table(r))
     for spec, v in r["verdict"].items():
         print(f"{spec}: cdmpp needs {100 * v['budget_share_to_xgb_final']:.0f} % of the trials to reach XGBoost's "
               f"final best; final {100 * (v['final_vs_xgb'] - 1):+.1f} % vs XGBoost"
               f"{'' if v['unseen'] else ' (model saw this network)'}" if v["final_vs_xgb"] else spec)
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(_finite(r), f, indent=1)
+    _write(args.out, r)
     print(f"wrote {args.out}", file=sys.stderr)
     return 0

@@ -9,16 +9,27 @@ pytestmark = pytest.mark.skipif(not (DEFAULT_MODEL / "predictor.json").exists(),
 
 
 @pytest.mark.slow
-def test_bench_tune_short(tvm, restore_logging):
+def test_bench_tune_short(tvm, restore_logging, tmp_path, monkeypatch):
     """A short ``cdmpp bench tune``: each method and seed tunes the task, and cdmpp is judged against
-    XGBoost's run of the same seed."""
+    XGBoost's run of the same seed. The report is written as runs finish, and a second call with the
+    same settings resumes from it instead of tuning again."""
+    import json
     from pathlib import Path
 
     from cdmpp.bench import tune as bench_tune
 
     table = str(Path(__file__).resolve().parents[2] / "datasets" / "tasks-llvm.json.gz")
-    r = bench_tune.run(["bert_tiny@1/fused_softmax_broadcast_to2"], ["cdmpp", "xgb"], trials=4, per_iter=4,
-                       threads=1, model=None, device=None, finetune=True, task_table=table, seeds=[0])
+    out = str(tmp_path / "tune.json")
+    args = dict(trials=4, per_iter=4, threads=1, model=None, device=None, finetune=True, task_table=table, seeds=[0])
+    r = bench_tune.run(["bert_tiny@1/fused_softmax_broadcast_to2"], ["cdmpp", "xgb"], out=out, **args)
+    assert json.loads(Path(out).read_text())["tasks"]["bert_tiny@1/fused_softmax_broadcast_to2"]["xgb"][0]["seed"] == 0
+
+    def no_tuning(*a, **k):
+        raise AssertionError("a run already in the report was tuned again")
+
+    monkeypatch.setattr(bench_tune, "tune_one", no_tuning)
+    again = bench_tune.run(["bert_tiny@1/fused_softmax_broadcast_to2"], ["cdmpp", "xgb"], out=out, **args)
+    assert again["verdict"] == r["verdict"]
     runs = r["tasks"]["bert_tiny@1/fused_softmax_broadcast_to2"]
     assert [x["seed"] for x in runs["cdmpp"]] == [0] and len(runs["xgb"][0]["best_so_far"]) == 4
     v = r["verdict"]["bert_tiny@1/fused_softmax_broadcast_to2"]
