@@ -60,6 +60,30 @@ for j, meth in enumerate(methods):
     ax.bar(xs, ys, width, yerr=es, capsize=3, label=meth)
 ax.set_xticks(range(len(rows)), [s + k.replace(" (kmeans)", "") for s, k in rows], rotation=15)
 ax.set_ylabel("MAPE (mean ± std, 3 seeds)"); ax.legend(fontsize=8); fig.tight_layout(); fig.savefig("protocol.png", dpi=80)"""),
+md("""## Tuning with cdmpp (reports/tune-256.json, `cdmpp bench tune`)
+
+Best measured latency after each trial of MetaSchedule's search on tasks of networks the model did not
+see, with cdmpp (pretrained, learning from the tuner's measurements) and with TVM's XGBoost model, per
+seed. The file holds the settings; `cdmpp bench tune ... --out reports/tune-256.json` resumes it."""),
+code("""path = os.path.join(ROOT, "reports", "tune-256.json")
+if not os.path.exists(path):
+    print("no tuning report yet:", path)
+else:
+    tune = json.load(open(path))
+    specs = list(tune["tasks"])
+    fig, axes = plt.subplots(1, len(specs), figsize=(3.2 * len(specs), 3.2), squeeze=False)
+    for ax, spec in zip(axes[0], specs):
+        for kind, runs in tune["tasks"][spec].items():
+            for r in runs:
+                curve = [np.nan if v is None else 1e3 * v for v in r["best_so_far"]]
+                ax.plot(range(1, len(curve) + 1), curve, label=f"{kind} (seed {r['seed']})")
+        ax.set_title(spec.split("/")[0] + "\\n" + spec.split("/")[1][:28], fontsize=8)
+        ax.set_xlabel("trials"); ax.set_yscale("log")
+    axes[0][0].set_ylabel("best latency (ms)"); axes[0][-1].legend(fontsize=7)
+    fig.tight_layout(); fig.savefig("tuning.png", dpi=80)
+    for spec, runs in tune["tasks"].items():
+        for kind, rs in runs.items():
+            print(spec[:50], kind, [(r["seed"], r["trials_to_xgb_final"], r["final_best_s"]) for r in rs])"""),
 md("## The shipped model"),
 code("""predictor = Predictor.load()
 print("model", predictor.version, "knows devices", predictor.devices())
