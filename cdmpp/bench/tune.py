@@ -149,6 +149,8 @@ def run(tasks: list[str], cost_models: list[str], trials: int, per_iter: int, th
     result = {"target": str(target), "trials": trials, "per_iter": per_iter, "threads": threads, "seeds": seeds,
               "model": model or "shipped", "model_saw": sorted(_networks_seen(model)), "tasks": {}}
     done = _previous_runs(out, result)
+    for spec, kind, seed in done:  # kept in the report until their task's turn comes, should this run stop first
+        result["tasks"].setdefault(spec, {}).setdefault(kind, []).append(done[(spec, kind, seed)])
     for spec, mod in load_tasks(tasks, task_table):
         runs: dict[str, list] = {}
         for seed in seeds:
