@@ -30,6 +30,7 @@ def test_tune_tir_with_cdmpp_cost_model(tvm, predictor, device, restore_logging)
     """8 measured trials of a small matmul: the search asks cdmpp, the results come back, one fine-tune runs."""
     from tvm.s_tir import meta_schedule as ms
 
+    from cdmpp.bench.tune import unnamed_handlers_aside
     from cdmpp.predict.cost_model import CDMPPCostModel
     from cdmpp.program import tvm_env
     from cdmpp.zoo import workloads
@@ -37,7 +38,7 @@ def test_tune_tir_with_cdmpp_cost_model(tvm, predictor, device, restore_logging)
     target = tvm_env.make_target("llvm", num_cores=1)
     cm = CDMPPCostModel(predictor=predictor, device=device, finetune_every=4, finetune_steps=3)
     base = predictor.model
-    with tempfile.TemporaryDirectory() as work_dir:  # restore_logging sets unnamed handlers aside
+    with tempfile.TemporaryDirectory() as work_dir, unnamed_handlers_aside():
         db = ms.tune_tir(
             workloads.matmul(64, 64, 64), target, work_dir, max_trials_global=8, num_trials_per_iter=8,
             builder=ms.builder.LocalBuilder(max_workers=1, initializer=tvm_env.worker_initializer),
