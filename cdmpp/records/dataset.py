@@ -66,7 +66,9 @@ class Dataset:
 
 class FeatureCache:
     """program hash → ProgramFeatures, persisted as ``features-v<version>-NNNN.npz`` chunks.
-    ``stale``: entries of row-compatible older versions (their rows are valid, their FLOPs are not)."""
+    ``stale``: entries of row-compatible older versions (their rows are valid, their FLOPs are not).
+    Loop tokens are optional: chunks written before them, or by a featurizer without them, load with
+    ``loops`` None, and readers that do not know them ignore the extra arrays."""
 
     def __init__(self, directory: str):
         self.directory = directory
@@ -83,12 +85,16 @@ class FeatureCache:
             try:
                 with np.load(path, allow_pickle=False) as z:
                     rows, pos, off, flops, hashes = z["rows"], z["positions"], z["offsets"], z["flops"], z["hashes"]
+                    loops, loop_off = (z["loops"], z["loop_offsets"]) if "loops" in z.files else (None, None)
             except Exception as e:  # a torn chunk only costs re-featurization
                 print(f"feature cache: skipping unreadable {path}: {e}", file=sys.stderr)
                 continue
             for i, h in enumerate(hashes):
                 a, b = off[i], off[i + 1]
-                into[str(h)] = ProgramFeatures(rows[a:b], pos[a:b], float(flops[i]), str(h))
+                f = ProgramFeatures(rows[a:b], pos[a:b], float(flops[i]), str(h))
+                if loops is not None:
+                    f.loops = loops[loop_off[i]:loop_off[i + 1]]
+                into[str(h)] = f
 
     def get(self, h: str) -> ProgramFeatures | None:
         return self.items.get(h)
@@ -104,10 +110,14 @@ class FeatureCache:
         off = np.cumsum([0] + [f.n_leaves for f in self._new])
         fd, tmp = tempfile.mkstemp(prefix=".features-", suffix=".tmp.npz", dir=self.directory)
         os.close(fd)
+        extra = {}
+        if all(f.loops is not None for f in self._new):  # a chunk keeps loops only if all its programs have them
+            extra = dict(loops=np.concatenate([f.loops for f in self._new]).reshape(-1, 3).astype(np.float32),
+                         loop_offsets=np.cumsum([0] + [len(f.loops) for f in self._new]))
         np.savez_compressed(tmp, rows=np.concatenate([f.leaf_features for f in self._new]),
                             positions=np.concatenate([f.positions for f in self._new]), offsets=off,
                             flops=np.array([f.flops for f in self._new]),
-                            hashes=np.array([f.program_hash for f in self._new]))
+                            hashes=np.array([f.program_hash for f in self._new]), **extra)
         publish_numbered(tmp, self.directory, f"features-v{FEATURIZER_VERSION}-", ".npz")
         self._new = []
 
