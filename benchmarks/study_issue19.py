@@ -7,6 +7,7 @@ also trains the pooled GBT); two jobs run at a time, one thread each, on the 2-c
     .venv/bin/python benchmarks/study_issue19.py 2.0                 # every variant
     .venv/bin/python benchmarks/study_issue19.py 2.0 "H ...;L ..."   # some of them (names below)
     .venv/bin/python benchmarks/study_issue19.py --table             # reports/study-issue19.md
+    .venv/bin/python benchmarks/study_issue19.py --attach-loops      # fill runs/loops once (round 4)
 
 The 2026-11-24 run loaded the pinned programs once into a pickle for speed; this file loads them
 through ``cdmpp.evaluation.protocol.load_pinned`` (the same 25,157 programs, from the feature cache).
@@ -54,6 +55,27 @@ ROUND3 = {
     "Q4 max_lr 3e-3": {"max_lr": 3e-3},
     "Q5 within-task ranking loss (rank_weight 0.2)": {"rank_weight": 0.2},
 }
+# fourth round: the compact AST's loops as tokens of the sequence (`study_issue19.py 2.0 --round4`); the
+# cached features predate loop tokens, so the jobs attach them (runs/loops, filled by --attach-loops)
+ROUND4 = {
+    "R0 recipe (H), round 4": {},
+    "R1 loops as tokens": {"loop_tokens": True},
+}
+
+
+def load(opts, loops: bool):
+    """The pinned programs; with ``loops``, their loop tokens attached (rebuilt once, then cached)."""
+    from cdmpp.evaluation import protocol as P
+
+    ds = P.load_pinned(opts)
+    if loops:
+        from cdmpp.records.dataset import attach_loops
+        from cdmpp.zoo.tasks import TaskTable
+
+        left = attach_loops(ds, opts.dataset, TaskTable.load(opts.task_table))
+        if left:
+            raise SystemExit(f"{left} programs have no loop tokens (see the messages above)")
+    return ds
 
 
 def job(args):
@@ -63,11 +85,11 @@ def job(args):
     from cdmpp.evaluation import protocol as P
 
     torch.set_num_threads(1)
-    base = {} if name in ROUND2 or name in ROUND3 or name == GBT2 else BEFORE
+    base = {} if name in ROUND2 or name in ROUND3 or name in ROUND4 or name == GBT2 else BEFORE
     opts = P.ProtocolOptions(settings=["random-new"], methods=methods, overrides={**base, **overrides},
                              label=name, minutes=minutes, runs=RUNS, ks=("0",),
                              gbt_label=GBT2 if name == GBT2 else "pooled GBT")
-    P.run_seed(opts, seed, P.load_pinned(opts))
+    P.run_seed(opts, seed, load(opts, bool(overrides.get("loop_tokens"))))
 
 
 def table() -> str:
@@ -120,8 +142,23 @@ if __name__ == "__main__":
     if sys.argv[1:] == ["--pick3"]:
         print(pick(ROUND3, "Q0 recipe (H), round 3"))
         sys.exit(0)
+    if sys.argv[1:] == ["--pick4"]:
+        print(pick(ROUND4, "R0 recipe (H), round 4"))
+        sys.exit(0)
+    if sys.argv[1:] == ["--attach-loops"]:
+        from cdmpp.evaluation import protocol as P
+
+        ds = load(P.ProtocolOptions(), loops=True)
+        n = np.array([len(p.features.loops) for p in ds.programs])
+        print(f"{len(ds)} programs with loop tokens: {n.mean():.1f} loops (max {n.max()}) and "
+              f"{np.mean([p.features.n_leaves for p in ds.programs]):.1f} leaves per program")
+        sys.exit(0)
     minutes = float(sys.argv[1])
-    if "--round3" in sys.argv:
+    if "--round4" in sys.argv:
+        names = [a for a in sys.argv[2:] if a != "--round4"]
+        names = names[0].split(";") if names else list(ROUND4)
+        variants = ROUND4
+    elif "--round3" in sys.argv:
         names = [a for a in sys.argv[2:] if a != "--round3"]
         names = names[0].split(";") if names else list(ROUND3)
         variants = ROUND3

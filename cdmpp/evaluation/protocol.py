@@ -171,7 +171,8 @@ def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | Non
             model, secs = train_cdmpp(split, split.target_pool or None)
             mean, lo, hi = model.predict_interval(split.test)
             out.row(setting, opts.label, _metrics(split.test, mean, lo, hi), k=None, train_seconds=secs,
-                    val_mape=model.model_.summary["val"]["mape"], **n)
+                    val_mape=model.model_.summary["val"]["mape"],
+                    epochs=sum(len(r.get("history", [])) for r in model.model_.summary["members"]), **n)
         if "pooled-gbt" in opts.methods:
             gbt, gsecs = train_gbt(split)
             pred = gbt.predict(split.test)

@@ -59,7 +59,8 @@ class TrainedModel:
         """Normalize and pack programs once, e.g. to predict the same pool on several devices."""
         if isinstance(programs, PackedPrograms):
             return programs
-        return PackedPrograms.from_programs(programs, self.feature_normalizer.transform)
+        return PackedPrograms.from_programs(programs, self.feature_normalizer.transform,
+                                            loops=bool(self.config.get("loop_tokens")))
 
     def _devices(self, devices: str | Sequence[str], n: int) -> tuple[torch.Tensor, np.ndarray]:
         names = [devices] * n if isinstance(devices, str) else list(devices)
@@ -119,11 +120,12 @@ class TrainedModel:
         extra, offset = self.model_inputs(packed, names)
         for idx in length_sorted_batches(packed.lengths, batch_size):
             x, pos, mask = packed.batch(idx)
+            loops = packed.loop_batch(idx)
             dev = dev_matrix[dev_rows[idx]]
             e = None if extra is None else extra[idx]
             o = None if offset is None else offset[idx]
             for i, m in enumerate(self.members):
-                out[i, idx] = m(x, pos, mask, dev, e, o).numpy()
+                out[i, idx] = m(x, pos, mask, dev, e, o, loops).numpy()
         return out
 
     def interval_z(self, z: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -153,7 +155,7 @@ class TrainedModel:
         out = np.empty((len(packed), m.d_model), dtype=np.float32)
         extra, _ = self.model_inputs(packed)
         for idx in length_sorted_batches(packed.lengths, batch_size):
-            out[idx] = m.embed(*packed.batch(idx), None if extra is None else extra[idx]).numpy()
+            out[idx] = m.embed(*packed.batch(idx), None if extra is None else extra[idx], packed.loop_batch(idx)).numpy()
         return out
 
     def calibrate(self, z_members: np.ndarray, z_true: np.ndarray, level: float = 0.9) -> dict:

@@ -16,8 +16,11 @@ in the pre-order serialization of the compact AST. The network
 Options studied in issue 19 (defaults keep the original network, so old checkpoints load):
 ``pooling="sum"`` or ``"attention"`` keep magnitude; ``n_program_inputs`` adds program-level inputs
 (log FLOPs, bytes, the device's roofline bound) to the embedding; ``film`` lets the device scale and
-shift the embedding (an interaction, not only an offset); and ``forward``'s ``offset`` is added to the
-output, so a model can predict latency *relative to* a roofline bound.
+shift the embedding (an interaction, not only an offset); ``forward``'s ``offset`` is added to the
+output, so a model can predict latency *relative to* a roofline bound; and ``loop_tokens`` appends the
+compact AST's loops (kind, log2 extent, with the same positional encoding by pre-order position) to the
+leaf sequence, so attention sees the loop tree itself and not only where the leaves sit in it; pooling
+stays over the leaves.
 
 ``PackedPrograms`` and ``collate`` turn ``ProgramFeatures`` objects into padded tensors with one
 gather, without a Python loop per leaf, because prediction must handle thousands of programs a second.
@@ -34,6 +37,8 @@ from torch import nn
 
 if TYPE_CHECKING:  # features.py belongs to the featurizer; the model only reads three attributes
     from cdmpp.program.features import ProgramFeatures
+
+N_LOOP_KINDS = 6  # serial, parallel, vectorized, unrolled, thread, scope (compact_ast.TOKEN_KINDS)
 
 
 def sinusoidal_encoding(positions: torch.Tensor, dim: int) -> torch.Tensor:
@@ -56,19 +61,22 @@ class CDMPPModel(nn.Module):
 
     Inputs of ``forward``: ``x [B, L, F]`` normalized leaf features (zeros where padded), ``pos [B, L]``
     pre-order positions, ``mask [B, L]`` bool, True where a leaf is present, ``device [B, D]``
-    normalized device spec vectors. Dropout sits in the encoder and the decoder, so the model can also
-    give Monte-Carlo-dropout samples when run in train mode.
+    normalized device spec vectors; with ``loop_tokens``, ``loops``: ``(kind [B, M], log2 extent
+    [B, M], pos [B, M], mask [B, M])`` (``PackedPrograms.loop_batch``). Dropout sits in the encoder and
+    the decoder, so the model can also give Monte-Carlo-dropout samples when run in train mode.
     """
 
     def __init__(self, n_features: int, device_dim: int, d_model: int = 128, n_heads: int = 4,
                  n_layers: int = 2, d_ff: int | None = None, dropout: float = 0.1, use_pe: bool = True,
-                 pooling: str = "mean", n_program_inputs: int = 0, film: bool = False):
+                 pooling: str = "mean", n_program_inputs: int = 0, film: bool = False, loop_tokens: bool = False):
         super().__init__()
         d_ff = d_ff or 2 * d_model
         # Stored as given so a checkpoint can rebuild the module from JSON alone.
         self.hparams = dict(n_features=n_features, device_dim=device_dim, d_model=d_model, n_heads=n_heads,
                             n_layers=n_layers, d_ff=d_ff, dropout=dropout, use_pe=use_pe, pooling=pooling,
                             n_program_inputs=n_program_inputs, film=film)
+        if loop_tokens:  # only when on, so checkpoints without loop tokens keep their exact hparams
+            self.hparams["loop_tokens"] = True
         self.d_model = d_model
         self.use_pe = use_pe
         if pooling not in ("mean", "sum", "attention"):
@@ -102,16 +110,34 @@ class CDMPPModel(nn.Module):
             nn.Linear(d_model, d_model // 2), nn.GELU(),
             nn.Linear(d_model // 2, 1),
         )
+        # created last, so a model without loop tokens draws the same initial weights as before
+        self.loop_tokens = loop_tokens
+        if loop_tokens:
+            self.loop_kind = nn.Embedding(N_LOOP_KINDS, d_model)
+            self.loop_extent = nn.Linear(1, d_model)
 
     def embed(self, x: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor,
-              extra: torch.Tensor | None = None) -> torch.Tensor:
+              extra: torch.Tensor | None = None, loops: tuple | None = None) -> torch.Tensor:
         """Program embedding ``[B, d_model]``: what domain adaptation aligns and KMeans clusters.
-        ``extra [B, n_program_inputs]``: program-level inputs (required when the model has them)."""
+        ``extra [B, n_program_inputs]``: program-level inputs (required when the model has them);
+        ``loops``: loop tokens (required when the model has ``loop_tokens``)."""
         h = self.input_proj(x)
         if self.use_pe:
             h = h + sinusoidal_encoding(pos, self.d_model)
-        h = self.encoder(h, src_key_padding_mask=~mask)
-        h = self.final_norm(h)
+        n_leaf_slots = h.shape[1]
+        attend = mask
+        if self.loop_tokens:
+            if loops is None:
+                raise ValueError("this model reads loop tokens (loop_tokens) but got no loops: pack the programs "
+                                 "with PackedPrograms.from_programs(..., loops=True) and pass loop_batch(idx)")
+            kind, log_extent, loop_pos, loop_mask = loops
+            g = self.loop_kind(kind) + self.loop_extent(log_extent.unsqueeze(-1) / 8.0)
+            if self.use_pe:
+                g = g + sinusoidal_encoding(loop_pos, self.d_model)
+            h = torch.cat([h, g], dim=1)
+            attend = torch.cat([mask, loop_mask], dim=1)
+        h = self.encoder(h, src_key_padding_mask=~attend)
+        h = self.final_norm(h)[:, :n_leaf_slots]  # pooling reads the leaves; loops only inform them
         m = mask.unsqueeze(-1).to(h.dtype)
         count = m.sum(dim=1).clamp_min(1.0)
         if self.pooling == "mean":
@@ -135,8 +161,9 @@ class CDMPPModel(nn.Module):
         return self.decoder(program_embedding + d).squeeze(-1)
 
     def forward(self, x: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor, device: torch.Tensor,
-                extra: torch.Tensor | None = None, offset: torch.Tensor | None = None) -> torch.Tensor:
-        out = self.head(self.embed(x, pos, mask, extra), device)
+                extra: torch.Tensor | None = None, offset: torch.Tensor | None = None,
+                loops: tuple | None = None) -> torch.Tensor:
+        out = self.head(self.embed(x, pos, mask, extra, loops), device)
         return out if offset is None else out + offset
 
 
@@ -174,20 +201,27 @@ class PackedPrograms:
 
     ``leaves [N_leaves, F]`` float32 (normalized or not), ``positions [N_leaves]`` int64 and
     ``offsets [n_programs + 1]``: program i owns rows ``offsets[i]:offsets[i+1]``. A program without
-    leaves gets one all-zero leaf at position 0 so attention always has a key to look at.
+    leaves gets one all-zero leaf at position 0 so attention always has a key to look at. Loop tokens,
+    when packed, are stored the same way: ``loops [N_loops, 3]`` (``ProgramFeatures.loops``) and
+    ``loop_offsets [n_programs + 1]``.
     """
 
-    def __init__(self, leaves: np.ndarray, positions: np.ndarray, offsets: np.ndarray, stats: np.ndarray | None = None):
+    def __init__(self, leaves: np.ndarray, positions: np.ndarray, offsets: np.ndarray, stats: np.ndarray | None = None,
+                 loops: np.ndarray | None = None, loop_offsets: np.ndarray | None = None):
         self.leaves = np.ascontiguousarray(leaves, dtype=np.float32)
         self.positions = np.ascontiguousarray(positions, dtype=np.int64)
         self.offsets = np.ascontiguousarray(offsets, dtype=np.int64)
         self.lengths = np.diff(self.offsets)
         self.stats = stats  # [n, 3] log2 of FLOPs, bytes, unique bytes (program_stats), from raw features
+        self.loops = None if loops is None else np.ascontiguousarray(loops, dtype=np.float32).reshape(-1, 3)
+        self.loop_offsets = None if loop_offsets is None else np.ascontiguousarray(loop_offsets, dtype=np.int64)
 
     @classmethod
     def from_programs(cls, programs: Sequence["ProgramFeatures"],
-                      normalize: Callable[[np.ndarray], np.ndarray] | None = None) -> "PackedPrograms":
-        """Pack programs; ``normalize`` maps the stacked ``[N_leaves, F]`` matrix (e.g. FeatureNormalizer.transform)."""
+                      normalize: Callable[[np.ndarray], np.ndarray] | None = None,
+                      loops: bool = False) -> "PackedPrograms":
+        """Pack programs; ``normalize`` maps the stacked ``[N_leaves, F]`` matrix (e.g. FeatureNormalizer.transform);
+        ``loops``: pack their loop tokens too (every program must have them)."""
         if not programs:
             raise ValueError("no programs to pack")
         n_features = programs[0].leaf_features.shape[-1]
@@ -210,7 +244,19 @@ class PackedPrograms:
         stats = program_stats(leaves, offsets, flops) if n_features == _N_TVM_FEATURES else None
         if normalize is not None:
             leaves = normalize(leaves)
-        return cls(leaves, np.concatenate(poss), offsets, stats)
+        loop_rows = loop_offsets = None
+        if loops:
+            lists = [getattr(p, "loops", None) for p in programs]
+            missing = sum(x is None for x in lists)
+            if missing:
+                raise ValueError(f"this model reads loop tokens (loop_tokens) but {missing} of {len(programs)} programs "
+                                 "have no loops (ProgramFeatures.loops is None: features from a cache or pickle made "
+                                 "before loop tokens); re-featurize them, or add them with "
+                                 "cdmpp.records.dataset.attach_loops")
+            loop_offsets = np.zeros(len(lists) + 1, np.int64)
+            np.cumsum([len(x) for x in lists], out=loop_offsets[1:])
+            loop_rows = np.concatenate([np.asarray(x, np.float32).reshape(-1, 3) for x in lists])
+        return cls(leaves, np.concatenate(poss), offsets, stats, loop_rows, loop_offsets)
 
     def __len__(self) -> int:
         return len(self.lengths)
@@ -222,8 +268,18 @@ class PackedPrograms:
         offsets = np.zeros(len(idx) + 1, np.int64)
         np.cumsum(lengths, out=offsets[1:])
         rows = np.repeat(self.offsets[idx] - offsets[:-1], lengths) + np.arange(offsets[-1])
+        loops = loop_offsets = None
+        if self.loops is not None:
+            n_loops = np.diff(self.loop_offsets)[idx]
+            loop_offsets = np.zeros(len(idx) + 1, np.int64)
+            np.cumsum(n_loops, out=loop_offsets[1:])
+            loops = self.loops[np.repeat(self.loop_offsets[idx] - loop_offsets[:-1], n_loops) + np.arange(loop_offsets[-1])]
         return PackedPrograms(self.leaves[rows], self.positions[rows], offsets,
-                              None if self.stats is None else self.stats[idx])
+                              None if self.stats is None else self.stats[idx], loops, loop_offsets)
+
+    def with_leaves(self, leaves: np.ndarray) -> "PackedPrograms":
+        """The same programs with other leaf rows (e.g. normalized), stats and loops kept."""
+        return PackedPrograms(leaves, self.positions, self.offsets, self.stats, self.loops, self.loop_offsets)
 
     def pooled(self) -> np.ndarray:
         """Per program ``[n, 3F]``: sum / 8, max and mean of its leaf rows (as packed, i.e. normalized
@@ -250,6 +306,20 @@ class PackedPrograms:
         x[~mask] = 0.0
         pos = np.where(mask, self.positions[rows], 0)
         return torch.from_numpy(x), torch.from_numpy(pos), torch.from_numpy(mask)
+
+    def loop_batch(self, idx: np.ndarray | None = None) -> tuple | None:
+        """Padded loop tokens ``(kind [B, M] int64, log2 extent [B, M], pos [B, M] int64, mask [B, M])`` of
+        programs ``idx`` (all if None), M = most loops; None when the pack has no loops."""
+        if self.loops is None:
+            return None
+        idx = np.arange(len(self)) if idx is None else np.asarray(idx, dtype=np.int64)
+        counts = np.diff(self.loop_offsets)[idx]
+        slots = np.arange(int(counts.max()) if len(counts) else 0)
+        mask = slots[None, :] < counts[:, None]
+        t = self.loops[np.where(mask, self.loop_offsets[idx][:, None] + slots[None, :], 0)]
+        t[~mask] = 0.0
+        return (torch.from_numpy(t[..., 0].astype(np.int64)), torch.from_numpy(np.ascontiguousarray(t[..., 1])),
+                torch.from_numpy(t[..., 2].astype(np.int64)), torch.from_numpy(mask))
 
 
 def collate(programs: Sequence["ProgramFeatures"],

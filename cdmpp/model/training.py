@@ -53,6 +53,7 @@ class TrainConfig:
     use_pe: bool = True
     pooling: str = "mean"  # "mean" | "sum" | "attention" (see CDMPPModel)
     film: bool = False  # device FiLM on the program embedding
+    loop_tokens: bool = False  # the compact AST's loops as tokens beside the leaves (features need ``loops``)
     program_inputs: bool = False  # log FLOPs / bytes / unique bytes into the embedding
     pooled_inputs: bool = False  # sum / max / mean of the leaf rows (the pooled GBT's view) into the embedding
     roofline: bool = False  # predict log(latency / roofline bound); needs label = "log"
@@ -245,7 +246,7 @@ def fit(config: TrainConfig, train_set: Sequence[LabeledProgram], val_set: Seque
     all_devices = sorted({s.device for s in [*train_set, *val_set, *target_pool]})
     specs = DeviceSpecs(device_table if device_table is not None else {d: {} for d in all_devices})
     specs.fit([s.device for s in train_set])
-    raw = PackedPrograms.from_programs([s.features for s in train_set])
+    raw = PackedPrograms.from_programs([s.features for s in train_set], loops=config.loop_tokens)
     normalizer = FeatureNormalizer(config.feature_scaling).fit(raw.leaves)
     labels = BoxCox().fit([s.seconds for s in train_set], 0.0 if config.label == "log" else None)
     program_inputs = None
@@ -262,7 +263,7 @@ def fit(config: TrainConfig, train_set: Sequence[LabeledProgram], val_set: Seque
 
     dev_matrix, dev_index = specs.matrix(all_devices)
     dev_matrix = torch.from_numpy(dev_matrix)
-    train = _Split(PackedPrograms(normalizer.transform(raw.leaves), raw.positions, raw.offsets, raw.stats),
+    train = _Split(raw.with_leaves(normalizer.transform(raw.leaves)),
                    np.array([dev_index[s.device] for s in train_set]), None,
                    np.array([s.seconds for s in train_set]))
     train.z = labels.transform(train.seconds).astype(np.float32)
@@ -307,7 +308,7 @@ def _model_with(config: TrainConfig, train: _Split, dev_matrix: torch.Tensor, st
     model = CDMPPModel(train.pack.leaves.shape[1], dev_matrix.shape[1], config.d_model, config.n_heads,
                        config.n_layers, config.d_ff, config.dropout, config.use_pe, config.pooling,
                        (3 if config.program_inputs else 0) + (3 * train.pack.leaves.shape[1] if config.pooled_inputs else 0),
-                       config.film)
+                       config.film, config.loop_tokens)
     if state is not None:
         model.load_state_dict(state)
         model.eval()
@@ -346,7 +347,7 @@ def _train_run(config: TrainConfig, seed: int, train: _Split, val: _Split, targe
             x, pos, mask = train.pack.batch(idx)
             dev = dev_matrix[train.dev_rows[idx]]
             extra, offset = train.inputs(idx)
-            emb = model.embed(x, pos, mask, extra)
+            emb = model.embed(x, pos, mask, extra, train.pack.loop_batch(idx))
             pred = model.head(emb, dev)
             pred = pred if offset is None else pred + offset
             loss = _loss(config, pred, z_all[idx], trained.label_transform.std_)
@@ -355,7 +356,7 @@ def _train_run(config: TrainConfig, seed: int, train: _Split, val: _Split, targe
                                                               trained.label_transform.std_)
             if target is not None:
                 t_idx = matcher.sample(train.pack.lengths[idx], rng)
-                t_emb = model.embed(*target.pack.batch(t_idx), target.inputs(t_idx)[0])
+                t_emb = model.embed(*target.pack.batch(t_idx), target.inputs(t_idx)[0], target.pack.loop_batch(t_idx))
                 if config.da_space == "joint":
                     emb = emb + model.device_encoder(dev)
                     t_emb = t_emb + model.device_encoder(dev_matrix[target.dev_rows[t_idx]])
@@ -417,7 +418,8 @@ def _val_mape(model: CDMPPModel, val: _Split, dev_matrix: torch.Tensor, trained:
     model.eval()
     z = np.empty(len(val.pack), np.float32)
     for idx in length_sorted_batches(val.pack.lengths, 256):
-        z[idx] = model(*val.pack.batch(idx), dev_matrix[val.dev_rows[idx]], *val.inputs(idx)).numpy()
+        z[idx] = model(*val.pack.batch(idx), dev_matrix[val.dev_rows[idx]], *val.inputs(idx),
+                       val.pack.loop_batch(idx)).numpy()
     pred = trained.label_transform.inverse_transform(z)
     return float(np.mean(np.abs(pred - val.seconds) / val.seconds))
 
@@ -451,7 +453,8 @@ def finetune(trained: TrainedModel, labeled_set: Sequence[LabeledProgram], confi
         model.train()
         for _ in range(steps):
             idx = rng.choice(len(labeled_set), size=batch, replace=False)
-            pred = model(*data.pack.batch(idx), dev_matrix[data.dev_rows[idx]], *data.inputs(idx))
+            pred = model(*data.pack.batch(idx), dev_matrix[data.dev_rows[idx]], *data.inputs(idx),
+                         data.pack.loop_batch(idx))
             loss = _loss(config, pred, z_all[idx], new.label_transform.std_)
             opt.zero_grad(set_to_none=True)
             loss.backward()

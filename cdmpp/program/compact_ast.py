@@ -20,7 +20,10 @@ is most of what cdmpp adds to TVM's own feature extraction.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from cdmpp.program import tvm_env
 
@@ -30,6 +33,8 @@ FEATURE_PASSES = (
     "StmtSimplify", "LowerAutoCopy", "UnifyThreadBinding", "LowerMatchBuffer", "StmtSimplify",
 )
 LOOP_KINDS = ("serial", "parallel", "vectorized", "unrolled", "thread")
+TOKEN_KINDS = (*LOOP_KINDS, "scope")  # kind index of a loop token (``CompactAST.loop_tokens``)
+_TOKEN_INDEX = {k: i for i, k in enumerate(TOKEN_KINDS)}
 END = "END"
 
 
@@ -61,6 +66,15 @@ class CompactAST:
                 d += 1
                 best = max(best, d)
         return best
+
+    def loop_tokens(self) -> np.ndarray:
+        """float32 ``[n_loops, 3]``: (kind index in ``TOKEN_KINDS``, log2(extent + 1), pre-order position)
+        of every loop and scope, so a model can read the tree itself, not only where the leaves sit in it.
+        A symbolic extent (-1) counts as 0."""
+        index = _TOKEN_INDEX
+        rows = [(index[n.kind], math.log2(max(n.extent, 0) + 1), pos)
+                for pos, n in enumerate(self.nodes) if n.kind in index]
+        return np.array(rows, dtype=np.float32).reshape(-1, 3)
 
     def summary(self) -> str:
         """An indented outline, one line per loop or store, for people."""

@@ -1,7 +1,7 @@
 """Leaf features of a scheduled program: one TVM per-store feature row per compact-AST leaf.
 
 ``featurize`` returns ``ProgramFeatures``: the leaf feature matrix, each leaf's pre-order position,
-the program's FLOP count and a stable hash. Feature values come from MetaSchedule's own
+the program's FLOP count, a stable hash and the compact AST's loops (for models that read them as tokens). Feature values come from MetaSchedule's own
 ``PerStoreFeature`` extractor (164 values per row; names and meaning in ``FEATURE_NAMES`` and
 docs/features.md); the compact AST (``cdmpp.program.compact_ast``) supplies the positions. Row *i* belongs to
 leaf *i* by construction (one leaf per stored buffer, in first-store order); ``featurize`` checks that
@@ -67,6 +67,10 @@ class ProgramFeatures:
     positions: np.ndarray  # int64 [n_leaves]: pre-order index of each leaf in the compact AST
     flops: float
     program_hash: str
+    # float32 [n_loops, 3]: the compact AST's loops and scopes (kind index, log2(extent + 1), pre-order
+    # position; ``CompactAST.loop_tokens``), for models with ``loop_tokens``. None where features were
+    # stored without them (older caches and pickles; ``cdmpp.records.dataset.attach_loops`` adds them).
+    loops: np.ndarray | None = None
 
     @property
     def n_leaves(self) -> int:
@@ -168,7 +172,7 @@ class Featurizer:
         if p.is_gpu or ast.n_leaves != rows.shape[0]:
             ast = compact_ast_of(p, expected_leaves=rows.shape[0])
         return ProgramFeatures(rows, np.asarray(ast.leaf_positions, dtype=np.int64), flops,
-                               program_hash(p.mod) if with_hash else "")
+                               program_hash(p.mod) if with_hash else "", ast.loop_tokens())
 
 
 def compact_ast_of(p: Program, expected_leaves: int | None = None) -> CompactAST:

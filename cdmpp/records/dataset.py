@@ -66,7 +66,9 @@ class Dataset:
 
 class FeatureCache:
     """program hash → ProgramFeatures, persisted as ``features-v<version>-NNNN.npz`` chunks.
-    ``stale``: entries of row-compatible older versions (their rows are valid, their FLOPs are not)."""
+    ``stale``: entries of row-compatible older versions (their rows are valid, their FLOPs are not).
+    Loop tokens are optional: chunks written before them, or by a featurizer without them, load with
+    ``loops`` None, and readers that do not know them ignore the extra arrays."""
 
     def __init__(self, directory: str):
         self.directory = directory
@@ -83,12 +85,16 @@ class FeatureCache:
             try:
                 with np.load(path, allow_pickle=False) as z:
                     rows, pos, off, flops, hashes = z["rows"], z["positions"], z["offsets"], z["flops"], z["hashes"]
+                    loops, loop_off = (z["loops"], z["loop_offsets"]) if "loops" in z.files else (None, None)
             except Exception as e:  # a torn chunk only costs re-featurization
                 print(f"feature cache: skipping unreadable {path}: {e}", file=sys.stderr)
                 continue
             for i, h in enumerate(hashes):
                 a, b = off[i], off[i + 1]
-                into[str(h)] = ProgramFeatures(rows[a:b], pos[a:b], float(flops[i]), str(h))
+                f = ProgramFeatures(rows[a:b], pos[a:b], float(flops[i]), str(h))
+                if loops is not None:
+                    f.loops = loops[loop_off[i]:loop_off[i + 1]]
+                into[str(h)] = f
 
     def get(self, h: str) -> ProgramFeatures | None:
         return self.items.get(h)
@@ -104,10 +110,14 @@ class FeatureCache:
         off = np.cumsum([0] + [f.n_leaves for f in self._new])
         fd, tmp = tempfile.mkstemp(prefix=".features-", suffix=".tmp.npz", dir=self.directory)
         os.close(fd)
+        extra = {}
+        if all(f.loops is not None for f in self._new):  # a chunk keeps loops only if all its programs have them
+            extra = dict(loops=np.concatenate([f.loops for f in self._new]).reshape(-1, 3).astype(np.float32),
+                         loop_offsets=np.cumsum([0] + [len(f.loops) for f in self._new]))
         np.savez_compressed(tmp, rows=np.concatenate([f.leaf_features for f in self._new]),
                             positions=np.concatenate([f.positions for f in self._new]), offsets=off,
                             flops=np.array([f.flops for f in self._new]),
-                            hashes=np.array([f.program_hash for f in self._new]))
+                            hashes=np.array([f.program_hash for f in self._new]), **extra)
         publish_numbered(tmp, self.directory, f"features-v{FEATURIZER_VERSION}-", ".npz")
         self._new = []
 
@@ -179,6 +189,100 @@ def _featurize_records(records: list[dict], task_table, cache: FeatureCache, pro
             cache.flush()
             last_flush = time.time()
     cache.flush()
+
+
+LOOPS_CACHE = "runs/loops"  # attach_loops's side cache (git-ignored)
+
+
+def attach_loops(ds: Dataset, dataset_dir: str, task_table, cache_dir: str = LOOPS_CACHE,
+                 progress: bool = True) -> int:
+    """Give the programs of ``ds`` without loop tokens (features cached before there were any) the
+    loops of their compact AST, for models with ``loop_tokens``. Each program is rebuilt from its record
+    (workload + trace) and walked; TVM's feature extraction is not run. Results are cached by program
+    hash in ``cache_dir`` (``loops-NNNN.npz`` chunks), so a second call only reads. Returns how many
+    programs were left without loops (their program no longer rebuilds; a model with loop tokens
+    refuses them)."""
+    need: dict[str, list[ProgramFeatures]] = {}
+    for p in ds.programs:
+        if p.features.loops is None:
+            need.setdefault(p.features.program_hash, []).append(p.features)
+    if not need:
+        return 0
+    os.makedirs(cache_dir, exist_ok=True)
+    cached: dict[str, np.ndarray] = {}
+    for path in sorted(glob.glob(os.path.join(cache_dir, "loops-*.npz"))):
+        with np.load(path, allow_pickle=False) as z:
+            loops, off, hashes = z["loops"], z["offsets"], z["hashes"]
+        cached.update((str(h), loops[off[i]:off[i + 1]]) for i, h in enumerate(hashes))
+    todo = {h: fs for h, fs in need.items() if h not in cached}
+    if todo:
+        cached.update(_walk_loops(todo, dataset_dir, task_table, cache_dir, progress))
+    for h, fs in need.items():
+        for f in fs:
+            f.loops = cached.get(h)
+    return sum(len(fs) for h, fs in need.items() if h not in cached)
+
+
+def _walk_loops(todo: dict[str, list[ProgramFeatures]], dataset_dir: str, task_table, cache_dir: str,
+                progress: bool) -> dict[str, np.ndarray]:
+    """Loop tokens of the programs ``todo`` (hash -> features), rebuilt from their records; new chunks
+    of the side cache every minute, so an interrupted run keeps what it did."""
+    from cdmpp.program.features import compact_ast_of
+    from cdmpp.program.inputs import ProgramError, apply_trace, load_program
+    from cdmpp.zoo.tasks import load_task_mod
+
+    recs = {}
+    for rec in RecordStore(dataset_dir).iter_records():
+        h = rec.get("program_hash")
+        if h in todo and h not in recs and rec.get("trace") is not None:
+            recs[h] = rec
+    out: dict[str, np.ndarray] = {}
+    new: dict[str, np.ndarray] = {}
+    mods: dict[str, object] = {}
+    start = last_flush = last_print = time.time()
+    failed = 0
+
+    def flush():
+        if not new:
+            return
+        fd, tmp = tempfile.mkstemp(prefix=".loops-", suffix=".tmp.npz", dir=cache_dir)
+        os.close(fd)
+        np.savez_compressed(tmp, loops=np.concatenate(list(new.values())).reshape(-1, 3),
+                            offsets=np.cumsum([0] + [len(v) for v in new.values()]), hashes=np.array(list(new)))
+        publish_numbered(tmp, cache_dir, "loops-", ".npz")
+        new.clear()
+
+    for i, (h, rec) in enumerate(sorted(recs.items(), key=lambda kv: kv[1]["task"])):  # one task's programs together
+        f = todo[h][0]
+        key = rec["task"]
+        if key not in mods:
+            mods[key] = load_task_mod(task_table[key]) if key in task_table.tasks else None
+        try:
+            if mods[key] is None:
+                raise ProgramError(f"task {key} is not in the task table")
+            prog = load_program(apply_trace(mods[key], rec["trace"]), "cuda" if "cuda" in rec["device"] else "llvm")
+            ast = compact_ast_of(prog, expected_leaves=f.n_leaves)
+            if list(ast.leaf_positions) != [int(x) for x in f.positions]:
+                raise ProgramError("its compact AST's leaf positions differ from the cached features'")
+        except ProgramError as e:
+            failed += 1
+            print(f"attach_loops: {rec['id']}: {str(e).splitlines()[-1][:200]}", file=sys.stderr)
+            continue
+        out[h] = new[h] = ast.loop_tokens()
+        now = time.time()
+        if progress and (now - last_print > 10 or i + 1 == len(recs)):
+            rate = (i + 1) / (now - start)
+            print(f"attach_loops: {i + 1:,}/{len(recs):,} programs, {rate:.0f}/s, "
+                  f"ETA {(len(recs) - i - 1) / rate:.0f} s", file=sys.stderr, flush=True)
+            last_print = now
+        if now - last_flush > 60:
+            flush()
+            last_flush = now
+    flush()
+    if len(recs) < len(todo) or failed:
+        print(f"attach_loops: {len(todo) - len(recs)} programs without a record, {failed} that did not rebuild",
+              file=sys.stderr)
+    return out
 
 
 def summarize(dataset_dir: str, task_table=None) -> dict:

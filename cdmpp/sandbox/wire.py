@@ -3,7 +3,8 @@
 Wire protocol (pipes, 4-byte big-endian length + JSON; no pickle from worker to parent, so a subverted
 worker cannot run code in the parent through its answers): parent → ``{"items", "indices", "kind",
 "workload", "tvmscript"}``; worker → ``{"feats": [{"rows": base64 float32, "n", "positions", "flops",
-"hash"}], "errors": [[index, reason]], "parse_s", "feat_s", "retiring"}``."""
+"hash", "loops"?: base64 float32 [n_loops, 3]}], "errors": [[index, reason]], "parse_s", "feat_s",
+"retiring"}``. ``loops`` is optional both ways: features without loops travel as before."""
 
 from __future__ import annotations
 
@@ -45,10 +46,20 @@ def decode_features(f: dict):
     pos = np.asarray(f["positions"], dtype=np.int64)
     if pos.shape != (n,):
         raise ValueError("positions do not match the leaves")
+    loops = None
+    if f.get("loops") is not None:
+        loops = np.frombuffer(base64.b64decode(f["loops"], validate=True), dtype="<f4")
+        if loops.size % 3:
+            raise ValueError(f"loop tokens of {loops.size} values: expected 3 per loop")
+        loops = loops.reshape(-1, 3).astype(np.float32)
     return ProgramFeatures(rows.reshape(n, N_FEATURES).astype(np.float32), pos, float(f["flops"]),
-                           str(f["hash"])[:64])
+                           str(f["hash"])[:64], loops)
 
 
 def encode_features(f) -> dict:
-    return {"rows": base64.b64encode(np.ascontiguousarray(f.leaf_features, dtype="<f4").tobytes()).decode(),
-            "n": f.n_leaves, "positions": [int(p) for p in f.positions], "flops": f.flops, "hash": f.program_hash}
+    out = {"rows": base64.b64encode(np.ascontiguousarray(f.leaf_features, dtype="<f4").tobytes()).decode(),
+           "n": f.n_leaves, "positions": [int(p) for p in f.positions], "flops": f.flops, "hash": f.program_hash}
+    loops = getattr(f, "loops", None)
+    if loops is not None:
+        out["loops"] = base64.b64encode(np.ascontiguousarray(loops, dtype="<f4").tobytes()).decode()
+    return out

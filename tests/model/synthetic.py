@@ -27,6 +27,7 @@ class FakeProgram:
     positions: np.ndarray
     flops: float = 0.0
     program_hash: str = ""
+    loops: np.ndarray | None = None
 
 
 def random_program(rng, n_leaves=None) -> FakeProgram:

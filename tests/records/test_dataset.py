@@ -26,3 +26,23 @@ def test_feature_cache_chunks_never_collide(tmp_path):
     assert (tmp_path / name.format(2)).read_bytes() == chunk2
     assert (tmp_path / name.format(3)).exists()
     assert set(FeatureCache(str(tmp_path)).items) == {"b", "c", "d"}
+
+
+def test_loops_survive_the_feature_cache_and_the_wire(tmp_path):
+    """Loop tokens are optional in the cache and on the sandbox wire: present, they round-trip; absent
+    (features cached before loop tokens), they load as None."""
+    from cdmpp.sandbox.wire import decode_features, encode_features
+
+    with_loops = _feat("a")
+    with_loops.loops = np.array([[1, 7.0, 0], [2, 3.0, 1]], np.float32)
+    c = FeatureCache(str(tmp_path))
+    c.put(with_loops)
+    c.flush()
+    c.put(_feat("b"))
+    c.flush()
+    again = FeatureCache(str(tmp_path)).items
+    assert np.array_equal(again["a"].loops, with_loops.loops) and again["b"].loops is None
+    for f in (with_loops, _feat("b")):
+        back = decode_features(encode_features(f))
+        assert (back.loops is None) == (f.loops is None)
+        assert f.loops is None or np.array_equal(back.loops, f.loops)
