@@ -156,30 +156,41 @@ def load_dataset(dataset_dir: str, task_table, devices=None, networks=None, task
     return ds.filter(devices, networks, tasks)
 
 
+def _workload_of(rec: dict, task_table, mods: dict):
+    """The record's task workload, loaded once per task into ``mods``; None if the table lacks the task."""
+    from cdmpp.zoo.tasks import load_task_mod
+
+    key = rec["task"]
+    if key not in mods:
+        mods[key] = load_task_mod(task_table[key]) if key in task_table.tasks else None
+    return mods[key]
+
+
+def _target_kind(rec: dict) -> str:
+    return "cuda" if "cuda" in rec["device"] else "llvm"
+
+
 def _featurize_records(records: list[dict], task_table, cache: FeatureCache, progress: bool) -> None:
     from tqdm import tqdm
 
     from cdmpp.program.features import Featurizer, program_flops
     from cdmpp.program.inputs import ProgramError, apply_trace, load_program
-    from cdmpp.zoo.tasks import load_task_mod
 
     featurizer = Featurizer()
     mods: dict[str, object] = {}
     last_flush = time.time()
     for rec in tqdm(records, desc="featurize", unit="prog", disable=not progress, dynamic_ncols=True):
-        key = rec["task"]
-        if key not in mods:
-            mods[key] = load_task_mod(task_table[key]) if key in task_table.tasks else None
-        if mods[key] is None:
-            print(f"dataset: task {key} of {rec['id']} is not in the task table; skipped", file=sys.stderr)
+        workload = _workload_of(rec, task_table, mods)
+        if workload is None:
+            print(f"dataset: task {rec['task']} of {rec['id']} is not in the task table; skipped", file=sys.stderr)
             continue
         try:
-            mod = apply_trace(mods[key], rec["trace"])
+            mod = apply_trace(workload, rec["trace"])
             old = cache.stale.get(rec["program_hash"])
             if old is not None:  # rows still valid: recount only the FLOPs
                 f = ProgramFeatures(old.leaf_features, old.positions, program_flops(mod), old.program_hash)
             else:
-                f = featurizer([load_program(mod, "cuda" if "cuda" in rec["device"] else "llvm")])[0]
+                f = featurizer([load_program(mod, _target_kind(rec))])[0]
         except ProgramError as e:
             print(f"dataset: {rec['id']}: cannot featurize: {str(e).splitlines()[-1][:200]}", file=sys.stderr)
             continue
@@ -229,7 +240,6 @@ def _walk_loops(todo: dict[str, list[ProgramFeatures]], dataset_dir: str, task_t
     of the side cache every minute, so an interrupted run keeps what it did."""
     from cdmpp.program.features import compact_ast_of
     from cdmpp.program.inputs import ProgramError, apply_trace, load_program
-    from cdmpp.zoo.tasks import load_task_mod
 
     recs = {}
     for rec in RecordStore(dataset_dir).iter_records():
@@ -254,13 +264,11 @@ def _walk_loops(todo: dict[str, list[ProgramFeatures]], dataset_dir: str, task_t
 
     for i, (h, rec) in enumerate(sorted(recs.items(), key=lambda kv: kv[1]["task"])):  # one task's programs together
         f = todo[h][0]
-        key = rec["task"]
-        if key not in mods:
-            mods[key] = load_task_mod(task_table[key]) if key in task_table.tasks else None
+        workload = _workload_of(rec, task_table, mods)
         try:
-            if mods[key] is None:
-                raise ProgramError(f"task {key} is not in the task table")
-            prog = load_program(apply_trace(mods[key], rec["trace"]), "cuda" if "cuda" in rec["device"] else "llvm")
+            if workload is None:
+                raise ProgramError(f"task {rec['task']} is not in the task table")
+            prog = load_program(apply_trace(workload, rec["trace"]), _target_kind(rec))
             ast = compact_ast_of(prog, expected_leaves=f.n_leaves)
             if list(ast.leaf_positions) != [int(x) for x in f.positions]:
                 raise ProgramError("its compact AST's leaf positions differ from the cached features'")
