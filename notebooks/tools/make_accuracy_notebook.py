@@ -107,8 +107,9 @@ else:
             n = np.array([p["n_train"] for p in pts]); y = np.array([p["mape"] for p in pts])
             sd = np.array([p["mape_std"] for p in pts])
             label = meth + (f" (×{e['mape_per_doubling']:.2f} per doubling)" if "mape_per_doubling" in e else "")
-            ax.plot(n, y, "o-", label=label); ax.fill_between(n, y - sd, y + sd, alpha=0.2)
-        ax.set_xscale("log", base=2); ax.set_xlabel("training programs"); ax.set_ylabel("MAPE (mean ± std over seeds)")
+            ax.plot(n, y, "o-", label=label); ax.fill_between(n, np.maximum(y - sd, 0.01), y + sd, alpha=0.2)
+        ax.set_xscale("log", base=2); ax.set_yscale("log")  # log-log: a constant factor per doubling is a line
+        ax.set_xlabel("training programs"); ax.set_ylabel("MAPE (mean ± std over seeds)")
         ax.set_title(setting); ax.legend(fontsize=8)
     fig.tight_layout(); fig.savefig("learning-curve.png", dpi=80)"""),
 md("## The shipped model"),
