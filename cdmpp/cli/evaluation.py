@@ -1,4 +1,4 @@
-"""``cdmpp eval | protocol | train | sample | finetune``: evaluation and the train / sample / fine-tune workflow."""
+"""``cdmpp eval | protocol | learning-curve | train | sample | finetune``: evaluation and the train / sample / fine-tune workflow."""
 
 from __future__ import annotations
 
@@ -32,22 +32,29 @@ def cmd_eval(args) -> int:
     return 0
 
 
+def _protocol_options(args, **more):
+    import tomllib
+
+    from cdmpp.evaluation.protocol import ProtocolOptions
+
+    overrides = tomllib.loads("\n".join(args.set)) if args.set else {}
+    return ProtocolOptions(dataset=args.dataset, task_table=args.task_table, devices=args.devices,
+                           device_ids=_csv(args.device_ids), target_device=args.target_device,
+                           settings=_csv(args.settings), seeds=[int(s) for s in _csv(args.seeds)],
+                           methods=_csv(args.methods), recipe=args.recipe, overrides=overrides, label=args.label,
+                           minutes=args.minutes, runs=args.runs, peer_minutes=args.peer_minutes, limit=args.limit,
+                           **more)
+
+
 def cmd_protocol(args) -> int:
     import shlex
-    import tomllib
 
     import dataclasses
     import json
 
-    from cdmpp.evaluation.protocol import ProtocolOptions, aggregate, markdown, run_protocol, summary_markdown
+    from cdmpp.evaluation.protocol import aggregate, markdown, run_protocol, summary_markdown
 
-    overrides = tomllib.loads("\n".join(args.set)) if args.set else {}
-    opts = ProtocolOptions(dataset=args.dataset, task_table=args.task_table, devices=args.devices,
-                           device_ids=_csv(args.device_ids), target_device=args.target_device,
-                           settings=_csv(args.settings), seeds=[int(s) for s in _csv(args.seeds)], ks=_csv(args.k),
-                           samplers=_csv(args.samplers), methods=_csv(args.methods), recipe=args.recipe,
-                           overrides=overrides, label=args.label, minutes=args.minutes, runs=args.runs,
-                           peer_minutes=args.peer_minutes)
+    opts = _protocol_options(args, ks=_csv(args.k), samplers=_csv(args.samplers))
     command = "cdmpp " + shlex.join(sys.argv[1:])
     if args.summarize_only:  # rows already in --runs (e.g. a run of more peers appended): summary only
         summary = aggregate(opts.runs, command)
@@ -61,6 +68,33 @@ def cmd_protocol(args) -> int:
         with open(os.path.splitext(args.summary)[0] + ".md", "w") as f:
             f.write(summary_markdown(summary))
     print(markdown(summary))
+    return 0
+
+
+def cmd_learning_curve(args) -> int:
+    import dataclasses
+    import json
+    import shlex
+
+    from cdmpp.evaluation.protocol import aggregate_curve, curve_markdown, run_protocol
+
+    opts = _protocol_options(args, train_fractions=[float(f) for f in _csv(args.train_fractions)])
+    if not opts.train_fractions:
+        print("cdmpp learning-curve: --train-fractions is empty", file=sys.stderr)
+        return 2
+    command = "cdmpp " + shlex.join(sys.argv[1:])
+    if args.summarize_only:  # rows already in --runs: the curve only
+        curve = aggregate_curve(opts.runs, command)
+        curve["options"] = dataclasses.asdict(opts)
+    else:
+        curve = run_protocol(opts, jobs=args.jobs, command=command)
+    text = curve_markdown(curve)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(curve, f, indent=1)
+        with open(os.path.splitext(args.out)[0] + ".md", "w") as f:
+            f.write("# cdmpp learning curve\n\n" + text)
+    print(text)
     return 0
 
 
@@ -152,29 +186,43 @@ def add_eval_commands(sub) -> None:
     e.add_argument("--threads", type=int, default=1, help="torch/XGBoost threads per method (default 1)")
     e.set_defaults(func=cmd_eval)
 
-    pr = sub.add_parser("protocol", parents=[data], help="the evaluation protocol (docs/evaluation.md): every "
-                                                         "setting and seed, cdmpp vs peers; writes a summary JSON")
-    pr.add_argument("--settings", default=",".join(("random-new", "cross-model", "cross-device-new", "cross-device-seen")))
-    pr.add_argument("--seeds", default="0,1,2", help="split and model seeds (default 0,1,2)")
+    proto = argparse.ArgumentParser(add_help=False)  # what `protocol` and `learning-curve` share
+    proto.add_argument("--settings", default=",".join(("random-new", "cross-model", "cross-device-new", "cross-device-seen")),
+                       help="settings to run (default: all four; learning-curve: random-new,cross-model)")
+    proto.add_argument("--seeds", default="0,1,2", help="split and model seeds (default 0,1,2)")
+    proto.add_argument("--methods", default="cdmpp,pooled-gbt",
+                       help="cdmpp, pooled-gbt (with the twin-ratio baseline), pooled-gbt-roofline (the GBT on log(latency / roofline bound)), xgb (TVM's XGBModel), mlp (Tenset MLP)")
+    proto.add_argument("--peer-minutes", type=float, default=2.0, help="cap on each xgb / mlp training run (default 2)")
+    proto.add_argument("--recipe", default="default")
+    proto.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                       help="a training setting on top of the recipe (TOML value; repeatable), e.g. pooling=\"sum\"")
+    proto.add_argument("--label", default="cdmpp", help="row name of the cdmpp model (ablations)")
+    proto.add_argument("--minutes", type=float, default=4.0, help="cap on each cdmpp training run (default 4)")
+    proto.add_argument("--device-ids", default="amd-epyc-znver4-2t/llvm-avx512,amd-epyc-znver4-1t/llvm-avx512",
+                       help="devices whose programs are used (pinned, so added data does not move the numbers)")
+    proto.add_argument("--target-device", default="amd-epyc-znver4-1t/llvm-avx512")
+    proto.add_argument("--jobs", type=int, default=1, help="seeds run in parallel processes (1 thread each)")
+    proto.add_argument("--limit", type=int, help="use only the first N records (smoke runs)")
+    proto.add_argument("--summarize-only", action="store_true",
+                       help="train nothing: rewrite the summary (.json and .md) from the rows already in --runs")
+
+    pr = sub.add_parser("protocol", parents=[data, proto], help="the evaluation protocol (docs/evaluation.md): every "
+                                                                "setting and seed, cdmpp vs peers; writes a summary JSON")
     pr.add_argument("--k", default="0,16,64,5%", help="cross-device shot counts; N%% = share of the target's programs")
     pr.add_argument("--samplers", default="kmeans,random")
-    pr.add_argument("--methods", default="cdmpp,pooled-gbt",
-                    help="cdmpp, pooled-gbt (with the twin-ratio baseline), pooled-gbt-roofline (the GBT on log(latency / roofline bound)), xgb (TVM's XGBModel), mlp (Tenset MLP)")
-    pr.add_argument("--peer-minutes", type=float, default=2.0, help="cap on each xgb / mlp training run (default 2)")
-    pr.add_argument("--recipe", default="default")
-    pr.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                    help="a training setting on top of the recipe (TOML value; repeatable), e.g. pooling=\"sum\"")
-    pr.add_argument("--label", default="cdmpp", help="row name of the cdmpp model (ablations)")
-    pr.add_argument("--minutes", type=float, default=4.0, help="cap on each cdmpp training run (default 4)")
-    pr.add_argument("--device-ids", default="amd-epyc-znver4-2t/llvm-avx512,amd-epyc-znver4-1t/llvm-avx512",
-                    help="devices whose programs are used (pinned, so added data does not move the numbers)")
-    pr.add_argument("--target-device", default="amd-epyc-znver4-1t/llvm-avx512")
     pr.add_argument("--runs", default=defaults.PROTOCOL_RUNS, help="every scored row is appended here")
     pr.add_argument("--summary", default=defaults.REPORTS + "/summary.json", help="summary of --runs (empty: none)")
-    pr.add_argument("--jobs", type=int, default=1, help="seeds run in parallel processes (1 thread each)")
-    pr.add_argument("--summarize-only", action="store_true",
-                    help="train nothing: rewrite the summary (.json and .md) from the rows already in --runs")
     pr.set_defaults(func=cmd_protocol)
+
+    lc = sub.add_parser("learning-curve", parents=[data, proto],
+                        help="the protocol's random-new and cross-model settings trained on shares of each seed's "
+                             "training programs (same test set): error vs training-set size")
+    lc.add_argument("--train-fractions", default="0.125,0.25,0.5,1",
+                    help="shares of each seed's training programs (nested; default 0.125,0.25,0.5,1)")
+    lc.add_argument("--runs", default=defaults.REPORTS + "/learning-curve-runs.jsonl", help="every scored row is appended here")
+    lc.add_argument("--out", default=defaults.REPORTS + "/learning-curve.json",
+                    help="the curve (.json and .md; empty: none)")
+    lc.set_defaults(func=cmd_learning_curve, settings="random-new,cross-model")
 
     t = sub.add_parser("train", parents=[data], help="train on a whole dataset (all devices) and save a checkpoint")
     t.add_argument("--recipe", default="default")

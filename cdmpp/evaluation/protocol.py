@@ -21,6 +21,10 @@ Each scored row is appended to ``runs`` (JSON lines, so a long run keeps what it
 cdmpp's ``mape_scale`` option does), so that trick is never what separates the two.
 ``cdmpp ⊕ pooled GBT`` is the geometric blend of the two, its weight chosen on the validation split.
 ``aggregate`` turns rows into ``summary.json``: per setting and method, mean ± std over seeds.
+
+``train_fractions`` makes a learning curve instead (``cdmpp learning-curve``): random-new and
+cross-model trained on each share of each seed's training programs, the same validation and test sets;
+its rows carry ``train_fraction``, ``aggregate`` leaves them out and ``aggregate_curve`` summarizes them.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ import math
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Sequence
 
 import numpy as np
@@ -68,13 +72,26 @@ class ProtocolOptions:
     minutes: float = 4.0  # cap on one cdmpp training run
     runs: str = defaults.PROTOCOL_RUNS
     threads: int = 1
+    train_fractions: Sequence[float] = ()  # a learning curve: random-new / cross-model on these shares of training
+    limit: int | None = None  # only the first N records (smoke runs)
 
 
 def load_pinned(opts: ProtocolOptions):
     from cdmpp.records.dataset import load_dataset
     from cdmpp.zoo.tasks import TaskTable
 
-    return load_dataset(opts.dataset, TaskTable.load(opts.task_table), devices=list(opts.device_ids), progress=False)
+    return load_dataset(opts.dataset, TaskTable.load(opts.task_table), devices=list(opts.device_ids),
+                        limit=opts.limit, progress=False)
+
+
+def setting_splits(ds, setting: str, seed: int, fractions: Sequence[float] = ()) -> list:
+    """[(fraction, split)] of ``random-new`` or ``cross-model``: without ``fractions`` the whole split
+    (fraction None); else one split per fraction of its training programs (nested: a smaller share is
+    part of every larger one), validation and test those of the whole split."""
+    full = splits.random_split(ds, seed) if setting == "random-new" else splits.cross_model_split(ds, seed=seed)
+    if not fractions:
+        return [(None, full)]
+    return [(f, splits.subsample_train(replace(full, info=dict(full.info)), f, seed)) for f in fractions]
 
 
 def _k_value(k: str, n_target: int) -> int:
@@ -96,7 +113,8 @@ class _Writer:
                "time": _dt.datetime.now().isoformat(timespec="seconds")}
         with open(self.path, "a") as f:
             f.write(json.dumps(rec) + "\n")
-        print(f"protocol: seed {self.base['seed']} {setting} {method}: MAPE {100 * metrics.get('mape', math.nan):.1f} %, "
+        part = f" (train fraction {extra['train_fraction']:g})" if extra.get("train_fraction") is not None else ""
+        print(f"protocol: seed {self.base['seed']} {setting}{part} {method}: MAPE {100 * metrics.get('mape', math.nan):.1f} %, "
               f"capped {100 * metrics.get('mape_capped', math.nan):.1f} %, Spearman {metrics.get('spearman', math.nan):.3f}",
               file=sys.stderr)
 
@@ -164,33 +182,35 @@ def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | Non
 
     blend_name = f"{opts.label} ⊕ pooled GBT"
     for setting in [s for s in opts.settings if s in ("random-new", "cross-model")]:
-        split = splits.random_split(ds, seed) if setting == "random-new" else splits.cross_model_split(ds, seed=seed)
-        n = dict(programs=len(split.test), n_train=len(split.train))
-        mean = pred = None
-        if "cdmpp" in opts.methods:
-            model, secs = train_cdmpp(split, split.target_pool or None)
-            mean, lo, hi = model.predict_interval(split.test)
-            out.row(setting, opts.label, _metrics(split.test, mean, lo, hi), k=None, train_seconds=secs,
-                    val_mape=model.model_.summary["val"]["mape"],
-                    epochs=sum(len(r.get("history", [])) for r in model.model_.summary["members"]), **n)
-        if "pooled-gbt" in opts.methods:
-            gbt, gsecs = train_gbt(split)
-            pred = gbt.predict(split.test)
-            out.row(setting, opts.gbt_label, _metrics(split.test, pred), k=None,
-                    train_seconds=gsecs, trees=int(gbt.model_.best_iteration) + 1, **n)
-            c = mape_scale(gbt.predict(split.val), np.array([p.seconds for p in split.val]))
-            out.row(setting, opts.gbt_label + ", val-scaled", _metrics(split.test, c * pred), k=None, scale=c,
-                    train_seconds=gsecs, **n)
-        if "pooled-gbt-roofline" in opts.methods:
-            roof, rsecs = train_gbt(split, "roofline")
-            out.row(setting, roof_name, _metrics(split.test, roof.predict(split.test)), k=None, train_seconds=rsecs,
-                    trees=int(roof.model_.best_iteration) + 1, **n)
-        for name, peer, psecs in train_peers(split):
-            peer_row(setting, name, peer, psecs, split.test, k=None, **n)
-        if mean is not None and pred is not None:
-            w = blend_weight(split.val, model.predict(split.val), gbt.predict(split.val))
-            out.row(setting, blend_name, _metrics(split.test, blend(mean, pred, w)), k=None, weight=w,
-                    train_seconds=secs + gsecs, **n)
+        for fraction, split in setting_splits(ds, setting, seed, opts.train_fractions):
+            n = dict(programs=len(split.test), n_train=len(split.train))
+            if fraction is not None:  # a learning-curve row: kept out of the summary (see aggregate)
+                n["train_fraction"] = fraction
+            mean = pred = None
+            if "cdmpp" in opts.methods:
+                model, secs = train_cdmpp(split, split.target_pool or None)
+                mean, lo, hi = model.predict_interval(split.test)
+                out.row(setting, opts.label, _metrics(split.test, mean, lo, hi), k=None, train_seconds=secs,
+                        val_mape=model.model_.summary["val"]["mape"],
+                        epochs=sum(len(r.get("history", [])) for r in model.model_.summary["members"]), **n)
+            if "pooled-gbt" in opts.methods:
+                gbt, gsecs = train_gbt(split)
+                pred = gbt.predict(split.test)
+                out.row(setting, opts.gbt_label, _metrics(split.test, pred), k=None,
+                        train_seconds=gsecs, trees=int(gbt.model_.best_iteration) + 1, **n)
+                c = mape_scale(gbt.predict(split.val), np.array([p.seconds for p in split.val]))
+                out.row(setting, opts.gbt_label + ", val-scaled", _metrics(split.test, c * pred), k=None, scale=c,
+                        train_seconds=gsecs, **n)
+            if "pooled-gbt-roofline" in opts.methods:
+                roof, rsecs = train_gbt(split, "roofline")
+                out.row(setting, roof_name, _metrics(split.test, roof.predict(split.test)), k=None, train_seconds=rsecs,
+                        trees=int(roof.model_.best_iteration) + 1, **n)
+            for name, peer, psecs in train_peers(split):
+                peer_row(setting, name, peer, psecs, split.test, k=None, **n)
+            if mean is not None and pred is not None:
+                w = blend_weight(split.val, model.predict(split.val), gbt.predict(split.val))
+                out.row(setting, blend_name, _metrics(split.test, blend(mean, pred, w)), k=None, weight=w,
+                        train_seconds=secs + gsecs, **n)
 
     device_settings = [s for s in opts.settings if s.startswith("cross-device")]
     if not device_settings:
@@ -266,37 +286,117 @@ def blend(a: np.ndarray, b: np.ndarray, w: float) -> np.ndarray:
     return np.exp(w * np.log(a) + (1.0 - w) * np.log(b))
 
 
-def aggregate(runs_path: str, command: str, select: dict | None = None) -> dict:
-    """Rows of ``runs_path`` → ``{setting: {method: {mape, mape_std, ..., seeds, k, programs}}}``.
-
-    Rows of the same (setting, method) from different seeds are averaged; with several rows per seed
-    (a rerun) the latest counts. ``select`` keeps rows whose fields equal its values (e.g. minutes).
-    """
+def _latest_rows(runs_path: str, select: dict | None, curve: bool) -> dict:
+    """{(setting, method, train fraction, seed): row} of ``runs_path``, the latest row of each (a rerun
+    replaces). ``curve``: only learning-curve rows (those with a ``train_fraction``), else only the others."""
     rows: dict = {}
     with open(runs_path) as f:
         for line in f:
             r = json.loads(line)
             if select and any(r.get(k) != v for k, v in select.items()):
                 continue
-            rows[(r["setting"], r["method"], r["seed"])] = r
+            if (r.get("train_fraction") is not None) != curve:
+                continue
+            rows[(r["setting"], r["method"], r.get("train_fraction"), r["seed"])] = r
+    return rows
+
+
+def _mean_std(rs: list) -> dict:
+    """Mean and (population) std over seeds of every metric of SUMMARY_KEYS the rows have."""
+    entry: dict = {}
+    for key in SUMMARY_KEYS:
+        vals = [r["metrics"].get(key) for r in rs if r["metrics"].get(key) is not None]
+        if vals:
+            entry[key] = float(np.mean(vals))
+            entry[f"{key}_std"] = float(np.std(vals))
+    return entry
+
+
+def aggregate(runs_path: str, command: str, select: dict | None = None) -> dict:
+    """Rows of ``runs_path`` → ``{setting: {method: {mape, mape_std, ..., seeds, k, programs}}}``.
+
+    Rows of the same (setting, method) from different seeds are averaged; with several rows per seed
+    (a rerun) the latest counts. ``select`` keeps rows whose fields equal its values (e.g. minutes).
+    Learning-curve rows (trained on a fraction of the training set) are left to ``aggregate_curve``.
+    """
     grouped: dict = {}
-    for (setting, method, seed), r in sorted(rows.items()):
+    for (setting, method, _, seed), r in sorted(_latest_rows(runs_path, select, curve=False).items()):
         grouped.setdefault(setting, {}).setdefault(method, []).append(r)
     out: dict = {"command": command, "created": _dt.datetime.now().isoformat(timespec="seconds")}
     for setting in [s for s in SETTINGS if s in grouped]:
         out[setting] = {}
         for method, rs in grouped[setting].items():
-            entry: dict = {}
-            for key in SUMMARY_KEYS:
-                vals = [r["metrics"].get(key) for r in rs if r["metrics"].get(key) is not None]
-                if vals:
-                    entry[key] = float(np.mean(vals))
-                    entry[f"{key}_std"] = float(np.std(vals))
+            entry = _mean_std(rs)
             entry.update(seeds=len(rs), k=rs[0].get("k"), sampler=rs[0].get("sampler"),
                          programs=int(round(np.mean([r["programs"] for r in rs]))),
                          train_seconds=float(np.mean([r.get("train_seconds") or 0.0 for r in rs])))
             out[setting][method] = entry
     return out
+
+
+def aggregate_curve(runs_path: str, command: str, select: dict | None = None) -> dict:
+    """Learning-curve rows of ``runs_path`` → ``{"command", "fractions", setting: {method: {"points": [{fraction,
+    n_train, n_test, mape, mape_std, ..., seeds}, ...], "mape_per_doubling", "mape_per_doubling_std"}}}``.
+
+    A point is the mean ± std over seeds at one fraction. ``mape_per_doubling`` is the factor by which
+    MAPE changes when the training set doubles: exp of the slope of log(MAPE) on log2(n_train), fitted
+    per seed over its fractions, mean ± std over seeds (below 1: more data helps).
+    """
+    grouped: dict = {}
+    for (setting, method, fraction, seed), r in sorted(_latest_rows(runs_path, select, curve=True).items()):
+        grouped.setdefault(setting, {}).setdefault(method, {}).setdefault(fraction, []).append(r)
+    fractions = sorted({f for by_method in grouped.values() for by_f in by_method.values() for f in by_f})
+    out: dict = {"command": command, "created": _dt.datetime.now().isoformat(timespec="seconds"),
+                 "fractions": fractions}
+    for setting in [s for s in SETTINGS if s in grouped]:
+        out[setting] = {}
+        for method, by_f in grouped[setting].items():
+            points = []
+            for fraction, rs in sorted(by_f.items()):
+                point = dict(fraction=fraction, n_train=int(round(np.mean([r["n_train"] for r in rs]))),
+                             n_test=int(round(np.mean([r["programs"] for r in rs]))), **_mean_std(rs),
+                             seeds=len(rs), train_seconds=float(np.mean([r.get("train_seconds") or 0.0 for r in rs])))
+                if any(r.get("epochs") is not None for r in rs):
+                    point["epochs"] = float(np.mean([r["epochs"] for r in rs if r.get("epochs") is not None]))
+                points.append(point)
+            entry: dict = {"points": points}
+            factors = [_per_doubling([r for rs in by_f.values() for r in rs if r["seed"] == seed])
+                       for seed in sorted({r["seed"] for rs in by_f.values() for r in rs})]
+            factors = [f for f in factors if f is not None]
+            if factors:
+                entry.update(mape_per_doubling=float(np.mean(factors)), mape_per_doubling_std=float(np.std(factors)))
+            out[setting][method] = entry
+    return out
+
+
+def _per_doubling(rows: list) -> float | None:
+    """exp(slope) of log(MAPE) on log2(n_train) over one seed's rows; None with fewer than 2 sizes."""
+    pts = [(r["n_train"], r["metrics"]["mape"]) for r in rows if (r["metrics"].get("mape") or 0) > 0]
+    if len({n for n, _ in pts}) < 2:
+        return None
+    x, y = np.log2([n for n, _ in pts]), np.log([m for _, m in pts])
+    return float(np.exp(np.polyfit(x, y, 1)[0]))
+
+
+def curve_markdown(curve: dict) -> str:
+    """One table per setting: method, fraction, training programs, MAPE ± std, median APE, Spearman; then
+    the MAPE factor per doubling of the training set."""
+    lines = [f"Command: `{curve.get('command', '')}` ({curve.get('created', '')}); mean ± std over seeds.", ""]
+    for setting in [s for s in SETTINGS if s in curve]:
+        lines += [f"**{setting}**", "", "| method | fraction | train programs | test programs | MAPE | median APE | "
+                  "Spearman | seeds |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+        for method, e in curve[setting].items():
+            for p in e["points"]:
+                pct = lambda k: f"{100 * p[k]:.1f} ± {100 * p[k + '_std']:.1f} %" if k in p else "—"  # noqa: E731
+                lines.append(f"| {method} | {p['fraction']:g} | {p['n_train']} | {p['n_test']} | {pct('mape')} | "
+                             f"{pct('median_ape')} | {p.get('spearman', math.nan):.3f} ± "
+                             f"{p.get('spearman_std', math.nan):.3f} | {p['seeds']} |")
+        doubling = [(m, e) for m, e in curve[setting].items() if "mape_per_doubling" in e]
+        if doubling:
+            lines += ["", "MAPE × per doubling of the training set: " + "; ".join(
+                f"{m} {e['mape_per_doubling']:.3f} ± {e['mape_per_doubling_std']:.3f}" for m, e in doubling)]
+        lines.append("")
+    return "\n".join(lines)
 
 
 def markdown(summary: dict, methods: Sequence[str] | None = None) -> str:
@@ -319,12 +419,16 @@ def markdown(summary: dict, methods: Sequence[str] | None = None) -> str:
 
 def run_protocol(opts: ProtocolOptions, jobs: int = 1, command: str = "", summary_path: str | None = None) -> dict:
     """All seeds and settings (``jobs`` processes in parallel, one (seed, model) job each), then the
-    summary of ``opts.runs``."""
+    summary of ``opts.runs`` (with ``opts.train_fractions``: its learning curve, ``aggregate_curve``)."""
+    if opts.train_fractions:
+        if any(s.startswith("cross-device") for s in opts.settings):
+            raise ValueError("train fractions apply to the random-new and cross-model settings only")
+        if not all(0 < f <= 1 for f in opts.train_fractions):
+            raise ValueError(f"train fractions must be in (0, 1], got {list(opts.train_fractions)}")
     start = _dt.datetime.now().isoformat(timespec="seconds")
     if jobs > 1:  # one job per (seed, group of settings that share a trained model)
         from concurrent.futures import ProcessPoolExecutor
         import multiprocessing as mp
-        from dataclasses import replace
 
         groups = [[s] for s in opts.settings if not s.startswith("cross-device")]
         groups += [[s for s in opts.settings if s.startswith("cross-device")]]
@@ -337,7 +441,7 @@ def run_protocol(opts: ProtocolOptions, jobs: int = 1, command: str = "", summar
         ds = load_pinned(opts)
         for s in opts.seeds:
             run_seed(opts, s, ds)
-    summary = aggregate(opts.runs, command)
+    summary = (aggregate_curve if opts.train_fractions else aggregate)(opts.runs, command)
     summary["options"] = {**asdict(opts), "started": start}
     if summary_path:
         with open(summary_path, "w") as f:

@@ -84,6 +84,34 @@ else:
     for spec, runs in tune["tasks"].items():
         for kind, rs in runs.items():
             print(spec[:50], kind, [(r["seed"], r["trials_to_xgb_final"], r["final_best_s"]) for r in rs])"""),
+md("""## Learning curve (reports/learning-curve.json, `cdmpp learning-curve`)
+
+MAPE against the number of training programs: random-new and cross-model, each seed's training set cut
+to 1/8 … 1 (nested), the same test set per seed; mean ± std over seeds (bands), cdmpp beside the pooled
+GBT. The legend gives the MAPE factor per doubling of the training data (below 1: more data helps).
+The file holds the command that regenerates it."""),
+code("""path = os.path.join(ROOT, "reports", "learning-curve.json")
+if not os.path.exists(path):
+    print("no learning curve yet:", path)
+else:
+    curve = json.load(open(path))
+    print("regenerate with:", curve["command"])
+    settings = [s for s in ("random-new", "cross-model") if s in curve]
+    fig, axes = plt.subplots(1, len(settings), figsize=(5.5 * len(settings), 4), squeeze=False)
+    for ax, setting in zip(axes[0], settings):
+        for meth in ("cdmpp", "pooled GBT"):
+            e = curve[setting].get(meth)
+            pts = [p for p in (e or {}).get("points", []) if "mape" in p]
+            if not pts:
+                continue
+            n = np.array([p["n_train"] for p in pts]); y = np.array([p["mape"] for p in pts])
+            sd = np.array([p["mape_std"] for p in pts])
+            label = meth + (f" (×{e['mape_per_doubling']:.2f} per doubling)" if "mape_per_doubling" in e else "")
+            ax.plot(n, y, "o-", label=label); ax.fill_between(n, np.maximum(y - sd, 0.01), y + sd, alpha=0.2)
+        ax.set_xscale("log", base=2); ax.set_yscale("log")  # log-log: a constant factor per doubling is a line
+        ax.set_xlabel("training programs"); ax.set_ylabel("MAPE (mean ± std over seeds)")
+        ax.set_title(setting); ax.legend(fontsize=8)
+    fig.tight_layout(); fig.savefig("learning-curve.png", dpi=80)"""),
 md("## The shipped model"),
 code("""predictor = Predictor.load()
 print("model", predictor.version, "knows devices", predictor.devices())
