@@ -10,9 +10,10 @@
   k = 0, 16, 64 and 5 % target shots, KMeans (on the model's embeddings) vs random; every method gets
   the same shots.
 
-In the seen setting two more predictors use the twin's measured latency: ``twin-ratio`` (the twin's
-label × a small GBT of the log ratio on pooled features, fitted on the shots) and ``cdmpp + twin``
-(the same with the k-shot-tuned cdmpp model's program embedding as extra inputs). A model trained on
+In the seen setting three more predictors use the twin's measured latency: ``twin-ratio`` (the twin's
+label × a small GBT of the log ratio on pooled features, fitted on the shots), ``cdmpp + twin``
+(the same with the k-shot-tuned cdmpp model's program embedding as extra inputs) and ``twin-Amdahl``
+(Amdahl's law from the two devices' thread counts and the program's parallel share; no shots). A model trained on
 one source device cannot learn the device ratio from data (its device input never varies), which is
 why the twin's label and the shots carry this setting.
 
@@ -134,7 +135,7 @@ def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | Non
     from cdmpp.evaluation.harness import recipe_config
     from cdmpp.evaluation.methods.cdmpp_model import CDMPP
     from cdmpp.evaluation.methods.pooled_gbt import PooledGBT
-    from cdmpp.evaluation.methods.twin_ratio import TwinRatio
+    from cdmpp.evaluation.methods.twin_ratio import TwinAmdahl, TwinRatio
     from cdmpp.model.training import mape_scale
 
     torch.set_num_threads(max(1, opts.threads))
@@ -266,7 +267,13 @@ def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | Non
                     if peer.predicts == "score" and k:
                         continue
                     peer_row(setting, name + suffix, peer.adapt(sp.shots) if k else peer, psecs, test, **n)
-                if programs == "seen" and "pooled-gbt" in opts.methods:
+                source = sp.info["source_devices"]
+                if programs == "seen" and {"pooled-gbt", "twins"} & set(opts.methods) and len(source) == 1:
+                    amdahl = TwinAmdahl(sp.twins, device_table[source[0]]["cores"], device_table[target]["cores"])
+                    amdahl.fit([p for p in sp.train if p.device == source[0]])
+                    out.row(setting, "twin-Amdahl" + suffix, _metrics(test, amdahl.predict(test)), train_seconds=0.0,
+                            overhead_s=amdahl.overhead_, **n)
+                if programs == "seen" and {"pooled-gbt", "twins"} & set(opts.methods):
                     tr = TwinRatio(sp.twins, nthread=opts.threads, random_state=seed).fit(sp.shots)
                     out.row(setting, "twin-ratio" + suffix, _metrics(test, tr.predict(test)), train_seconds=0.0, **n)
                     tr = TwinRatio(sp.twins, nthread=opts.threads, random_state=seed, inputs="physics").fit(sp.shots)
@@ -452,7 +459,8 @@ def run_protocol(opts: ProtocolOptions, jobs: int = 1, command: str = "", summar
 def headline(summary: dict, label: str = "cdmpp") -> str:
     """The README's short table: per setting (cross-device at k = 0 and 64 KMeans shots), MAPE ± std of
     cdmpp, the pooled GBT (both targets), their blend and (seen programs) the twin-based predictors."""
-    cols = [label, "pooled GBT", "pooled GBT, roofline target", f"{label} ⊕ pooled GBT", "twin-ratio", f"{label} + twin"]
+    cols = [label, "pooled GBT", "pooled GBT, roofline target", f"{label} ⊕ pooled GBT", "twin-ratio", "twin-Amdahl",
+            f"{label} + twin"]
     lines = ["| setting | " + " | ".join(cols) + " |", "|---|" + "---:|" * len(cols)]
     rows = [("random-new", ""), ("cross-model", ""), ("cross-device-new", ""), ("cross-device-new", " k=64 (kmeans)"),
             ("cross-device-seen", " k=64 (kmeans)"), ("cross-device-seen", " k=5% (kmeans)")]

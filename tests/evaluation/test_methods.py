@@ -46,10 +46,10 @@ def test_every_method_offers_the_method_interface():
     from cdmpp.evaluation.methods.cdmpp_model import CDMPP
     from cdmpp.evaluation.methods.mlp import TensetMLP
     from cdmpp.evaluation.methods.pooled_gbt import PooledGBT
-    from cdmpp.evaluation.methods.twin_ratio import TwinRatio
+    from cdmpp.evaluation.methods.twin_ratio import TwinAmdahl, TwinRatio
     from cdmpp.evaluation.methods.xgb import MetaScheduleXGB, XGBRegressorPeer
 
-    for cls in (CDMPP, MetaScheduleXGB, XGBRegressorPeer, TensetMLP, PooledGBT, TwinRatio):
+    for cls in (CDMPP, MetaScheduleXGB, XGBRegressorPeer, TensetMLP, PooledGBT, TwinRatio, TwinAmdahl):
         for name in ("fit", "predict", "predict_interval", "adapt", "describe"):
             assert callable(getattr(cls, name)), (cls.__name__, name)
         assert cls.predicts in ("seconds", "score") and 0 < cls.budget_weight <= 1
@@ -82,3 +82,38 @@ def test_pooled_gbt_targets(real):
     assert np.mean(np.array([p.seconds for p in sp.test]) >= 0.5 * bound) > 0.99
     with pytest.raises(ValueError, match="target"):
         PooledGBT(table, target="bytes")
+
+
+def _amdahl_program(ops_parallel: float, ops_serial: float, seconds: float, h: str):
+    """A two-leaf program (one leaf under a parallel loop) as the twin methods see it."""
+    from types import SimpleNamespace
+
+    from cdmpp.program.features import FEATURE_NAMES, N_FEATURES
+
+    rows = np.zeros((2, N_FEATURES), np.float32)
+    rows[:, FEATURE_NAMES.index("float_mad")] = np.log2([ops_parallel + 1, ops_serial + 1])
+    rows[0, FEATURE_NAMES.index("parallel_num")] = 1
+    return SimpleNamespace(features=SimpleNamespace(leaf_features=rows, program_hash=h), seconds=seconds)
+
+
+def test_twin_amdahl_follows_amdahls_law():
+    """2 threads -> 1: the work is the 2-thread label less one fork/join per parallel leaf, its parallel
+    share sped up 2x; a fork/join-bound kernel runs faster on 1 thread; the fork/join cost comes from the
+    source programs' lower envelope, and target shots change nothing."""
+    from cdmpp.evaluation.methods.twin_ratio import TwinAmdahl, parallel_share
+
+    o = 1e-6
+    cases = [(3e9, 1e9, 4e-3), (1e9, 0.0, 1e-3), (0.0, 1e6, 2e-5), (1e3, 1e3, 1e-7)]  # ops, ops, 1-thread seconds
+    target, twins = [], {}
+    for i, (par, ser, t1) in enumerate(cases):
+        f = par / (par + ser)
+        twins[str(i)] = t1 * (1 - f + f / 2) + o  # every program has one parallel leaf (with or without ops)
+        target.append(_amdahl_program(par, ser, t1, str(i)))
+    assert np.allclose(parallel_share(target)[:, 0], [0.75, 1.0, 0.0, 0.5], atol=1e-6)
+    source = [_amdahl_program(1e3, 0.0, o * (1 + j / 100), f"s{j}") for j in range(200)]  # fork/join-bound
+    model = TwinAmdahl(twins, source_threads=2, target_threads=1).fit(source)
+    assert model.overhead_ == pytest.approx(o, rel=0.02)
+    model.overhead_ = o
+    assert np.allclose(model.predict(target), [t for _, _, t in cases], rtol=1e-4)
+    assert model.predict(target)[3] < twins["3"]  # faster on 1 thread: its 2-thread time is mostly fork/join
+    assert model.adapt(target[:2]) is model

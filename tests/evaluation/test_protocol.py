@@ -26,7 +26,7 @@ def test_protocol_seed_writes_a_row_per_setting_and_method(two_devices, tiny_rec
     rows = {(r["setting"], r["method"]) for r in map(json.loads, runs.read_text().splitlines())}
     assert {("random-new", "cdmpp"), ("random-new", "pooled GBT"), ("random-new", "cdmpp ⊕ pooled GBT"),
             ("cross-device-seen", "cdmpp k=4 (kmeans)"), ("cross-device-seen", "twin-ratio k=4 (kmeans)"),
-            ("cross-device-seen", "cdmpp + twin k=4 (kmeans)")} <= rows
+            ("cross-device-seen", "cdmpp + twin k=4 (kmeans)"), ("cross-device-seen", "twin-Amdahl k=4 (kmeans)")} <= rows
 
 
 @pytest.mark.slow

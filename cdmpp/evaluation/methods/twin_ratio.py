@@ -87,3 +87,66 @@ class TwinRatio(Peer):
     def describe(self) -> str:
         return "the twin's label" + (" x a GBT of the log ratio" if self.model_ is not None else
                                      f" x {np.exp(self.base_):.3f} (median ratio of the shots)")
+
+
+def parallel_share(programs: Sequence) -> np.ndarray:
+    """``[n, 2]`` per program: the share of its operations (TVM's per-store float and int op counts) in
+    leaves under a parallel loop, and the number of such leaves."""
+    out = np.zeros((len(programs), 2))
+    for i, p in enumerate(programs):
+        r = np.asarray(p.features.leaf_features, dtype=np.float64)
+        if len(r):
+            ops = (np.exp2(r[:, _OP_COLUMNS]) - 1.0).sum(axis=1) + 1e-9
+            par = r[:, _PARALLEL_NUM] > 0
+            out[i] = (ops * par).sum() / ops.sum(), par.sum()
+    return out
+
+
+_OP_COLUMNS = slice(0, 14)  # float and int op counts (log2(x + 1)), cdmpp.program.features.FEATURE_NAMES
+_PARALLEL_NUM = 38  # parallel_num: parallel loops around the store
+
+
+class TwinAmdahl(Peer):
+    """Seen programs on another thread count of the same CPU: Amdahl's law applied to the twin's label.
+
+    With W the program's work, f the share of its operations under a parallel loop and n its leaves under
+    one, a run on t threads takes ``W (1 - f + f / t) + o n`` (``o``: the fork/join cost of a parallel
+    region, paid only when t > 1). So the target latency follows from the source twin's label, both
+    devices' thread counts and ``o``; ``o`` is the source device's lower envelope of latency per parallel
+    leaf (1 % quantile over its training programs: no kernel runs faster than its fork/joins). Nothing
+    is fitted on target shots; the twin-ratio GBT learns the same regime only where shots land in it.
+    """
+
+    label = "twin-Amdahl"
+
+    def __init__(self, twins: dict, source_threads: int, target_threads: int, floor: float = 0.01):
+        self.twins, self.source_threads, self.target_threads = twins, int(source_threads), int(target_threads)
+        self.floor = floor  # the work left after removing fork/joins is at least this share of the label
+
+    def fit(self, source_programs: Sequence, val=None, time_budget_s=None) -> "TwinAmdahl":
+        """Estimates ``o`` from the source device's programs (labels and features; no target label)."""
+        share = parallel_share(source_programs)
+        per_leaf = np.array([p.seconds for p in source_programs])[share[:, 1] > 0] / share[share[:, 1] > 0, 1]
+        self.overhead_ = float(np.quantile(per_leaf, 0.01)) if len(per_leaf) else 0.0
+        return self
+
+    def predict(self, programs: Sequence) -> np.ndarray:
+        share = parallel_share(programs)
+        f, n = share[:, 0], share[:, 1]
+        src = np.array([self.twins[p.features.program_hash] for p in programs])
+
+        def fork_join(threads):
+            return self.overhead_ * n if threads > 1 else 0.0
+
+        def time_per_work(threads):
+            return 1.0 - f + f / threads
+
+        work = np.maximum(src - fork_join(self.source_threads), self.floor * src) / time_per_work(self.source_threads)
+        return work * time_per_work(self.target_threads) + fork_join(self.target_threads)
+
+    def adapt(self, shots: Sequence) -> "TwinAmdahl":
+        return self  # nothing is fitted on target programs
+
+    def describe(self) -> str:
+        return (f"the twin's label through Amdahl's law, {self.source_threads} -> {self.target_threads} threads, "
+                f"fork/join {1e6 * self.overhead_:.2f} us per parallel leaf")
