@@ -10,6 +10,7 @@ import numpy as np
 
 from cdmpp.evaluation.methods.common import pooled_features, program_rows
 from cdmpp.evaluation.methods.method import Peer
+from cdmpp.program.features import FEATURE_NAMES
 
 
 def physics_features(programs: Sequence, twins: dict | None = None) -> np.ndarray:
@@ -102,8 +103,8 @@ def parallel_share(programs: Sequence) -> np.ndarray:
     return out
 
 
-_OP_COLUMNS = slice(0, 14)  # float and int op counts (log2(x + 1)), cdmpp.program.features.FEATURE_NAMES
-_PARALLEL_NUM = 38  # parallel_num: parallel loops around the store
+_OP_COLUMNS = slice(FEATURE_NAMES.index("float_mad"), FEATURE_NAMES.index("int_other_func") + 1)  # log2(x + 1)
+_PARALLEL_NUM = FEATURE_NAMES.index("parallel_num")  # parallel loops around the store
 
 
 class TwinAmdahl(Peer):
@@ -124,7 +125,11 @@ class TwinAmdahl(Peer):
         self.floor = floor  # the work left after removing fork/joins is at least this share of the label
 
     def fit(self, source_programs: Sequence, val=None, time_budget_s=None) -> "TwinAmdahl":
-        """Estimates ``o`` from the source device's programs (labels and features; no target label)."""
+        """Estimates ``o`` from the source device's programs (labels and features; no target label). A
+        1-thread source shows no fork/join cost, so then ``o`` is 0."""
+        if self.source_threads == 1:
+            self.overhead_ = 0.0
+            return self
         share = parallel_share(source_programs)
         per_leaf = np.array([p.seconds for p in source_programs])[share[:, 1] > 0] / share[share[:, 1] > 0, 1]
         self.overhead_ = float(np.quantile(per_leaf, 0.01)) if len(per_leaf) else 0.0
