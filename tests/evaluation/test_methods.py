@@ -65,18 +65,21 @@ def test_peers_by_short_name():
 
 
 def test_pooled_gbt_targets(real):
-    """The pooled GBT on log(latency / FLOPs) and on log(latency / roofline bound): finite positive
-    latencies, and the roofline scale is a time no program beats by much (ON the real device table)."""
+    """The pooled GBT on log(latency / FLOPs), log(latency / roofline bound) and log latency: finite
+    positive latencies, the roofline scale is a time no program beats by much (on the real device
+    table), and on plain latency no prediction leaves the training labels' range."""
     from cdmpp.devices.table import DeviceTable
     from cdmpp.evaluation.methods.pooled_gbt import PooledGBT
 
     table = DeviceTable(str(ROOT / "datasets" / "devices.json")).spec_table()
     sp = splits.random_split(real[1], seed=0)
-    for target in ("flops", "roofline"):
+    for target in ("flops", "roofline", "latency"):
         gbt = PooledGBT(table, n_estimators=50, target=target).fit(sp.train, sp.val)
         pred = gbt.predict(sp.test)
         assert np.all(np.isfinite(pred)) and np.all(pred > 0), target
         assert np.all(np.isfinite(gbt.adapt(sp.val[:5], rounds=3).predict(sp.test[:7])))
+    y = np.array([p.seconds for p in sp.train])
+    assert np.all((pred >= y.min()) & (pred <= y.max()))
     bound = PooledGBT(table, target="roofline").scale(sp.test)
     assert np.all(bound > 0)
     assert np.mean(np.array([p.seconds for p in sp.test]) >= 0.5 * bound) > 0.99
@@ -84,8 +87,9 @@ def test_pooled_gbt_targets(real):
         PooledGBT(table, target="bytes")
 
 
-def _amdahl_program(ops_parallel: float, ops_serial: float, seconds: float, h: str):
-    """A two-leaf program (one leaf under a parallel loop) as the twin methods see it."""
+def _amdahl_program(ops_parallel: float, ops_serial: float, seconds: float, h: str, extent: int = 0):
+    """A two-leaf program (one leaf under a parallel loop of ``extent``, 0: not known) as the twin
+    methods see it."""
     from types import SimpleNamespace
 
     from cdmpp.program.features import FEATURE_NAMES, N_FEATURES
@@ -93,6 +97,7 @@ def _amdahl_program(ops_parallel: float, ops_serial: float, seconds: float, h: s
     rows = np.zeros((2, N_FEATURES), np.float32)
     rows[:, FEATURE_NAMES.index("float_mad")] = np.log2([ops_parallel + 1, ops_serial + 1])
     rows[0, FEATURE_NAMES.index("parallel_num")] = 1
+    rows[0, FEATURE_NAMES.index("parallel_prod")] = np.log2(extent + 1)
     return SimpleNamespace(features=SimpleNamespace(leaf_features=rows, program_hash=h), seconds=seconds)
 
 
@@ -117,3 +122,16 @@ def test_twin_amdahl_follows_amdahls_law():
     assert np.allclose(model.predict(target), [t for _, _, t in cases], rtol=1e-4)
     assert model.predict(target)[3] < twins["3"]  # faster on 1 thread: its 2-thread time is mostly fork/join
     assert model.adapt(target[:2]) is model
+
+
+def test_twin_amdahl_counts_rounds_of_a_parallel_loop():
+    """A parallel loop of extent 3 runs in 2 rounds on 2 threads (1.5x), extent 4 in 2 (2x), extent 1
+    in 1 (no speedup): the 1-thread prediction follows."""
+    from cdmpp.evaluation.methods.twin_ratio import TwinAmdahl, time_per_work
+
+    target = [_amdahl_program(1e9, 0.0, 1.0, str(e), extent=e) for e in (3, 4, 1)]
+    assert np.allclose(time_per_work(target, 2), [2 / 3, 1 / 2, 1.0], rtol=1e-6)
+    twins = {"3": 2 / 3, "4": 0.5, "1": 1.0}
+    model = TwinAmdahl(twins, source_threads=2, target_threads=1)
+    model.overhead_ = 0.0
+    assert np.allclose(model.predict(target), [1.0, 1.0, 1.0], rtol=1e-6)

@@ -27,8 +27,8 @@ class PooledGBT(Peer):
                  nthread: int = 1, random_state: int = 0, target: str = "flops"):
         from cdmpp.model.transforms import DeviceSpecs
 
-        if target not in ("flops", "roofline"):
-            raise ValueError(f"target = {target!r}: expected flops or roofline")
+        if target not in ("flops", "roofline", "latency"):
+            raise ValueError(f"target = {target!r}: expected flops, roofline or latency")
         self.specs = DeviceSpecs(device_table)
         self.max_depth, self.learning_rate, self.n_estimators = max_depth, learning_rate, n_estimators
         self.nthread, self.random_state, self.target = nthread, random_state, target
@@ -40,8 +40,14 @@ class PooledGBT(Peer):
     def scale(self, programs) -> np.ndarray:
         """What the latency is divided by: FLOPs + 1, or (``target="roofline"``) the device's roofline
         bound max(FLOPs / peak, unique bytes / bandwidth) in seconds, which stays a measure of the work
-        for programs with few or no FLOPs (data movement: concatenate, pad, transpose)."""
+        for programs with few or no FLOPs (data movement: concatenate, pad, transpose), or
+        (``target="latency"``) nothing: plain log latency, log FLOPs being only an input. With programs
+        at ~0 FLOPs beside ~10⁹, a FLOP-normalized target has two scales, and trees that put a program
+        in the other one's leaf predict it thousands of times off; plain latency keeps every
+        prediction within the training labels' range."""
         flops = np.array([p.features.flops for p in programs], dtype=np.float64)
+        if self.target == "latency":
+            return np.ones(len(programs))
         if self.target == "flops":
             return flops + 1.0
         from cdmpp.model.network import _UNIQUE_BYTES_COLS

@@ -95,16 +95,40 @@ def parallel_share(programs: Sequence) -> np.ndarray:
     leaves under a parallel loop, and the number of such leaves."""
     out = np.zeros((len(programs), 2))
     for i, p in enumerate(programs):
-        r = np.asarray(p.features.leaf_features, dtype=np.float64)
-        if len(r):
-            ops = (np.exp2(r[:, _OP_COLUMNS]) - 1.0).sum(axis=1) + 1e-9
-            par = r[:, _PARALLEL_NUM] > 0
+        ops, _, par = _leaf_parallelism(p)
+        if len(ops):
             out[i] = (ops * par).sum() / ops.sum(), par.sum()
     return out
 
 
+def time_per_work(programs: Sequence, threads: int) -> np.ndarray:
+    """Per program, its run time on ``threads`` threads as a share of its 1-thread time (Amdahl's law
+    per leaf). A parallel loop of extent e runs in ceil(e / threads) rounds, so it is sped up
+    e / ceil(e / threads), not ``threads`` times (extent 3 on 2 threads: 1.5x); a leaf whose extent
+    is not known is taken as evenly split."""
+    out = np.ones(len(programs))
+    for i, p in enumerate(programs):
+        ops, extent, par = _leaf_parallelism(p)
+        if len(ops):
+            e = np.maximum(np.round(extent), 1.0)
+            speedup = np.where(extent >= 1.0, e / np.ceil(e / threads), float(threads))
+            out[i] = (ops / np.where(par, speedup, 1.0)).sum() / ops.sum()
+    return out
+
+
+def _leaf_parallelism(p) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per leaf of ``p``: its operations (+ a tiny floor, so an op-free leaf still counts), the extent
+    product of its parallel loops, and whether it is under one."""
+    r = np.asarray(p.features.leaf_features, dtype=np.float64)
+    if not len(r):
+        return np.zeros(0), np.zeros(0), np.zeros(0, bool)
+    ops = (np.exp2(r[:, _OP_COLUMNS]) - 1.0).sum(axis=1) + 1e-9
+    return ops, np.exp2(r[:, _PARALLEL_PROD]) - 1.0, r[:, _PARALLEL_NUM] > 0
+
+
 _OP_COLUMNS = slice(FEATURE_NAMES.index("float_mad"), FEATURE_NAMES.index("int_other_func") + 1)  # log2(x + 1)
 _PARALLEL_NUM = FEATURE_NAMES.index("parallel_num")  # parallel loops around the store
+_PARALLEL_PROD = FEATURE_NAMES.index("parallel_prod")  # log2(1 + their extent product)
 
 
 class TwinAmdahl(Peer):
@@ -112,7 +136,8 @@ class TwinAmdahl(Peer):
 
     With W the program's work, f the share of its operations under a parallel loop and n its leaves under
     one, a run on t threads takes ``W (1 - f + f / t) + o n`` (``o``: the fork/join cost of a parallel
-    region, paid only when t > 1). So the target latency follows from the source twin's label, both
+    region, paid only when t > 1), with each parallel leaf's ``t`` cut to what its loop extent allows
+    (``time_per_work``). So the target latency follows from the source twin's label, both
     devices' thread counts and ``o``; ``o`` is the source device's lower envelope of latency per parallel
     leaf (1 % quantile over its training programs: no kernel runs faster than its fork/joins). Nothing
     is fitted on target shots; the twin-ratio GBT learns the same regime only where shots land in it.
@@ -136,18 +161,15 @@ class TwinAmdahl(Peer):
         return self
 
     def predict(self, programs: Sequence) -> np.ndarray:
-        share = parallel_share(programs)
-        f, n = share[:, 0], share[:, 1]
+        n = parallel_share(programs)[:, 1]
         src = np.array([self.twins[p.features.program_hash] for p in programs])
 
         def fork_join(threads):
             return self.overhead_ * n if threads > 1 else 0.0
 
-        def time_per_work(threads):
-            return 1.0 - f + f / threads
-
-        work = np.maximum(src - fork_join(self.source_threads), self.floor * src) / time_per_work(self.source_threads)
-        return work * time_per_work(self.target_threads) + fork_join(self.target_threads)
+        work = (np.maximum(src - fork_join(self.source_threads), self.floor * src)
+                / time_per_work(programs, self.source_threads))
+        return work * time_per_work(programs, self.target_threads) + fork_join(self.target_threads)
 
     def adapt(self, shots: Sequence) -> "TwinAmdahl":
         return self  # nothing is fitted on target programs
