@@ -158,13 +158,19 @@ def cmd_remeasure(args) -> int:
     cfg = MeasureConfig(repeat=args.repeat, min_repeat_ms=args.min_repeat_ms, builders=args.builders,
                         quiet_share=args.quiet_share, max_wait_s=60 * args.max_wait_minutes)
     try:
+        hashes = None
+        if args.implausible_twins:
+            from cdmpp.measure.remeasure import implausible_twins
+
+            hashes = implausible_twins(args.dataset, spec, DeviceTable(args.devices).get(args.implausible_twins))
+            print(f"{len(hashes)} programs with twin labels no thread count explains")
         s = remeasure(TaskTable.load(args.task_table), args.dataset, spec, spec.make_target(), passes=args.passes,
                       min_gap_minutes=args.min_gap_minutes, budget_minutes=args.budget_minutes, cfg=cfg,
                       batch_size=args.batch_size, probe_only=args.probe_only, unstable_only=args.unstable_only,
                       random_share=args.random_share,
-                      runs=set(args.run) if args.run else None, artifact_dir=_artifact_dir(args))
-    except ValueError as e:
-        print(f"cdmpp remeasure: {e}", file=sys.stderr)
+                      runs=set(args.run) if args.run else None, artifact_dir=_artifact_dir(args), hashes=hashes)
+    except (ValueError, KeyError) as e:
+        print(f"cdmpp remeasure: {e.args[0]}", file=sys.stderr)
         return 2
     print(f"done: {s['measured']} re-measured, {s['failed']} failed, {s['too_recent']} measured less than "
           f"{args.min_gap_minutes:g} min ago (left for later), {s['seconds']} s"
@@ -255,6 +261,10 @@ def add_measure_commands(sub):
     rm.add_argument("--random-share", type=float, default=0.02,
                     help="with --unstable-only: this fixed random share of the stable labels too, for the noise "
                          "report (default %(default)s)")
+    rm.add_argument("--implausible-twins", metavar="DEVICE",
+                    help="only programs whose label here and on DEVICE (this CPU at another thread count) imply a "
+                         "speedup no thread count gives (more threads > 1.5x slower, or > 1.3x the thread ratio "
+                         "faster; kernels >= 100 us); each gets one more pass")
     rm.add_argument("--run", action="append", metavar="RUN_ID",
                     help="only programs first measured by this collection run (datasets/.../runs.jsonl; repeatable)")
     rm.add_argument("--dataset", default=defaults.DATASET)

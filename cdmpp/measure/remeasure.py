@@ -17,7 +17,8 @@ from cdmpp.records.store import RecordStore
 def remeasure(tasks, dataset_dir: str, device, target, passes: int = 2, min_gap_minutes: float = 30.0,
               budget_minutes: float | None = None, cfg: MeasureConfig | None = None, batch_size: int = 32,
               probe_only: bool = False, runs: set[str] | None = None, rpc=None, artifact_dir: str | None = None,
-              progress: bool = True, unstable_only: bool = False, random_share: float = 0.0, seed: int = 0) -> dict:
+              progress: bool = True, unstable_only: bool = False, random_share: float = 0.0, seed: int = 0,
+              hashes: set[str] | None = None) -> dict:
     """Measure stored programs again until each label has ``passes`` valid passes, each one at least
     ``min_gap_minutes`` after the one before; a label is the fastest repeat over all its passes.
     ``runs``: only programs first measured by these collection runs (one that hit a slow spell).
@@ -27,6 +28,8 @@ def remeasure(tasks, dataset_dir: str, device, target, passes: int = 2, min_gap_
     (``datasets/README.md`` has the figures). A pass is a record of its own (``<id>|pass<N>``, ``of`` = the
     record's id) appended like any other, so a killed run resumes. ``probe_only``: just the device's
     fixed probe set (``cdmpp noise``), to see what a pass does to the noise before paying for all.
+    ``hashes``: only these programs (e.g. ``implausible_twins``), each given one more pass whatever
+    its count, so that a suspect label is checked even when it already has ``passes``.
     """
     import json
 
@@ -56,8 +59,10 @@ def remeasure(tasks, dataset_dir: str, device, target, passes: int = 2, min_gap_
             continue
         if unstable_only and r.get("stable") is not False and not _drawn(r["id"], random_share, seed):
             continue
+        if hashes is not None and r["program_hash"] not in hashes:
+            continue
         valid = [r] + [p for p in r.get("remeasures", []) if usable(p)]
-        if len(valid) >= passes:
+        if len(valid) >= (len(valid) + 1 if hashes is not None else passes):
             continue
         if now - max(_measured_at(p, provenance) for p in valid) < 60 * min_gap_minutes:
             waiting += 1
@@ -96,6 +101,29 @@ def remeasure(tasks, dataset_dir: str, device, target, passes: int = 2, min_gap_
     stats["seconds"] = round(time.time() - t_start, 1)
     stats["run"] = run_id
     return stats
+
+
+def implausible_twins(dataset_dir: str, device, twin, min_seconds: float = 1e-4, slower: float = 1.5,
+                      superlinear: float = 1.3) -> set[str]:
+    """Hashes of the programs whose labels on ``device`` and ``twin`` (``DeviceSpec`` of one CPU at two
+    thread counts) no thread-count physics explains: for a kernel of at least ``min_seconds``, the run
+    with more threads more than ``slower`` times slower than the one with fewer, or faster by more than
+    ``superlinear`` x the thread ratio. Such a pair is a measurement to check (a slow spell in every pass
+    of one label), not a regime to learn; the check is one more pass on each device (``remeasure``)."""
+    few, many = sorted((device, twin), key=lambda d: d.threads)
+    if few.threads == many.threads:
+        raise ValueError(f"{device.id} and {twin.id} run the same number of threads: no speedup to check")
+    store = RecordStore(dataset_dir)
+    labels = {d.id: {r["program_hash"]: label(r) for r in store.iter_records(d.id) if label(r) is not None}
+              for d in (few, many)}
+    out = set()
+    for h, t_few in labels[few.id].items():
+        t_many = labels[many.id].get(h)
+        if t_many is None or max(t_few, t_many) < min_seconds:
+            continue
+        if t_many > slower * t_few or t_few > superlinear * (many.threads / few.threads) * t_many:
+            out.add(h)
+    return out
 
 
 def _drawn(record_id: str, share: float, seed: int) -> bool:

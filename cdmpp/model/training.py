@@ -64,6 +64,9 @@ class TrainConfig:
     lr: float = 1e-4  # CyclicLR base_lr
     max_lr: float = 1e-3
     lr_cycle_epochs: float = 4.0  # one up-and-down cycle
+    # "cyclic": triangular cycles between lr and max_lr; "budget": a short warm-up to max_lr, then a
+    # cosine decay to lr that ends when the time budget (max_minutes) or the epochs run out
+    lr_schedule: str = "cyclic"
     epochs: int = 40
     batch_size: int = 256
     grad_clip: float = 1.0
@@ -100,7 +103,8 @@ class TrainConfig:
             raise ValueError("loss = \"mape\" is computed through a log label: it needs label = \"log\"")
         choices = dict(pooling=("mean", "sum", "attention"), label=("boxcox", "log"), loss=("paper", "l1", "mape"),
                        da=("cmd", "mmd", "none"), da_space=("program", "joint"), ensemble_mode=("snapshots", "seeds"),
-                       feature_scaling=("standard", "robust"), finetune_scope=("all", "head"))
+                       feature_scaling=("standard", "robust"), finetune_scope=("all", "head"),
+                       lr_schedule=("cyclic", "budget"))
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} = {getattr(self, name)!r}: expected one of {allowed}")
@@ -328,9 +332,12 @@ def _train_run(config: TrainConfig, seed: int, train: _Split, val: _Split, targe
     opt = (torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay) if config.weight_decay
            else torch.optim.Adam(model.parameters(), lr=config.lr))
     steps_per_epoch = math.ceil(len(train.pack) / config.batch_size)
-    sched = torch.optim.lr_scheduler.CyclicLR(
-        opt, base_lr=config.lr, max_lr=config.max_lr, mode="triangular", cycle_momentum=False,
-        step_size_up=max(1, round(steps_per_epoch * config.lr_cycle_epochs / 2)))
+    if config.lr_schedule == "budget":
+        sched = _BudgetLR(opt, config.lr, config.max_lr, deadline, config.epochs * steps_per_epoch)
+    else:
+        sched = torch.optim.lr_scheduler.CyclicLR(
+            opt, base_lr=config.lr, max_lr=config.max_lr, mode="triangular", cycle_momentum=False,
+            step_size_up=max(1, round(steps_per_epoch * config.lr_cycle_epochs / 2)))
     disc = discrepancy(config.da, config.cmd_k)
     matcher = _LengthMatcher(target.pack.lengths) if target is not None else None
     z_all = torch.from_numpy(train.z)
@@ -387,6 +394,31 @@ def _train_run(config: TrainConfig, seed: int, train: _Split, val: _Split, targe
     bar.close()
     ranked = sorted(snapshots.values(), key=lambda s: s[0])
     return ranked, dict(seed=seed, best_epoch=best[1], best_val_mape=best[0], stopped=stopped, history=history)
+
+
+class _BudgetLR:
+    """Warm-up to ``max_lr`` over the first 5 % of the run, then a cosine decay to ``lr`` at its end, the
+    run's progress being the larger of its share of the wall-clock budget and of its steps: a
+    time-capped run ends at a low learning rate instead of wherever a cycle happens to be."""
+
+    def __init__(self, opt, lr: float, max_lr: float, deadline: float, total_steps: int, warmup: float = 0.05):
+        self.opt, self.lr, self.max_lr, self.total_steps, self.warmup = opt, lr, max_lr, max(1, total_steps), warmup
+        self.start, self.deadline, self.steps = time.monotonic(), deadline, 0
+        self._set(lr)
+
+    def _set(self, value: float) -> None:
+        for group in self.opt.param_groups:
+            group["lr"] = value
+
+    def step(self) -> None:
+        self.steps += 1
+        budget = max(self.deadline - self.start, 1e-9)
+        t = min(1.0, max((time.monotonic() - self.start) / budget, self.steps / self.total_steps))
+        if t < self.warmup:
+            self._set(self.lr + (self.max_lr - self.lr) * t / self.warmup)
+        else:
+            u = (t - self.warmup) / (1.0 - self.warmup)
+            self._set(self.lr + (self.max_lr - self.lr) * 0.5 * (1.0 + math.cos(math.pi * u)))
 
 
 class _LengthMatcher:

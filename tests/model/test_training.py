@@ -165,3 +165,29 @@ def test_loop_tokens_train_save_load_and_demand_loops(tmp_path):
     assert "loop_tokens" not in plain.members[0].hparams
     blind = fit(cfg, no_loops, [LabeledProgram(f, "cpu-a", s.seconds) for f, s in zip(bare, val)], device_table=DEVICES)
     assert np.array_equal(plain.predict(feats, "cpu-b")[0], blind.predict(bare, "cpu-b")[0])
+
+
+def test_budget_lr_warms_up_then_decays_to_the_base_rate():
+    """``lr_schedule = "budget"``: max_lr after the 5 % warm-up, halfway down at mid-run, the base
+    rate at the end (here the steps run out long before the wall-clock budget), and a run trains."""
+    import time
+
+    import torch
+
+    from cdmpp.model.training import _BudgetLR
+
+    opt = torch.optim.Adam([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    sched = _BudgetLR(opt, 1e-4, 1e-3, time.monotonic() + 3600, total_steps=100)
+    lrs = []
+    for _ in range(100):
+        sched.step()
+        lrs.append(opt.param_groups[0]["lr"])
+    assert lrs[4] == pytest.approx(1e-3)
+    assert lrs[51] == pytest.approx(1e-4 + 0.9e-3 / 2, rel=0.05)
+    assert lrs[-1] == pytest.approx(1e-4)
+    assert all(a >= b for a, b in zip(lrs[4:], lrs[5:]))
+    samples = synthetic_samples(120, np.random.default_rng(6))
+    model = fit(quick_config(epochs=2, ensemble=1, lr_schedule="budget"), samples[:90], samples[90:], device_table=DEVICES)
+    assert np.all(np.isfinite(model.predict([s.features for s in samples[90:]], samples[0].device)[0]))
+    with pytest.raises(ValueError, match="lr_schedule"):
+        TrainConfig(lr_schedule="step")
