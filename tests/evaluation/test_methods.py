@@ -80,6 +80,15 @@ def test_pooled_gbt_targets(real):
         assert np.all(np.isfinite(gbt.adapt(sp.val[:5], rounds=3).predict(sp.test[:7])))
     y = np.array([p.seconds for p in sp.train])
     assert np.all((pred >= y.min()) & (pred <= y.max()))
+    # the MAPE loss: at least as good on validation MAPE as the L2 fit it starts beside
+    def val_mape(g):
+        return np.mean(np.abs(g.predict(sp.val) / np.array([p.seconds for p in sp.val]) - 1.0))
+
+    l2 = PooledGBT(table, n_estimators=200, target="latency").fit(sp.train, sp.val)
+    mape = PooledGBT(table, n_estimators=200, target="latency", loss="mape").fit(sp.train, sp.val)
+    assert np.all(np.isfinite(mape.predict(sp.test))) and val_mape(mape) <= val_mape(l2) + 0.02
+    with pytest.raises(ValueError, match="loss"):
+        PooledGBT(table, loss="huber")
     bound = PooledGBT(table, target="roofline").scale(sp.test)
     assert np.all(bound > 0)
     assert np.mean(np.array([p.seconds for p in sp.test]) >= 0.5 * bound) > 0.99

@@ -24,14 +24,16 @@ class PooledGBT(Peer):
     label = "pooled GBT"
 
     def __init__(self, device_table: dict, max_depth: int = 8, learning_rate: float = 0.05, n_estimators: int = 4000,
-                 nthread: int = 1, random_state: int = 0, target: str = "flops"):
+                 nthread: int = 1, random_state: int = 0, target: str = "flops", loss: str = "l2"):
         from cdmpp.model.transforms import DeviceSpecs
 
         if target not in ("flops", "roofline", "latency"):
             raise ValueError(f"target = {target!r}: expected flops, roofline or latency")
+        if loss not in ("l2", "mape"):
+            raise ValueError(f"loss = {loss!r}: expected l2 or mape")
         self.specs = DeviceSpecs(device_table)
         self.max_depth, self.learning_rate, self.n_estimators = max_depth, learning_rate, n_estimators
-        self.nthread, self.random_state, self.target = nthread, random_state, target
+        self.nthread, self.random_state, self.target, self.loss = nthread, random_state, target, loss
 
     def inputs(self, programs: Sequence) -> np.ndarray:
         dev = np.stack([self.specs.raw_vector(self.specs.table[p.device]) for p in programs])
@@ -66,11 +68,15 @@ class PooledGBT(Peer):
 
         deadline = time.monotonic() + (time_budget_s if time_budget_s else 1e9)
         evals = [(self.inputs(val), self._target(val))] if val else None
+        objective = {}
+        if self.loss == "mape":  # the reported metric itself, as cdmpp's recipe trains
+            objective = dict(objective=_mape_objective, eval_metric=_mape_metric,
+                             base_score=float(np.median(self._target(train))))
         self.model_ = xgb.XGBRegressor(
             n_estimators=self.n_estimators, learning_rate=self.learning_rate, max_depth=self.max_depth,
             subsample=0.9, colsample_bytree=0.7, min_child_weight=2, tree_method="hist", n_jobs=self.nthread,
             random_state=self.random_state, early_stopping_rounds=100 if evals else None,
-            callbacks=[deadline_callback(deadline)])
+            callbacks=[deadline_callback(deadline)], **objective)
         self.model_.fit(self.inputs(train), self._target(train), eval_set=evals, verbose=False)
         best = getattr(self.model_, "best_iteration", None)
         booster = self.model_.get_booster()
@@ -84,7 +90,8 @@ class PooledGBT(Peer):
         return self.scale(programs) * np.exp(self.booster_.predict(xgb.DMatrix(self.inputs(programs))).astype(np.float64))
 
     def describe(self) -> str:
-        return f"pooled leaves + device specs -> log(latency / FLOPs); {self.booster_.num_boosted_rounds()} trees"
+        return (f"pooled leaves + device specs -> log latency ({self.target} target, {self.loss} loss); "
+                f"{self.booster_.num_boosted_rounds()} trees")
 
     def adapt(self, shots: Sequence, rounds: int = 50) -> "PooledGBT":
         """k-shot: ``rounds`` more shallow trees on the measured target programs, on top of the source model."""
@@ -96,3 +103,14 @@ class PooledGBT(Peer):
         new.booster_ = xgb.train(params, xgb.DMatrix(self.inputs(shots), label=self._target(shots)), rounds,
                                  xgb_model=self.booster_.copy())
         return new
+
+
+def _mape_objective(target: np.ndarray, predicted: np.ndarray):
+    """|exp(d) - 1| with d = predicted - target in log space (the APE): gradient sign(d) e^d; the
+    Hessian e^d is exact where d > 0 and keeps Newton steps short on the concave side d < 0."""
+    e = np.exp(np.clip(predicted - target, -20.0, 20.0))
+    return np.sign(predicted - target) * e, e
+
+
+def _mape_metric(target: np.ndarray, predicted: np.ndarray) -> float:
+    return float(np.mean(np.abs(np.exp(np.clip(predicted - target, -20.0, 20.0)) - 1.0)))
