@@ -181,7 +181,7 @@ def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | Non
         return gbt, round(time.monotonic() - t, 1)
 
     # more GBT variants: method -> (PooledGBT target, loss, row name)
-    gbt_targets = {m: t for m, t in (("pooled-gbt-roofline", ("roofline", "l2", "pooled GBT, roofline target")),
+    gbt_variants = {m: t for m, t in (("pooled-gbt-roofline", ("roofline", "l2", "pooled GBT, roofline target")),
                                      ("pooled-gbt-latency", ("latency", "l2", "pooled GBT, latency target")),
                                      ("pooled-gbt-mape", ("latency", "mape", "pooled GBT, MAPE loss")))
                    if m in opts.methods}
@@ -207,7 +207,7 @@ def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | Non
                 c = mape_scale(gbt.predict(split.val), np.array([p.seconds for p in split.val]))
                 out.row(setting, opts.gbt_label + ", val-scaled", _metrics(split.test, c * pred), k=None, scale=c,
                         train_seconds=gsecs, **n)
-            for target_kind, loss, name in gbt_targets.values():
+            for target_kind, loss, name in gbt_variants.values():
                 other, osecs = train_gbt(split, target_kind, loss)
                 out.row(setting, name, _metrics(split.test, other.predict(split.test)), k=None, train_seconds=osecs,
                         trees=int(other.model_.best_iteration) + 1, **n)
@@ -230,7 +230,7 @@ def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | Non
         gbt, gbt_secs = train_gbt(base)
         gbt_scale = mape_scale(gbt.predict(base.val), np.array([p.seconds for p in base.val]))
     peers = train_peers(base)
-    others = [(name, train_gbt(base, target_kind, loss)) for target_kind, loss, name in gbt_targets.values()]
+    others = [(name, train_gbt(base, target_kind, loss)) for target_kind, loss, name in gbt_variants.values()]
     n_target = base.info["n_target"]
     embed = model.embed if model is not None else None
     w = None
@@ -463,11 +463,10 @@ def run_protocol(opts: ProtocolOptions, jobs: int = 1, command: str = "", summar
 
 def headline(summary: dict, label: str = "cdmpp") -> str:
     """The README's short table: per setting (cross-device at k = 0 and 64 KMeans shots), MAPE ± std of
-    cdmpp, the pooled GBT (FLOP and latency targets, MAPE loss), their blend and (seen programs) the twin-based predictors."""
-    cols = [label, "pooled GBT", "pooled GBT, latency target", "pooled GBT, MAPE loss",
-            f"{label} ⊕ pooled GBT",
-            "twin-ratio", "twin-Amdahl",
-            f"{label} + twin"]
+    cdmpp, the pooled GBT (FLOP and latency targets, MAPE loss), their blend and (seen programs) the
+    twin-based predictors."""
+    cols = [label, "pooled GBT", "pooled GBT, latency target", "pooled GBT, MAPE loss", f"{label} ⊕ pooled GBT",
+            "twin-ratio", "twin-Amdahl", f"{label} + twin"]
     lines = ["| setting | " + " | ".join(cols) + " |", "|---|" + "---:|" * len(cols)]
     rows = [("random-new", ""), ("cross-model", ""), ("cross-device-new", ""), ("cross-device-new", " k=64 (kmeans)"),
             ("cross-device-seen", " k=64 (kmeans)"), ("cross-device-seen", " k=5% (kmeans)")]

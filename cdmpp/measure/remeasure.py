@@ -62,7 +62,7 @@ def remeasure(tasks, dataset_dir: str, device, target, passes: int = 2, min_gap_
         if hashes is not None and r["program_hash"] not in hashes:
             continue
         valid = [r] + [p for p in r.get("remeasures", []) if usable(p)]
-        if len(valid) >= (len(valid) + 1 if hashes is not None else passes):
+        if hashes is None and len(valid) >= passes:
             continue
         if now - max(_measured_at(p, provenance) for p in valid) < 60 * min_gap_minutes:
             waiting += 1
