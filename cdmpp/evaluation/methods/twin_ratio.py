@@ -106,14 +106,17 @@ def time_per_work(programs: Sequence, threads: int) -> np.ndarray:
     per leaf). A parallel loop of extent e runs in ceil(e / threads) rounds, so it is sped up
     e / ceil(e / threads), not ``threads`` times (extent 3 on 2 threads: 1.5x); a leaf whose extent
     is not known is taken as evenly split."""
-    out = np.ones(len(programs))
-    for i, p in enumerate(programs):
-        ops, extent, par = _leaf_parallelism(p)
-        if len(ops):
-            e = np.maximum(np.round(extent), 1.0)
-            speedup = np.where(extent >= 1.0, e / np.ceil(e / threads), float(threads))
-            out[i] = (ops / np.where(par, speedup, 1.0)).sum() / ops.sum()
-    return out
+    return np.array([_time_share(_leaf_parallelism(p), threads) for p in programs])
+
+
+def _time_share(leaves: tuple[np.ndarray, np.ndarray, np.ndarray], threads: int) -> float:
+    """``time_per_work`` of one program's ``_leaf_parallelism``."""
+    ops, extent, par = leaves
+    if not len(ops):
+        return 1.0
+    e = np.maximum(np.round(extent), 1.0)
+    speedup = np.where(extent >= 1.0, e / np.ceil(e / threads), float(threads))
+    return float((ops / np.where(par, speedup, 1.0)).sum() / ops.sum())
 
 
 def _leaf_parallelism(p) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -161,15 +164,18 @@ class TwinAmdahl(Peer):
         return self
 
     def predict(self, programs: Sequence) -> np.ndarray:
-        n = parallel_share(programs)[:, 1]
+        leaves = [_leaf_parallelism(p) for p in programs]  # read once, used for both thread counts
+        n = np.array([float(par.sum()) for _, _, par in leaves])
         src = np.array([self.twins[p.features.program_hash] for p in programs])
 
         def fork_join(threads):
             return self.overhead_ * n if threads > 1 else 0.0
 
-        work = (np.maximum(src - fork_join(self.source_threads), self.floor * src)
-                / time_per_work(programs, self.source_threads))
-        return work * time_per_work(programs, self.target_threads) + fork_join(self.target_threads)
+        def share(threads):
+            return np.array([_time_share(leaf, threads) for leaf in leaves])
+
+        work = np.maximum(src - fork_join(self.source_threads), self.floor * src) / share(self.source_threads)
+        return work * share(self.target_threads) + fork_join(self.target_threads)
 
     def adapt(self, shots: Sequence) -> "TwinAmdahl":
         return self  # nothing is fitted on target programs
