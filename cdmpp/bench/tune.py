@@ -51,20 +51,28 @@ def find_task(table, spec: str):
     return task
 
 
+# how each cdmpp cost model learns from the tuner's measurements: fine-tuning the transformer, and/or a
+# per-task correction of its predictions (``CDMPPCostModel``'s ``online_finetune`` and ``correct``)
+CDMPP_KINDS = {"cdmpp": {"finetune": True, "correct": True}, "cdmpp-frozen": {"finetune": False, "correct": False},
+               "cdmpp-finetune": {"finetune": True, "correct": False}, "cdmpp-correct": {"finetune": False, "correct": True}}
+
+
 def make_cost_model(kind: str, model: str | None, device: str | None, finetune: bool, seed: int, threads: int):
     from tvm.s_tir import meta_schedule as ms
 
-    if kind in ("cdmpp", "cdmpp-frozen"):  # pretrained; "cdmpp" keeps learning from the tuner's measurements
+    if kind in CDMPP_KINDS:  # pretrained; all but "cdmpp-frozen" keep learning from the tuner's measurements
         from cdmpp.predict.cost_model import CDMPPCostModel
 
-        return CDMPPCostModel(model=model, device=device, online_finetune=finetune and kind == "cdmpp")
+        learn = CDMPP_KINDS[kind]
+        return CDMPPCostModel(model=model, device=device, online_finetune=finetune and learn["finetune"],
+                              correct=learn["correct"])
     if kind == "xgb":  # exactly what tune_tir(cost_model="xgb") builds: random scores until 100 samples
         return ms.cost_model.XGBModel(num_tuning_cores=threads)
     if kind == "xgb-nowarmup":  # XGBoost trained from the first measured batch on
         return ms.cost_model.XGBModel(num_tuning_cores=threads, num_warmup_samples=0)
     if kind == "random":
         return ms.cost_model.RandomModel(seed=seed)
-    raise ValueError(f"unknown cost model {kind!r}: expected cdmpp, cdmpp-frozen, xgb, xgb-nowarmup or random")
+    raise ValueError(f"unknown cost model {kind!r}: expected {', '.join(CDMPP_KINDS)}, xgb, xgb-nowarmup or random")
 
 
 def tune_one(mod, target, cost_model, trials: int, per_iter: int, threads: int, seed: int) -> dict:

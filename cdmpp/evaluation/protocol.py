@@ -44,6 +44,7 @@ import numpy as np
 from cdmpp import defaults
 from cdmpp.evaluation import metrics as ev
 from cdmpp.evaluation import splits
+from cdmpp.model.blend import blend, blend_weight
 
 SETTINGS = ("random-new", "cross-model", "cross-device-new", "cross-device-seen")
 PINNED_DEVICES = ("amd-epyc-znver4-2t/llvm-avx512", "amd-epyc-znver4-1t/llvm-avx512")
@@ -97,6 +98,10 @@ def setting_splits(ds, setting: str, seed: int, fractions: Sequence[float] = ())
 
 def _k_value(k: str, n_target: int) -> int:
     return max(1, round(float(k.rstrip("%")) / 100 * n_target)) if k.endswith("%") else int(k)
+
+
+def _seconds(programs) -> np.ndarray:
+    return np.array([p.seconds for p in programs])
 
 
 def _metrics(test, predicted, lo=None, hi=None) -> dict:
@@ -204,17 +209,22 @@ def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | Non
                 pred = gbt.predict(split.test)
                 out.row(setting, opts.gbt_label, _metrics(split.test, pred), k=None,
                         train_seconds=gsecs, trees=int(gbt.model_.best_iteration) + 1, **n)
-                c = mape_scale(gbt.predict(split.val), np.array([p.seconds for p in split.val]))
+                c = mape_scale(gbt.predict(split.val), _seconds(split.val))
                 out.row(setting, opts.gbt_label + ", val-scaled", _metrics(split.test, c * pred), k=None, scale=c,
                         train_seconds=gsecs, **n)
             for target_kind, loss, name in gbt_variants.values():
                 other, osecs = train_gbt(split, target_kind, loss)
-                out.row(setting, name, _metrics(split.test, other.predict(split.test)), k=None, train_seconds=osecs,
+                o_pred = other.predict(split.test)
+                out.row(setting, name, _metrics(split.test, o_pred), k=None, train_seconds=osecs,
                         trees=int(other.model_.best_iteration) + 1, **n)
+                if mean is not None:  # the blend with each GBT variant, its weight chosen on val
+                    w = blend_weight(_seconds(split.val), model.predict(split.val), other.predict(split.val))
+                    out.row(setting, f"{opts.label} ⊕ {name}", _metrics(split.test, blend(mean, o_pred, w)), k=None,
+                            weight=w, train_seconds=secs + osecs, **n)
             for name, peer, psecs in train_peers(split):
                 peer_row(setting, name, peer, psecs, split.test, k=None, **n)
             if mean is not None and pred is not None:
-                w = blend_weight(split.val, model.predict(split.val), gbt.predict(split.val))
+                w = blend_weight(_seconds(split.val), model.predict(split.val), gbt.predict(split.val))
                 out.row(setting, blend_name, _metrics(split.test, blend(mean, pred, w)), k=None, weight=w,
                         train_seconds=secs + gsecs, **n)
 
@@ -228,14 +238,14 @@ def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | Non
         model, cdmpp_secs = train_cdmpp(base, base.target_pool)
     if "pooled-gbt" in opts.methods:
         gbt, gbt_secs = train_gbt(base)
-        gbt_scale = mape_scale(gbt.predict(base.val), np.array([p.seconds for p in base.val]))
+        gbt_scale = mape_scale(gbt.predict(base.val), _seconds(base.val))
     peers = train_peers(base)
     others = [(name, train_gbt(base, target_kind, loss)) for target_kind, loss, name in gbt_variants.values()]
     n_target = base.info["n_target"]
     embed = model.embed if model is not None else None
     w = None
     if model is not None and gbt is not None:
-        w = blend_weight(base.val, model.predict(base.val), gbt.predict(base.val))
+        w = blend_weight(_seconds(base.val), model.predict(base.val), gbt.predict(base.val))
     for k_name in opts.ks:
         k = _k_value(k_name, n_target) if k_name != "0" else 0
         for sampler in (opts.samplers if k else ["kmeans"]):
@@ -286,16 +296,6 @@ def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | Non
                             train_seconds=0.0, **n)
 
 
-def blend_weight(val, a: np.ndarray, b: np.ndarray) -> float:
-    """The weight w in [0, 1] (step 0.1) of ``blend(a, b, w)`` with the lowest MAPE on the validation split."""
-    y = np.array([p.seconds for p in val])
-    grid = np.linspace(0.0, 1.0, 11)
-    return float(grid[int(np.argmin([np.mean(np.abs(blend(a, b, w) - y) / y) for w in grid]))])
-
-
-def blend(a: np.ndarray, b: np.ndarray, w: float) -> np.ndarray:
-    """Geometric blend of two latency predictions: exp(w log a + (1 - w) log b)."""
-    return np.exp(w * np.log(a) + (1.0 - w) * np.log(b))
 
 
 def _latest_rows(runs_path: str, select: dict | None, curve: bool) -> dict:
@@ -465,7 +465,7 @@ def headline(summary: dict, label: str = "cdmpp") -> str:
     """The README's short table: per setting (cross-device at k = 0 and 64 KMeans shots), MAPE ± std of
     cdmpp, the pooled GBT (FLOP and latency targets, MAPE loss), their blend and (seen programs) the
     twin-based predictors."""
-    cols = [label, "pooled GBT", "pooled GBT, latency target", "pooled GBT, MAPE loss", f"{label} ⊕ pooled GBT",
+    cols = [label, "pooled GBT", "pooled GBT, latency target", "pooled GBT, MAPE loss", f"{label} ⊕ pooled GBT, latency target",
             "twin-ratio", "twin-Amdahl", f"{label} + twin"]
     lines = ["| setting | " + " | ".join(cols) + " |", "|---|" + "---:|" * len(cols)]
     rows = [("random-new", ""), ("cross-model", ""), ("cross-device-new", ""), ("cross-device-new", " k=64 (kmeans)"),

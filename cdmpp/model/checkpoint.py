@@ -12,7 +12,7 @@ import json
 import sys
 import warnings
 from pathlib import Path
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
 import torch
@@ -41,8 +41,13 @@ class TrainedModel:
     def __init__(self, members: list[CDMPPModel], feature_normalizer: FeatureNormalizer, label_transform: BoxCox,
                  device_specs: DeviceSpecs, config: dict, calibration: dict | None = None,
                  featurizer_version: str = "unknown", summary: dict | None = None,
-                 program_inputs: dict | None = None):
+                 program_inputs: dict | None = None, gbt=None):
         self.members = members
+        # with TrainConfig.gbt_blend: the pooled GBT on log latency whose prediction is blended into the
+        # members' (``cdmpp.model.blend``, weight ``calibration["gbt_weight"]``); it shares device_specs
+        self.gbt = gbt
+        if gbt is not None:
+            gbt.specs = device_specs
         # {"mean": [3], "std": [3]} of the training programs' log2 FLOPs/bytes/unique bytes, when the
         # recipe feeds them (config "program_inputs") or predicts relative to the roofline ("roofline")
         self.program_inputs = program_inputs
@@ -145,7 +150,22 @@ class TrainedModel:
         mu, lo, hi = self.interval_z(self.predict_z(programs, devices, batch_size))
         inv = self.label_transform.inverse_transform
         c = self.calibration.get("scale", 1.0)  # validation-chosen MAPE factor (train.mape_scale), 1 if none
-        return c * inv(mu), c * inv(lo), c * inv(hi)
+        mean, lo, hi = c * inv(mu), c * inv(lo), c * inv(hi)
+        if self.gbt is None:
+            return mean, lo, hi
+        if isinstance(programs, PackedPrograms):
+            raise ValueError("a model blended with a GBT predicts from ProgramFeatures, not packed programs")
+        factor = self.gbt_factor(list(programs), devices, mean)
+        return mean * factor, lo * factor, hi * factor
+
+    def gbt_factor(self, features: list, devices: str | Sequence[str], mean: np.ndarray) -> np.ndarray:
+        """What the blend with the GBT multiplies the members' prediction ``mean`` by: (gbt / mean)^(1 - w);
+        the interval moves with it."""
+        from cdmpp.model.blend import blend
+
+        names = [devices] * len(features) if isinstance(devices, str) else list(devices)
+        gbt = self.gbt.predict([_OnDevice(f, d) for f, d in zip(features, names)])
+        return blend(mean, gbt, self.calibration["gbt_weight"]) / mean
 
     @torch.inference_mode()
     def embed(self, programs, member: int = 0, batch_size: int = 256) -> np.ndarray:
@@ -188,6 +208,11 @@ class TrainedModel:
                     label_transform=self.label_transform.to_dict(), device_specs=self.device_specs.to_dict(),
                     calibration=self.calibration, featurizer_version=self.featurizer_version, summary=self.summary,
                     program_inputs=self.program_inputs)
+        if self.gbt is not None:
+            self.gbt.booster_.save_model(str(directory / "gbt.json"))
+            meta["gbt"] = dict(file="gbt.json", target=self.gbt.target, loss=self.gbt.loss)
+        else:
+            (directory / "gbt.json").unlink(missing_ok=True)
         (directory / "predictor.json").write_text(json.dumps(meta, indent=1, default=_json_default))
         return directory
 
@@ -207,10 +232,26 @@ class TrainedModel:
         here = current_featurizer_version()
         if here != "unknown" and meta["featurizer_version"] not in ("unknown", here):
             warnings.warn(f"checkpoint was trained on featurizer {meta['featurizer_version']}, this process runs {here}")
+        gbt = None
+        if meta.get("gbt"):
+            import xgboost as xgb
+
+            from cdmpp.evaluation.methods.pooled_gbt import PooledGBT
+
+            gbt = PooledGBT({}, target=meta["gbt"]["target"], loss=meta["gbt"]["loss"])
+            gbt.booster_ = xgb.Booster(params={"nthread": 1})
+            gbt.booster_.load_model(str(directory / meta["gbt"]["file"]))
         return cls(members, FeatureNormalizer.from_dict(meta["feature_normalizer"]),
                    BoxCox.from_dict(meta["label_transform"]), DeviceSpecs.from_dict(meta["device_specs"]),
                    meta["config"], meta["calibration"], meta["featurizer_version"], meta["summary"],
-                   meta.get("program_inputs"))
+                   meta.get("program_inputs"), gbt)
+
+
+class _OnDevice(NamedTuple):
+    """A program's features on a device: what the pooled GBT reads."""
+
+    features: object
+    device: str
 
 
 def _json_default(obj):

@@ -59,6 +59,7 @@ class TrainConfig:
     roofline: bool = False  # predict log(latency / roofline bound); needs label = "log"
     label: str = "boxcox"  # "boxcox" (lambda by ML) | "log"
     mape_scale: bool = False  # multiply predictions by the factor with the lowest validation MAPE (mape_scale)
+    gbt_blend: bool = False  # blend in a pooled GBT on log latency, weight chosen on val (cdmpp.model.blend)
     loss: str = "paper"  # "paper": mse_weight·MSE + mape_weight·MAPE | "l1": L1 in label space | "mape": MAPE on seconds
     # optimization: loss = mse_weight·MSE + mape_weight·MAPE (Box-Cox space), Adam, triangular CyclicLR
     lr: float = 1e-4  # CyclicLR base_lr
@@ -295,17 +296,37 @@ def fit(config: TrainConfig, train_set: Sequence[LabeledProgram], val_set: Seque
     trained.calibrate(z_val, val.z, config.interval)
     mu, lo, hi = trained.interval_z(z_val)
     pred = labels.inverse_transform(mu)
+    lo_s, hi_s = labels.inverse_transform(lo), labels.inverse_transform(hi)
     if config.mape_scale:
-        trained.calibration["scale"] = mape_scale(pred, val.seconds)
-        pred = pred * trained.calibration["scale"]
+        trained.calibration["scale"] = c = mape_scale(pred, val.seconds)
+        pred, lo_s, hi_s = pred * c, lo_s * c, hi_s * c
+    if config.gbt_blend:
+        factor = _add_gbt_blend(trained, train_set, val_set, pred, config.seed, deadline)
+        pred, lo_s, hi_s = pred * factor, lo_s * factor, hi_s * factor
     rel = np.abs(pred - val.seconds) / val.seconds
     trained.summary = dict(
         n_train=len(train_set), n_val=len(val_set), n_target=len(target_pool), devices=all_devices,
         train_devices=sorted({s.device for s in train_set}), n_features=int(raw.leaves.shape[1]),
         train_seconds=round(time.monotonic() - start, 1), members=histories,
         val=dict(mape=float(rel.mean()), within_10=float((rel <= 0.10).mean()), within_25=float((rel <= 0.25).mean()),
-                 interval_coverage=float(((val.z >= lo) & (val.z <= hi)).mean())))
+                 interval_coverage=float(((val.seconds >= lo_s) & (val.seconds <= hi_s)).mean())))
     return trained
+
+
+def _add_gbt_blend(trained: TrainedModel, train_set, val_set, val_pred: np.ndarray, seed: int,
+                   deadline: float) -> np.ndarray:
+    """Fit the pooled GBT on log latency (early stopping on val), choose the blend weight on val; return
+    the factor the blend multiplies the members' validation predictions by."""
+    from cdmpp.evaluation.methods.pooled_gbt import PooledGBT
+    from cdmpp.model.blend import blend_weight
+
+    gbt = PooledGBT(trained.device_specs.table, random_state=seed, target="latency")
+    gbt.fit(train_set, val_set, time_budget_s=max(60.0, deadline - time.monotonic()))
+    gbt.specs = trained.device_specs
+    seconds = np.array([s.seconds for s in val_set])
+    trained.gbt = gbt
+    trained.calibration["gbt_weight"] = blend_weight(seconds, val_pred, gbt.predict(val_set))
+    return trained.gbt_factor([s.features for s in val_set], [s.device for s in val_set], val_pred)
 
 
 def _model_with(config: TrainConfig, train: _Split, dev_matrix: torch.Tensor, state: dict | None = None) -> CDMPPModel:

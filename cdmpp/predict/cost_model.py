@@ -9,7 +9,12 @@ relative to a fixed per-task reference (the fastest prediction of the first call
 ``update`` keeps the measured (program, seconds) pairs. With ``online_finetune`` the in-process model
 is fine-tuned (``cdmpp.model.training.finetune``) on them every ``finetune_every`` new results: a few measured
 programs of the task teach the pre-trained model this task's latency scale. The caller's ``Predictor``
-is never modified: the fine-tuned model is this cost model's own. With ``url`` the predictions come from
+is never modified: the fine-tuned model is this cost model's own. With ``correct`` (the default), once a
+task has ``min_correct`` measured candidates, a small boosted-tree model of log(measured / predicted) on
+their summed per-store features (the view TVM's XGBModel learns from) corrects the pre-trained
+model's predictions for that task: the prior carries the first iterations, where a model of the task
+alone has nothing to learn from, and the correction learns what this task's measurements teach, as
+XGBoost does late in a search. With ``url`` the predictions come from
 a cdmpp server (``cdmpp.predict.client.Client``); candidates travel as traces over one shared workload, and
 there is no in-process model to fine-tune.
 """
@@ -42,7 +47,8 @@ class CDMPPCostModel(PyCostModel):
 
     def __init__(self, predictor=None, url: str | None = None, device: str | None = None,
                  online_finetune: bool = True, finetune_every: int = 16, finetune_steps: int = 20,
-                 max_buffer: int = 1024, token: str | None = None, model: str | None = None):
+                 max_buffer: int = 1024, token: str | None = None, model: str | None = None,
+                 correct: bool = True, min_correct: int = 16):
         super().__init__()
         if predictor is not None and url is not None:
             raise ValueError("pass a predictor or a url, not both")
@@ -60,11 +66,13 @@ class CDMPPCostModel(PyCostModel):
         self.device = device
         self.online_finetune = bool(online_finetune and url is None)
         self.finetune_every, self.finetune_steps, self.max_buffer = finetune_every, finetune_steps, max_buffer
+        self.correct, self.min_correct = bool(correct and url is None), min_correct
+        self.corrections_: dict[str, object] = {}  # task -> xgboost Booster of log(measured / predicted)
         self.model_ = None  # the fine-tuned TrainedModel, once there is one
         self.buffer_: list = []  # cdmpp.records.dataset.LabeledProgram of every measured candidate (newest last)
         self.since_finetune_ = 0
         self._featurizer = None  # cdmpp.program.features.Featurizer, made on first use
-        self.reference_: dict[int, float] = {}  # task (workload hash) -> reference seconds of its scores
+        self.reference_: dict[str, float] = {}  # task (workload hash) -> reference seconds of its scores
         self.n_predict_calls = self.n_predicted = self.n_results = self.n_failed_results = self.n_finetunes = 0
 
     # ---- MetaSchedule interface -----------------------------------------------------------------------
@@ -84,8 +92,9 @@ class CDMPPCostModel(PyCostModel):
         if not candidates:
             return np.zeros(0, dtype="float64")
         device = self._device(context)
-        seconds = self._remote(context, candidates, device) if self.client else self._local(context, candidates, device)
-        key = _workload_key(context.mod)
+        key = _task_id(context.mod)
+        seconds = (self._remote(context, candidates, device) if self.client
+                   else self._local(context, candidates, device, key))
         ok = np.isfinite(seconds) & (seconds > 0)
         if key not in self.reference_ and ok.any():
             self.reference_[key] = float(seconds[ok].min())
@@ -106,13 +115,15 @@ class CDMPPCostModel(PyCostModel):
         if not measured or self.predictor is None:
             return
         feats = self._features(context, [c for c, _ in measured])
-        task = f"{_workload_key(context.mod) & (2**64 - 1):016x}"
+        task = _task_id(context.mod)
         device = self._device(context)
         self.buffer_ += [LabeledProgram(f, device, s, task) for f, (_, s) in zip(feats, measured) if f is not None]
         del self.buffer_[:-self.max_buffer]
         self.since_finetune_ += len(measured)
         if self.online_finetune and self.since_finetune_ >= self.finetune_every:
             self.finetune()
+        if self.correct:
+            self._fit_correction(task, device)
 
     # ---- cdmpp --------------------------------------------------------------------------------------
     def finetune(self) -> None:
@@ -124,6 +135,35 @@ class CDMPPCostModel(PyCostModel):
         self.model_ = finetune(self.model_ or self.predictor.model, self.buffer_, steps=self.finetune_steps)
         self.since_finetune_ = 0
         self.n_finetunes += 1
+
+    def _fit_correction(self, task: str, device: str) -> None:
+        """Refit the task's correction on all its buffered measurements, against the current model."""
+        import xgboost as xgb
+
+        mine = [b for b in self.buffer_ if b.task == task]
+        if len(mine) < self.min_correct:
+            return
+        model = self.model_ if self.model_ is not None else self.predictor.model
+        with _torch_threads(1):
+            predicted = model.predict([b.features for b in mine], device)[0]
+        residual = np.log([b.seconds for b in mine]) - np.log(predicted)
+        # shallow, shrunk and regularized: a few dozen programs must not turn into a memorized table
+        params = {"max_depth": 4, "eta": 0.1, "lambda": 5.0, "min_child_weight": 2, "subsample": 1.0,
+                  "base_score": 0.0, "nthread": 1, "verbosity": 0}
+        self.corrections_[task] = xgb.train(params, xgb.DMatrix(_pack_sum([b.features for b in mine]), residual),
+                                            num_boost_round=60)
+
+    def _corrected(self, seconds: np.ndarray, feats: list, task: str) -> np.ndarray:
+        booster = self.corrections_.get(task)
+        good = [i for i, f in enumerate(feats) if f is not None and f.n_leaves > 0 and np.isfinite(seconds[i])]
+        if booster is None or not good:
+            return seconds
+        import xgboost as xgb
+
+        log_ratio = booster.predict(xgb.DMatrix(_pack_sum([feats[i] for i in good])))
+        seconds = seconds.copy()
+        seconds[good] *= np.exp(log_ratio)
+        return seconds
 
     def _device(self, context) -> str:
         if self.device is None:
@@ -155,7 +195,7 @@ class CDMPPCostModel(PyCostModel):
                     out.append(None)
             return out
 
-    def _local(self, context, candidates, device: str) -> np.ndarray:
+    def _local(self, context, candidates, device: str, task: str) -> np.ndarray:
         """Seconds per candidate (NaN where a candidate does not featurize).
 
         With a tuning context of n > 1 threads, n threads featurize chunks of the batch on a one-thread
@@ -176,8 +216,9 @@ class CDMPPCostModel(PyCostModel):
         threads = max(1, min(int(context.num_threads), n // 8))
         with _torch_threads(1):
             if threads == 1:
-                self._score(model, device, self._features(context, candidates, with_hash=False), seconds, 0)
-                return seconds
+                feats = self._features(context, candidates, with_hash=False)
+                self._score(model, device, feats, seconds, 0)
+                return self._corrected(seconds, feats, task)
             one = self._featurizer._context(context.target)  # a one-thread context of the same target
             size = max(4, -(-n // (4 * threads)))  # a few chunks per thread, so that none waits long on the last
             batch = max(64, min(256, n // 4))  # programs per model call
@@ -190,7 +231,7 @@ class CDMPPCostModel(PyCostModel):
                     if len(feats) - done >= batch or k == len(parts) - 1:
                         self._score(model, device, feats[done:], seconds, done)
                         done = len(feats)
-        return seconds
+        return self._corrected(seconds, feats, task)
 
     @staticmethod
     def _score(model, device: str, feats: list, out: np.ndarray, start: int) -> None:
@@ -235,10 +276,16 @@ def _torch_threads(n: int):
         torch.set_num_threads(before)
 
 
-def _workload_key(mod) -> int:
+def _pack_sum(feats: list) -> np.ndarray:
+    """Per program, its per-store feature rows summed (XGBModel's ``PackSum`` view) and the leaf count."""
+    return np.stack([np.append(f.leaf_features.sum(axis=0), f.n_leaves) for f in feats]).astype(np.float32)
+
+
+def _task_id(mod) -> str:
+    """The tuned workload's structural hash, as 16 hex digits."""
     import tvm_ffi
 
-    return int(tvm_ffi.structural_hash(mod))
+    return f"{int(tvm_ffi.structural_hash(mod)) & (2**64 - 1):016x}"
 
 
 def _match_device(devices: dict[str, dict], target) -> str:

@@ -191,3 +191,35 @@ def test_budget_lr_warms_up_then_decays_to_the_base_rate():
     assert np.all(np.isfinite(model.predict([s.features for s in samples[90:]], samples[0].device)[0]))
     with pytest.raises(ValueError, match="lr_schedule"):
         TrainConfig(lr_schedule="step")
+
+
+def test_the_gbt_blend_is_no_worse_on_val_than_either_part_and_survives_a_checkpoint(tmp_path):
+    """With ``gbt_blend`` the model's prediction is exp(w log members + (1 - w) log GBT), w chosen on the
+    validation split among weights that include 0 and 1: its validation MAPE is at most either part's."""
+    import copy
+
+    from cdmpp.model.blend import blend
+    from cdmpp.model.checkpoint import TrainedModel
+
+    rng = np.random.default_rng(3)
+    train = synthetic_samples(400, rng) + synthetic_samples(200, rng, "cpu-b")
+    val = synthetic_samples(150, rng) + synthetic_samples(50, rng, "cpu-b")
+    model = fit(quick_config(gbt_blend=True, ensemble=1, epochs=4, label="log", loss="mape"), train, val,
+                device_table=DEVICES)
+    w = model.calibration["gbt_weight"]
+    progs, devs, y = [s.features for s in val], [s.device for s in val], np.array([s.seconds for s in val])
+    members_only = copy.copy(model)
+    members_only.gbt = None
+    alone = members_only.predict(progs, devs)[0]
+    gbt = model.gbt.predict(val)
+    mean, lo, hi = model.predict(progs, devs)
+    np.testing.assert_allclose(mean, blend(alone, gbt, w), rtol=1e-5)
+    assert np.all(lo <= mean) and np.all(mean <= hi)
+    mape = lambda p: float(np.mean(np.abs(p - y) / y))  # noqa: E731
+    assert model.summary["val"]["mape"] == pytest.approx(mape(mean), rel=1e-5)
+    assert mape(mean) <= min(mape(alone), mape(gbt)) + 1e-9
+    again = TrainedModel.load(model.save(tmp_path / "ckpt"))
+    assert again.calibration["gbt_weight"] == w
+    for a, b in zip(model.predict(progs, devs), again.predict(progs, devs)):
+        np.testing.assert_allclose(a, b, rtol=1e-6)
+    assert not (TrainedModel.load(members_only.save(tmp_path / "plain")).gbt or (tmp_path / "plain" / "gbt.json").exists())

@@ -95,5 +95,26 @@ def test_candidates_score_as_their_programs_do(tvm, predictor, device):
     via_programs = predictor.predict_seconds([c.sch.mod for c in cands], device)
     for threads in (1, 2):  # 2: chunks featurized and scored on two threads at once
         context = ms.TuneContext(mod, target=target, num_threads=threads)
-        np.testing.assert_allclose(cm._local(context, cands, device), via_programs, rtol=1e-5)
-        np.testing.assert_allclose(cm._local(context, cands[:6], device), via_programs[:6], rtol=1e-5)
+        np.testing.assert_allclose(cm._local(context, cands, device, "t"), via_programs, rtol=1e-5)
+        np.testing.assert_allclose(cm._local(context, cands[:6], device, "t"), via_programs[:6], rtol=1e-5)
+
+
+def test_measurements_correct_the_predictions_of_their_task(tvm, predictor, device):
+    """Once a task has ``min_correct`` measurements, its predictions follow them: a task measured 3x
+    slower than predicted is then predicted 3x slower (and scored the same order)."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from cdmpp.predict.cost_model import CDMPPCostModel, _task_id
+    from cdmpp.program import tvm_env
+
+    context, cands = _candidates(tvm_env.make_target("llvm", num_cores=1), n=24)
+    cm = CDMPPCostModel(predictor=predictor, device=device, online_finetune=False, min_correct=16)
+    task = _task_id(context.mod)
+    before = cm._local(context, cands, device, task)
+    cm.update(context, cands[:8], [ms.runner.RunnerResult(run_secs=[3.0 * s], error_msg=None) for s in before[:8]])
+    assert task not in cm.corrections_  # too few measurements yet
+    cm.update(context, cands[8:], [ms.runner.RunnerResult(run_secs=[3.0 * s], error_msg=None) for s in before[8:]])
+    after = cm._local(context, cands, device, task)
+    np.testing.assert_allclose(after / before, 3.0, rtol=0.05)
+    assert np.array_equal(np.argsort(after), np.argsort(before))
+    assert cm._local(context, cands, device, "another task").tolist() == before.tolist()
