@@ -51,21 +51,21 @@ def find_task(table, spec: str):
     return task
 
 
-# how each cdmpp cost model learns from the tuner's measurements: fine-tuning the transformer, and/or a
-# per-task correction of its predictions (``CDMPPCostModel``'s ``online_finetune`` and ``correct``)
-CDMPP_KINDS = {"cdmpp": {"finetune": True, "correct": True}, "cdmpp-frozen": {"finetune": False, "correct": False},
-               "cdmpp-finetune": {"finetune": True, "correct": False}, "cdmpp-correct": {"finetune": False, "correct": True}}
+# how each cdmpp cost model learns from the tuner's measurements (``CDMPPCostModel``'s ``correct`` and
+# ``online_finetune``): "cdmpp" as CDMPPCostModel() does by default, a per-task correction of its predictions;
+# "cdmpp-finetune" fine-tunes the transformer instead; "cdmpp-frozen" does not learn
+CDMPP_KINDS = {"cdmpp": {"finetune": False, "correct": True}, "cdmpp-finetune": {"finetune": True, "correct": False},
+               "cdmpp-frozen": {"finetune": False, "correct": False}}
 
 
-def make_cost_model(kind: str, model: str | None, device: str | None, finetune: bool, seed: int, threads: int):
+def make_cost_model(kind: str, model: str | None, device: str | None, seed: int, threads: int):
     from tvm.s_tir import meta_schedule as ms
 
     if kind in CDMPP_KINDS:  # pretrained; all but "cdmpp-frozen" keep learning from the tuner's measurements
         from cdmpp.predict.cost_model import CDMPPCostModel
 
         learn = CDMPP_KINDS[kind]
-        return CDMPPCostModel(model=model, device=device, online_finetune=finetune and learn["finetune"],
-                              correct=learn["correct"])
+        return CDMPPCostModel(model=model, device=device, online_finetune=learn["finetune"], correct=learn["correct"])
     if kind == "xgb":  # exactly what tune_tir(cost_model="xgb") builds: random scores until 100 samples
         return ms.cost_model.XGBModel(num_tuning_cores=threads)
     if kind == "xgb-nowarmup":  # XGBoost trained from the first measured batch on
@@ -145,7 +145,7 @@ def trials_to_reach(curve: list[float], goal: float) -> int | None:
 
 
 def run(tasks: list[str], cost_models: list[str], trials: int, per_iter: int, threads: int, model: str | None,
-        device: str | None, finetune: bool, task_table: str, seeds: list[int], out: str | None = None) -> dict:
+        device: str | None, task_table: str, seeds: list[int], out: str | None = None) -> dict:
     """Every task x cost model x seed; a run is compared with XGBoost's run of the same task and seed.
 
     With ``out``, the report is rewritten after every run, and runs already in it (same trials, trials
@@ -161,12 +161,15 @@ def run(tasks: list[str], cost_models: list[str], trials: int, per_iter: int, th
         result["tasks"].setdefault(spec, {}).setdefault(kind, []).append(done[(spec, kind, seed)])
     for spec, mod in load_tasks(tasks, task_table):
         runs: dict[str, list] = {}
+        for (s, kind, seed), r in done.items():  # other seeds' runs of this task stay in the report
+            if s == spec and seed not in seeds:
+                runs.setdefault(kind, []).append(r)
         for seed in seeds:
             for kind in cost_models:
                 r = done.get((spec, kind, seed))
                 if r is None:
                     print(f"bench tune: {spec} with {kind}, seed {seed} ({trials} trials)", file=sys.stderr)
-                    r = _tune_and_retime(kind, mod, target, model, device, finetune, trials, per_iter, threads, seed)
+                    r = _tune_and_retime(kind, mod, target, model, device, trials, per_iter, threads, seed)
                 runs.setdefault(kind, []).append(r)
                 _compare_with_xgb(runs)
                 result["tasks"][spec] = runs
@@ -176,8 +179,8 @@ def run(tasks: list[str], cost_models: list[str], trials: int, per_iter: int, th
     return result
 
 
-def _tune_and_retime(kind, mod, target, model, device, finetune, trials, per_iter, threads, seed) -> dict:
-    cm = make_cost_model(kind, model, device, finetune, seed, threads)
+def _tune_and_retime(kind, mod, target, model, device, trials, per_iter, threads, seed) -> dict:
+    cm = make_cost_model(kind, model, device, seed, threads)
     r = tune_one(mod, target, cm, trials, per_iter, threads, seed)
     try:
         r["best_retimed_s"] = retime(mod, r.pop("best_record"), target)
@@ -186,7 +189,8 @@ def _tune_and_retime(kind, mod, target, model, device, finetune, trials, per_ite
         r["best_retimed_s"] = None
     if kind.startswith("cdmpp"):
         r["cdmpp"] = {"device": cm.device, "predict_calls": cm.n_predict_calls,
-                      "predicted": cm.n_predicted, "results": cm.n_results, "finetunes": cm.n_finetunes}
+                      "predicted": cm.n_predicted, "results": cm.n_results, "finetunes": cm.n_finetunes,
+                      "tasks_corrected": len(cm.corrections_)}
     r["seed"] = seed
     return r
 
@@ -284,7 +288,7 @@ def main(args) -> int:
     tasks = [t.strip() for t in args.tasks.split(",")] if args.tasks else DEFAULT_TASKS
     cms = [c.strip() for c in args.cost_models.split(",") if c.strip()]
     seeds = [int(x) for x in str(args.seeds).split(",") if x.strip()]
-    r = run(tasks, cms, args.trials, args.per_iter, args.threads, args.model, args.device, not args.no_finetune,
+    r = run(tasks, cms, args.trials, args.per_iter, args.threads, args.model, args.device,
             args.task_table, seeds, args.out)
     print(table(r))
     for spec, v in r["verdict"].items():

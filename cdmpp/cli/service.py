@@ -151,14 +151,14 @@ def add_service_commands(sub, bsub) -> None:
                                                              "(default %(default)s)")
     bt.add_argument("--per-iter", type=int, default=16, help="trials per search iteration (default 16)")
     bt.add_argument("--cost-models", default="cdmpp,cdmpp-frozen,xgb,random",
-                    help="comma-separated: cdmpp (pretrained, learns from the tuner's measurements), cdmpp-frozen, "
-                         "xgb, xgb-nowarmup, random (default %(default)s)")
+                    help="comma-separated: cdmpp (pretrained; corrects its predictions of a task with the tuner's "
+                         "measurements of it), cdmpp-finetune (fine-tunes the transformer on them instead), "
+                         "cdmpp-frozen, xgb, xgb-nowarmup, random (default %(default)s)")
     bt.add_argument("--tasks", help="comma-separated network@batch/task_name (default: 5 tasks of the held-out "
                                     "networks resnet18, mobilenet_v2, bert_tiny)")
     bt.add_argument("--task-table", default=defaults.TASK_TABLE)
     bt.add_argument("--device", help="device id of this machine in the model (default: matched by mcpu and threads)")
     bt.add_argument("--threads", type=int, default=2, help="threads the tuned programs run with (default 2)")
-    bt.add_argument("--no-finetune", action="store_true", help="cdmpp without online fine-tuning")
     bt.add_argument("--seeds", default="0,1", help="comma-separated search seeds (default %(default)s)")
     bt.add_argument("--out", default=defaults.REPORTS + "/tune.json")
     bt.set_defaults(func=cmd_bench_tune)

@@ -6,17 +6,16 @@ at 0 and samples mutation parents in proportion to them. So the score is predict
 relative to a fixed per-task reference (the fastest prediction of the first call for that task),
 ``ref / seconds``, like XGBoost's normalized throughput; the order is that of -log(seconds).
 
-``update`` keeps the measured (program, seconds) pairs. With ``online_finetune`` the in-process model
-is fine-tuned (``cdmpp.model.training.finetune``) on them every ``finetune_every`` new results: a few measured
-programs of the task teach the pre-trained model this task's latency scale. The caller's ``Predictor``
-is never modified: the fine-tuned model is this cost model's own. With ``correct`` (the default), once a
-task has ``min_correct`` measured candidates, a small boosted-tree model of log(measured / predicted) on
-their summed per-store features (the view TVM's XGBModel learns from) corrects the pre-trained
-model's predictions for that task: the prior carries the first iterations, where a model of the task
-alone has nothing to learn from, and the correction learns what this task's measurements teach, as
-XGBoost does late in a search. With ``url`` the predictions come from
-a cdmpp server (``cdmpp.predict.client.Client``); candidates travel as traces over one shared workload, and
-there is no in-process model to fine-tune.
+``update`` keeps the measured (program, seconds) pairs. With ``correct`` (the default), once a task has
+``min_correct`` of them, a small boosted-tree model of log(measured / predicted) on their summed per-store
+features (the view TVM's XGBModel learns from) corrects the model's predictions for that task: the
+pre-trained model carries the first iterations, where a model of the task alone has nothing to learn
+from, and the correction learns what the task's own measurements teach, as XGBoost does late in a
+search. With ``online_finetune`` the in-process transformer is instead (or also) fine-tuned
+(``cdmpp.model.training.finetune``) on them every ``finetune_every`` new results. The caller's
+``Predictor`` is never modified: the fine-tuned model is this cost model's own. With ``url`` the
+predictions come from a cdmpp server (``cdmpp.predict.client.Client``); candidates travel as traces over
+one shared workload, and there is nothing to correct or fine-tune in process.
 """
 
 from __future__ import annotations
@@ -46,7 +45,7 @@ class CDMPPCostModel(PyCostModel):
     """
 
     def __init__(self, predictor=None, url: str | None = None, device: str | None = None,
-                 online_finetune: bool = True, finetune_every: int = 16, finetune_steps: int = 20,
+                 online_finetune: bool = False, finetune_every: int = 16, finetune_steps: int = 20,
                  max_buffer: int = 1024, token: str | None = None, model: str | None = None,
                  correct: bool = True, min_correct: int = 16):
         super().__init__()
@@ -154,6 +153,7 @@ class CDMPPCostModel(PyCostModel):
                                             num_boost_round=60)
 
     def _corrected(self, seconds: np.ndarray, feats: list, task: str) -> np.ndarray:
+        """``seconds`` times the task's correction, where it has one."""
         booster = self.corrections_.get(task)
         good = [i for i, f in enumerate(feats) if f is not None and f.n_leaves > 0 and np.isfinite(seconds[i])]
         if booster is None or not good:

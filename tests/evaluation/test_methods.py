@@ -144,3 +144,19 @@ def test_twin_amdahl_counts_rounds_of_a_parallel_loop():
     model = TwinAmdahl(twins, source_threads=2, target_threads=1)
     model.overhead_ = 0.0
     assert np.allclose(model.predict(target), [1.0, 1.0, 1.0], rtol=1e-6)
+
+
+def test_pooled_features_are_each_programs_sum_max_and_log_sum_exp():
+    from types import SimpleNamespace
+
+    from cdmpp.evaluation.methods.common import pooled_features
+
+    rng = np.random.default_rng(0)
+    leaves = [rng.normal(size=(3, 164)).astype(np.float32), rng.normal(size=(1, 164)).astype(np.float32),
+              np.zeros((0, 164), np.float32)]  # a program without stores pools as one zero row
+    programs = [SimpleNamespace(features=SimpleNamespace(leaf_features=x, flops=f)) for x, f in zip(leaves, [7.0, 0.0, 1.0])]
+    got = pooled_features(programs)
+    for row, x, f in zip(got, leaves, [7.0, 0.0, 1.0]):
+        r = x.astype(np.float64) if len(x) else np.zeros((1, 164))
+        want = np.concatenate([r.sum(0), r.max(0), np.log(np.exp(r).sum(0)), [len(r), np.log2(f + 1.0)]])
+        np.testing.assert_allclose(row, want, rtol=1e-5, atol=1e-6)

@@ -222,4 +222,4 @@ def test_the_gbt_blend_is_no_worse_on_val_than_either_part_and_survives_a_checkp
     assert again.calibration["gbt_weight"] == w
     for a, b in zip(model.predict(progs, devs), again.predict(progs, devs)):
         np.testing.assert_allclose(a, b, rtol=1e-6)
-    assert not (TrainedModel.load(members_only.save(tmp_path / "plain")).gbt or (tmp_path / "plain" / "gbt.json").exists())
+    assert not (TrainedModel.load(members_only.save(tmp_path / "plain")).gbt or (tmp_path / "plain" / "gbt.ubj.gz").exists())

@@ -36,7 +36,7 @@ def test_tune_tir_with_cdmpp_cost_model(tvm, predictor, device, restore_logging)
     from cdmpp.zoo import workloads
 
     target = tvm_env.make_target("llvm", num_cores=1)
-    cm = CDMPPCostModel(predictor=predictor, device=device, finetune_every=4, finetune_steps=3)
+    cm = CDMPPCostModel(predictor=predictor, device=device, online_finetune=True, finetune_every=4, finetune_steps=3)
     base = predictor.model
     with tempfile.TemporaryDirectory() as work_dir, unnamed_handlers_aside():
         db = ms.tune_tir(
