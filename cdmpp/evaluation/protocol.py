@@ -20,7 +20,8 @@ why the twin's label and the shots carry this setting.
 Each scored row is appended to ``runs`` (JSON lines, so a long run keeps what it finished);
 ``pooled GBT, val-scaled`` multiplies the GBT by the factor with the lowest validation MAPE (what
 cdmpp's ``mape_scale`` option does), so that trick is never what separates the two.
-``cdmpp ⊕ pooled GBT`` is the geometric blend of the two, its weight chosen on the validation split.
+The shipped recipe's cdmpp is itself blended with a pooled GBT on log latency (``TrainConfig.gbt_blend``);
+its ablation is ``--override gbt_blend=false``.
 ``aggregate`` turns rows into ``summary.json``: per setting and method, mean ± std over seeds.
 
 ``train_fractions`` makes a learning curve instead (``cdmpp learning-curve``): random-new and
@@ -44,7 +45,6 @@ import numpy as np
 from cdmpp import defaults
 from cdmpp.evaluation import metrics as ev
 from cdmpp.evaluation import splits
-from cdmpp.model.blend import blend, blend_weight
 
 SETTINGS = ("random-new", "cross-model", "cross-device-new", "cross-device-seen")
 PINNED_DEVICES = ("amd-epyc-znver4-2t/llvm-avx512", "amd-epyc-znver4-1t/llvm-avx512")
@@ -139,7 +139,7 @@ def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | Non
 
     from cdmpp.evaluation.harness import recipe_config
     from cdmpp.evaluation.methods.cdmpp_model import CDMPP
-    from cdmpp.evaluation.methods.pooled_gbt import PooledGBT
+    from cdmpp.model.pooled_gbt import PooledGBT
     from cdmpp.evaluation.methods.twin_ratio import TwinAmdahl, TwinRatio
     from cdmpp.model.training import mape_scale
 
@@ -191,13 +191,11 @@ def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | Non
                                      ("pooled-gbt-mape", ("latency", "mape", "pooled GBT, MAPE loss")))
                    if m in opts.methods}
 
-    blend_name = f"{opts.label} ⊕ pooled GBT"
     for setting in [s for s in opts.settings if s in ("random-new", "cross-model")]:
         for fraction, split in setting_splits(ds, setting, seed, opts.train_fractions):
             n = dict(programs=len(split.test), n_train=len(split.train))
             if fraction is not None:  # a learning-curve row: kept out of the summary (see aggregate)
                 n["train_fraction"] = fraction
-            mean = pred = None
             if "cdmpp" in opts.methods:
                 model, secs = train_cdmpp(split, split.target_pool or None)
                 mean, lo, hi = model.predict_interval(split.test)
@@ -214,19 +212,10 @@ def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | Non
                         train_seconds=gsecs, **n)
             for target_kind, loss, name in gbt_variants.values():
                 other, osecs = train_gbt(split, target_kind, loss)
-                o_pred = other.predict(split.test)
-                out.row(setting, name, _metrics(split.test, o_pred), k=None, train_seconds=osecs,
+                out.row(setting, name, _metrics(split.test, other.predict(split.test)), k=None, train_seconds=osecs,
                         trees=int(other.model_.best_iteration) + 1, **n)
-                if mean is not None:  # the blend with each GBT variant, its weight chosen on val
-                    w = blend_weight(_seconds(split.val), model.predict(split.val), other.predict(split.val))
-                    out.row(setting, f"{opts.label} ⊕ {name}", _metrics(split.test, blend(mean, o_pred, w)), k=None,
-                            weight=w, train_seconds=secs + osecs, **n)
             for name, peer, psecs in train_peers(split):
                 peer_row(setting, name, peer, psecs, split.test, k=None, **n)
-            if mean is not None and pred is not None:
-                w = blend_weight(_seconds(split.val), model.predict(split.val), gbt.predict(split.val))
-                out.row(setting, blend_name, _metrics(split.test, blend(mean, pred, w)), k=None, weight=w,
-                        train_seconds=secs + gsecs, **n)
 
     device_settings = [s for s in opts.settings if s.startswith("cross-device")]
     if not device_settings:
@@ -243,9 +232,6 @@ def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | Non
     others = [(name, train_gbt(base, target_kind, loss)) for target_kind, loss, name in gbt_variants.values()]
     n_target = base.info["n_target"]
     embed = model.embed if model is not None else None
-    w = None
-    if model is not None and gbt is not None:
-        w = blend_weight(_seconds(base.val), model.predict(base.val), gbt.predict(base.val))
     for k_name in opts.ks:
         k = _k_value(k_name, n_target) if k_name != "0" else 0
         for sampler in (opts.samplers if k else ["kmeans"]):
@@ -260,10 +246,6 @@ def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | Non
                     m = model.adapt(sp.shots) if k else model
                     mean, lo, hi = m.predict_interval(test)
                     out.row(setting, opts.label + suffix, _metrics(test, mean, lo, hi), train_seconds=cdmpp_secs, **n)
-                    if gbt is not None:
-                        g_pred = (gbt.adapt(sp.shots) if k else gbt).predict(test)
-                        out.row(setting, blend_name + suffix, _metrics(test, blend(mean, g_pred, w)), weight=w,
-                                train_seconds=cdmpp_secs + gbt_secs, **n)
                     if programs == "seen":  # the twin's label x a GBT of the log ratio on pooled + cdmpp embedding
                         tr = TwinRatio(sp.twins, nthread=opts.threads, random_state=seed,
                                        embed=lambda ps: m.embed([p.features for p in ps])).fit(sp.shots)
@@ -463,10 +445,9 @@ def run_protocol(opts: ProtocolOptions, jobs: int = 1, command: str = "", summar
 
 def headline(summary: dict, label: str = "cdmpp") -> str:
     """The README's short table: per setting (cross-device at k = 0 and 64 KMeans shots), MAPE ± std of
-    cdmpp, the pooled GBT (FLOP and latency targets, MAPE loss), their blend and (seen programs) the
-    twin-based predictors."""
-    cols = [label, "pooled GBT", "pooled GBT, latency target", "pooled GBT, MAPE loss", f"{label} ⊕ pooled GBT, latency target",
-            "twin-ratio", "twin-Amdahl", f"{label} + twin"]
+    cdmpp, the pooled GBT (FLOP and latency targets, MAPE loss) and (seen programs) the twin-based
+    predictors."""
+    cols = [label, "pooled GBT", "pooled GBT, latency target", "pooled GBT, MAPE loss", "twin-ratio", "twin-Amdahl", f"{label} + twin"]
     lines = ["| setting | " + " | ".join(cols) + " |", "|---|" + "---:|" * len(cols)]
     rows = [("random-new", ""), ("cross-model", ""), ("cross-device-new", ""), ("cross-device-new", " k=64 (kmeans)"),
             ("cross-device-seen", " k=64 (kmeans)"), ("cross-device-seen", " k=5% (kmeans)")]

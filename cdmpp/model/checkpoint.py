@@ -240,7 +240,7 @@ class TrainedModel:
         if meta.get("gbt"):
             import xgboost as xgb
 
-            from cdmpp.evaluation.methods.pooled_gbt import PooledGBT
+            from cdmpp.model.pooled_gbt import PooledGBT
 
             gbt = PooledGBT({}, target=meta["gbt"]["target"], loss=meta["gbt"]["loss"])
             gbt.booster_ = xgb.Booster(params={"nthread": 1})

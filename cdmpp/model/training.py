@@ -317,7 +317,7 @@ def _add_gbt_blend(trained: TrainedModel, train_set, val_set, val_pred: np.ndarr
                    deadline: float) -> np.ndarray:
     """Fit the pooled GBT on log latency (early stopping on val), choose the blend weight on val; return
     the factor the blend multiplies the members' validation predictions by."""
-    from cdmpp.evaluation.methods.pooled_gbt import PooledGBT
+    from cdmpp.model.pooled_gbt import PooledGBT
     from cdmpp.model.blend import blend_weight
 
     gbt = PooledGBT(trained.device_specs.table, random_state=seed, target="latency")
@@ -514,6 +514,9 @@ def finetune(trained: TrainedModel, labeled_set: Sequence[LabeledProgram], confi
             torch.nn.utils.clip_grad_norm_(params, config.grad_clip)
             opt.step()
         model.eval()
+    if new.gbt is not None:  # the blended GBT learns the shots too (shallow trees on top), or it drags k-shot back
+        new.gbt = trained.gbt.adapt(labeled_set)
+        new.gbt.specs = new.device_specs
     new.summary = {**new.summary, "finetune": dict(n=len(labeled_set), steps=steps, lr=config.finetune_lr,
                                                    scope=config.finetune_scope,
                                                    devices=sorted({s.device for s in labeled_set}))}

@@ -28,7 +28,7 @@ def test_peers_train_and_predict_finite(real):
 def test_xgb_regressor_sees_device_specs(real):
     """Trained on two devices, the regressor needs to know which one a program runs on (as cdmpp does)."""
     from cdmpp.devices.table import DeviceTable
-    from cdmpp.evaluation.methods.common import N_FEATURES
+    from cdmpp.program.features import N_FEATURES
     from cdmpp.evaluation.methods.xgb import XGBRegressorPeer
     from cdmpp.model.transforms import DeviceSpecs
 
@@ -45,7 +45,7 @@ def test_xgb_regressor_sees_device_specs(real):
 def test_every_method_offers_the_method_interface():
     from cdmpp.evaluation.methods.cdmpp_model import CDMPP
     from cdmpp.evaluation.methods.mlp import TensetMLP
-    from cdmpp.evaluation.methods.pooled_gbt import PooledGBT
+    from cdmpp.model.pooled_gbt import PooledGBT
     from cdmpp.evaluation.methods.twin_ratio import TwinAmdahl, TwinRatio
     from cdmpp.evaluation.methods.xgb import MetaScheduleXGB, XGBRegressorPeer
 
@@ -69,7 +69,7 @@ def test_pooled_gbt_targets(real):
     positive latencies, the roofline scale is a time no program beats by much (on the real device
     table), and on plain latency no prediction leaves the training labels' range."""
     from cdmpp.devices.table import DeviceTable
-    from cdmpp.evaluation.methods.pooled_gbt import PooledGBT
+    from cdmpp.model.pooled_gbt import PooledGBT
 
     table = DeviceTable(str(ROOT / "datasets" / "devices.json")).spec_table()
     sp = splits.random_split(real[1], seed=0)
@@ -149,7 +149,7 @@ def test_twin_amdahl_counts_rounds_of_a_parallel_loop():
 def test_pooled_features_are_each_programs_sum_max_and_log_sum_exp():
     from types import SimpleNamespace
 
-    from cdmpp.evaluation.methods.common import pooled_features
+    from cdmpp.model.pooled_gbt import pooled_features
 
     rng = np.random.default_rng(0)
     leaves = [rng.normal(size=(3, 164)).astype(np.float32), rng.normal(size=(1, 164)).astype(np.float32),

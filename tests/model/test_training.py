@@ -223,3 +223,7 @@ def test_the_gbt_blend_is_no_worse_on_val_than_either_part_and_survives_a_checkp
     for a, b in zip(model.predict(progs, devs), again.predict(progs, devs)):
         np.testing.assert_allclose(a, b, rtol=1e-6)
     assert not (TrainedModel.load(members_only.save(tmp_path / "plain")).gbt or (tmp_path / "plain" / "gbt.ubj.gz").exists())
+    # k-shot: the blended GBT learns the shots too (trees on top), the source model stays as it was
+    rounds = model.gbt.booster_.num_boosted_rounds()
+    tuned = finetune(model, val[:20], steps=5)
+    assert tuned.gbt.booster_.num_boosted_rounds() > rounds == model.gbt.booster_.num_boosted_rounds()

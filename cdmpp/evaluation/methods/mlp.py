@@ -10,7 +10,7 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
-from cdmpp.evaluation.methods.common import program_rows
+from cdmpp.model.pooled_gbt import program_rows
 from cdmpp.evaluation.methods.method import Peer
 
 

@@ -8,7 +8,7 @@ from typing import Sequence
 
 import numpy as np
 
-from cdmpp.evaluation.methods.common import pooled_features, program_rows
+from cdmpp.model.pooled_gbt import pooled_features, program_rows
 from cdmpp.evaluation.methods.method import Peer
 from cdmpp.program.features import FEATURE_NAMES
 

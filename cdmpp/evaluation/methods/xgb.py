@@ -18,7 +18,7 @@ from typing import Sequence
 
 import numpy as np
 
-from cdmpp.evaluation.methods.common import deadline_callback, program_rows
+from cdmpp.model.pooled_gbt import deadline_callback, program_rows
 from cdmpp.evaluation.methods.method import Peer
 
 

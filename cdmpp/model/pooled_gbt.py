@@ -1,6 +1,8 @@
 """``PooledGBT``, the strongest peer (issue 19): XGBoost on leaves pooled by sum, max and log-sum-exp,
 plus leaf count, log FLOPs, threads and device specs, predicting log(latency / FLOPs) with early stopping
-on validation."""
+on validation. It lives with the model because the shipped recipe blends it into cdmpp's prediction;
+the evaluation uses it as a peer. The leaf pooling and the boosting deadline here serve the other
+peers too."""
 
 from __future__ import annotations
 
@@ -10,18 +12,51 @@ from typing import Sequence
 
 import numpy as np
 
-from cdmpp.evaluation.methods.common import deadline_callback, pooled_features, program_rows
-from cdmpp.evaluation.methods.method import Peer
+from cdmpp.program.features import N_FEATURES
 
 
-class PooledGBT(Peer):
+def program_rows(features) -> np.ndarray:
+    """A program's feature rows; a program without stores gets one zero row so it still gets a score."""
+    f = np.asarray(features.leaf_features, dtype=np.float32)
+    return f if len(f) else np.zeros((1, f.shape[1] if f.ndim == 2 else N_FEATURES), np.float32)
+
+
+def deadline_callback(deadline: float):
+    """An XGBoost callback that stops boosting at a wall-clock deadline (keeps the trees so far)."""
+    from xgboost.callback import TrainingCallback
+
+    class _Deadline(TrainingCallback):
+        def after_iteration(self, model, epoch, evals_log) -> bool:
+            return time.monotonic() > deadline
+
+    return _Deadline()
+
+
+def pooled_features(programs: Sequence) -> np.ndarray:
+    """Per program: sum, max and log-sum-exp of its leaf rows, leaf count and log2 FLOPs (device-free).
+    All programs at once (one array of every row, reduced per program): a cost model pools thousands."""
+    if not len(programs):
+        return np.zeros((0, 3 * N_FEATURES + 2), np.float32)
+    rows = [program_rows(p.features) for p in programs]
+    counts = np.array([len(r) for r in rows])
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    flat = np.concatenate(rows).astype(np.float64)
+    m = np.maximum.reduceat(flat, starts, axis=0)
+    lse = m + np.log(np.add.reduceat(np.exp(flat - np.repeat(m, counts, axis=0)), starts, axis=0))
+    flops = np.log2(np.array([p.features.flops for p in programs], dtype=np.float64) + 1.0)
+    return np.hstack([np.add.reduceat(flat, starts, axis=0), m, lse, counts[:, None], flops[:, None]]).astype(np.float32)
+
+
+class PooledGBT:
     """XGBoost on pooled leaves + program size + device specs → log(latency / FLOPs) (issue 19's peer).
 
     The FLOP-normalized target lets the trees learn efficiency instead of size; the device specs
     (raw, log1p) include the thread count, so one model serves every device.
     """
 
-    label = "pooled GBT"
+    label = "pooled GBT"  # the row name in reports (an evaluation ``Method``)
+    predicts = "seconds"
+    budget_weight = 0.3
 
     def __init__(self, device_table: dict, max_depth: int = 8, learning_rate: float = 0.05, n_estimators: int = 4000,
                  nthread: int = 1, random_state: int = 0, target: str = "flops", loss: str = "l2"):
@@ -92,6 +127,9 @@ class PooledGBT(Peer):
     def describe(self) -> str:
         return (f"pooled leaves + device specs -> log latency ({self.target} target, {self.loss} loss); "
                 f"{self.booster_.num_boosted_rounds()} trees")
+
+    def predict_interval(self, programs: Sequence):
+        return self.predict(programs), None, None
 
     def adapt(self, shots: Sequence, rounds: int = 50) -> "PooledGBT":
         """k-shot: ``rounds`` more shallow trees on the measured target programs, on top of the source model."""
