@@ -68,6 +68,7 @@ class CDMPPCostModel(PyCostModel):
         self.correct, self.min_correct = bool(correct and url is None), min_correct
         self.corrections_: dict[str, object] = {}  # task -> xgboost Booster of log(measured / predicted)
         self.model_ = None  # the fine-tuned TrainedModel, once there is one
+        self.predicted_: dict = {}  # (program hash, device) -> the current model's seconds, for the corrections
         self.buffer_: list = []  # cdmpp.records.dataset.LabeledProgram of every measured candidate (newest last)
         self.since_finetune_ = 0
         self._featurizer = None  # cdmpp.program.features.Featurizer, made on first use
@@ -132,6 +133,7 @@ class CDMPPCostModel(PyCostModel):
         if not self.buffer_:
             return
         self.model_ = finetune(self.model_ or self.predictor.model, self.buffer_, steps=self.finetune_steps)
+        self.predicted_.clear()
         self.since_finetune_ = 0
         self.n_finetunes += 1
 
@@ -143,8 +145,12 @@ class CDMPPCostModel(PyCostModel):
         if len(mine) < self.min_correct:
             return
         model = self.model_ if self.model_ is not None else self.predictor.model
-        with _torch_threads(1):
-            predicted = model.predict([b.features for b in mine], device)[0]
+        new = [b for b in mine if (b.features.program_hash, device) not in self.predicted_]
+        if new:  # each measured program is predicted once per model, not on every refit
+            with _torch_threads(1):
+                seconds = model.predict([b.features for b in new], device)[0]
+            self.predicted_.update(((b.features.program_hash, device), float(s)) for b, s in zip(new, seconds))
+        predicted = np.array([self.predicted_[(b.features.program_hash, device)] for b in mine])
         residual = np.log([b.seconds for b in mine]) - np.log(predicted)
         # shallow, shrunk and regularized: a few dozen programs must not turn into a memorized table
         params = {"max_depth": 4, "eta": 0.1, "lambda": 5.0, "min_child_weight": 2, "subsample": 1.0,

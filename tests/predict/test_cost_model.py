@@ -118,3 +118,4 @@ def test_measurements_correct_the_predictions_of_their_task(tvm, predictor, devi
     np.testing.assert_allclose(after / before, 3.0, rtol=0.05)
     assert np.array_equal(np.argsort(after), np.argsort(before))
     assert cm._local(context, cands, device, "another task").tolist() == before.tolist()
+    assert set(cm.predicted_) == {(b.features.program_hash, device) for b in cm.buffer_}  # each predicted once
