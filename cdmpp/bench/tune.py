@@ -161,8 +161,8 @@ def run(tasks: list[str], cost_models: list[str], trials: int, per_iter: int, th
         result["tasks"].setdefault(spec, {}).setdefault(kind, []).append(done[(spec, kind, seed)])
     for spec, mod in load_tasks(tasks, task_table):
         runs: dict[str, list] = {}
-        for (s, kind, seed), r in done.items():  # other seeds' runs of this task stay in the report
-            if s == spec and seed not in seeds:
+        for (s, kind, seed), r in done.items():  # other seeds' and cost models' runs of this task stay
+            if s == spec and (seed not in seeds or kind not in cost_models):
                 runs.setdefault(kind, []).append(r)
         for seed in seeds:
             for kind in cost_models:

@@ -37,6 +37,11 @@ def test_bench_tune_short(tvm, restore_logging, tmp_path, monkeypatch):
     bench_tune.run(["bert_tiny@1/fused_softmax_broadcast_to2"], ["cdmpp", "xgb"], out=out, **{**args, "seeds": [1]})
     kept = json.loads(Path(out).read_text())["tasks"]["bert_tiny@1/fused_softmax_broadcast_to2"]
     assert sorted(x["seed"] for x in kept["xgb"]) == [0, 1] and sorted(x["seed"] for x in kept["cdmpp"]) == [0, 1]
+    # tuning with another cost model keeps the other cost models' runs of the task
+    monkeypatch.setattr(bench_tune, "_tune_and_retime", lambda kind, *a, **k: {**first["xgb"], "seed": 0})
+    bench_tune.run(["bert_tiny@1/fused_softmax_broadcast_to2"], ["random"], out=out, **args)
+    kept = json.loads(Path(out).read_text())["tasks"]["bert_tiny@1/fused_softmax_broadcast_to2"]
+    assert sorted(kept) == ["cdmpp", "random", "xgb"] and len(kept["cdmpp"]) == len(kept["xgb"]) == 2
     # a run that stops before a task's turn keeps that task's earlier runs in the report
     monkeypatch.setattr(bench_tune, "load_tasks", lambda specs, table: iter(()))
     bench_tune.run([], ["cdmpp", "xgb"], out=out, **args)
