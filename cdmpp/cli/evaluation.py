@@ -32,15 +32,15 @@ def cmd_eval(args) -> int:
     return 0
 
 
-def _protocol_options(args, **more):
+def _protocol_options(args, default_settings=None, **more):
     import tomllib
 
-    from cdmpp.evaluation.protocol import ProtocolOptions
+    from cdmpp.evaluation.protocol import SETTINGS, ProtocolOptions
 
     overrides = tomllib.loads("\n".join(args.set)) if args.set else {}
     return ProtocolOptions(dataset=args.dataset, task_table=args.task_table, devices=args.devices,
                            device_ids=_csv(args.device_ids), target_device=args.target_device,
-                           settings=_csv(args.settings), seeds=[int(s) for s in _csv(args.seeds)],
+                           settings=_csv(args.settings) if args.settings else list(default_settings or SETTINGS), seeds=[int(s) for s in _csv(args.seeds)],
                            methods=_csv(args.methods), recipe=args.recipe, overrides=overrides, label=args.label,
                            minutes=args.minutes, runs=args.runs, peer_minutes=args.peer_minutes, limit=args.limit,
                            **more)
@@ -78,7 +78,8 @@ def cmd_learning_curve(args) -> int:
 
     from cdmpp.evaluation.protocol import aggregate_curve, curve_markdown, run_protocol
 
-    opts = _protocol_options(args, train_fractions=[float(f) for f in _csv(args.train_fractions)])
+    opts = _protocol_options(args, ("random-new", "cross-model"),
+                             train_fractions=[float(f) for f in _csv(args.train_fractions)])
     if not opts.train_fractions:
         print("cdmpp learning-curve: --train-fractions is empty", file=sys.stderr)
         return 2
@@ -187,8 +188,8 @@ def add_eval_commands(sub) -> None:
     e.set_defaults(func=cmd_eval)
 
     proto = argparse.ArgumentParser(add_help=False)  # what `protocol` and `learning-curve` share
-    proto.add_argument("--settings", default=",".join(("random-new", "cross-model", "cross-device-new", "cross-device-seen")),
-                       help="settings to run (default: all four; learning-curve: random-new,cross-model)")
+    # no default here: a subparser's set_defaults would change this action, which both commands share
+    proto.add_argument("--settings", help="settings to run (default: all four; learning-curve: random-new,cross-model)")
     proto.add_argument("--seeds", default="0,1,2", help="split and model seeds (default 0,1,2)")
     proto.add_argument("--methods", default="cdmpp,pooled-gbt",
                        help="cdmpp, pooled-gbt (with the seen-programs baselines), twins (only those: twin-Amdahl and twin-ratio), pooled-gbt-roofline, pooled-gbt-latency, pooled-gbt-mape (the GBT on log(latency / roofline bound), on log latency, on log latency with a MAPE loss), xgb (TVM's XGBModel), mlp (Tenset MLP)")
@@ -222,7 +223,7 @@ def add_eval_commands(sub) -> None:
     lc.add_argument("--runs", default=defaults.REPORTS + "/learning-curve-runs.jsonl", help="every scored row is appended here")
     lc.add_argument("--out", default=defaults.REPORTS + "/learning-curve.json",
                     help="the curve (.json and .md; empty: none)")
-    lc.set_defaults(func=cmd_learning_curve, settings="random-new,cross-model")
+    lc.set_defaults(func=cmd_learning_curve)
 
     t = sub.add_parser("train", parents=[data], help="train on a whole dataset (all devices) and save a checkpoint")
     t.add_argument("--recipe", default="default")

@@ -1,0 +1,15 @@
+"""``cdmpp protocol`` and ``cdmpp learning-curve`` options."""
+
+
+def test_protocol_runs_every_setting_and_the_learning_curve_two_by_default():
+    """The two commands share their options; each has its own default settings (a shared default once
+    made ``protocol`` skip the cross-device settings)."""
+    from cdmpp.cli import build_parser
+    from cdmpp.cli.evaluation import _protocol_options
+    from cdmpp.evaluation.protocol import SETTINGS
+
+    parse = build_parser().parse_args
+    assert list(_protocol_options(parse(["protocol"])).settings) == list(SETTINGS)
+    curve = parse(["learning-curve"])
+    assert list(_protocol_options(curve, ("random-new", "cross-model")).settings) == ["random-new", "cross-model"]
+    assert list(_protocol_options(parse(["protocol", "--settings", "cross-model"])).settings) == ["cross-model"]
