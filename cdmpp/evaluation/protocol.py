@@ -21,7 +21,7 @@ Each scored row is appended to ``runs`` (JSON lines, so a long run keeps what it
 ``pooled GBT, val-scaled`` multiplies the GBT by the factor with the lowest validation MAPE (what
 cdmpp's ``mape_scale`` option does), so that trick is never what separates the two.
 The shipped recipe's cdmpp is itself blended with a pooled GBT on log latency (``TrainConfig.gbt_blend``);
-its ablation is ``--override gbt_blend=false``.
+its ablation is ``--set gbt_blend=false``.
 ``aggregate`` turns rows into ``summary.json``: per setting and method, mean ± std over seeds.
 
 ``train_fractions`` makes a learning curve instead (``cdmpp learning-curve``): random-new and

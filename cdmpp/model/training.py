@@ -515,8 +515,8 @@ def finetune(trained: TrainedModel, labeled_set: Sequence[LabeledProgram], confi
             opt.step()
         model.eval()
     if new.gbt is not None:  # the blended GBT learns the shots too (shallow trees on top), or it drags k-shot back
-        new.gbt = trained.gbt.adapt(labeled_set)
-        new.gbt.specs = new.device_specs
+        new.gbt.specs = new.device_specs  # with the devices added above
+        new.gbt = new.gbt.adapt(labeled_set)
     new.summary = {**new.summary, "finetune": dict(n=len(labeled_set), steps=steps, lr=config.finetune_lr,
                                                    scope=config.finetune_scope,
                                                    devices=sorted({s.device for s in labeled_set}))}

@@ -223,7 +223,11 @@ def test_the_gbt_blend_is_no_worse_on_val_than_either_part_and_survives_a_checkp
     for a, b in zip(model.predict(progs, devs), again.predict(progs, devs)):
         np.testing.assert_allclose(a, b, rtol=1e-6)
     assert not (TrainedModel.load(members_only.save(tmp_path / "plain")).gbt or (tmp_path / "plain" / "gbt.ubj.gz").exists())
-    # k-shot: the blended GBT learns the shots too (trees on top), the source model stays as it was
+    # k-shot on a new device: the blended GBT learns the shots too (trees on top), the source model stays
+    shots = [copy.copy(s) for s in val[:20]]
+    for s in shots:
+        s.device = "cpu-c"
     rounds = model.gbt.booster_.num_boosted_rounds()
-    tuned = finetune(model, val[:20], steps=5)
+    tuned = finetune(model, shots, steps=5, device_table={"cpu-c": {**DEVICES["cpu-a"], "clock_ghz": 0.5}})
     assert tuned.gbt.booster_.num_boosted_rounds() > rounds == model.gbt.booster_.num_boosted_rounds()
+    assert np.all(np.isfinite(tuned.predict([s.features for s in shots], "cpu-c")[0]))
