@@ -445,9 +445,9 @@ def run_protocol(opts: ProtocolOptions, jobs: int = 1, command: str = "", summar
 
 def headline(summary: dict, label: str = "cdmpp") -> str:
     """The README's short table: per setting (cross-device at k = 0 and 64 KMeans shots), MAPE ± std of
-    cdmpp, the pooled GBT (FLOP and latency targets, MAPE loss) and (seen programs) the twin-based
-    predictors."""
-    cols = [label, "pooled GBT", "pooled GBT, latency target", "pooled GBT, MAPE loss", "twin-ratio", "twin-Amdahl", f"{label} + twin"]
+    cdmpp, the pooled GBT (FLOP and latency targets, MAPE loss), the Tenset MLP and (seen programs) the
+    twin-based predictors."""
+    cols = [label, "pooled GBT", "pooled GBT, latency target", "pooled GBT, MAPE loss", "Tenset MLP", "twin-ratio", "twin-Amdahl", f"{label} + twin"]
     lines = ["| setting | " + " | ".join(cols) + " |", "|---|" + "---:|" * len(cols)]
     rows = [("random-new", ""), ("cross-model", ""), ("cross-device-new", ""), ("cross-device-new", " k=64 (kmeans)"),
             ("cross-device-seen", " k=64 (kmeans)"), ("cross-device-seen", " k=5% (kmeans)")]

@@ -1,0 +1,106 @@
+"""Train the shipped recipe on one protocol split and keep its predictions, for post-hoc study of the
+error's tail (what a calibration chosen on validation could remove) without retraining.
+
+    .venv/bin/python benchmarks/posthoc_predictions.py train random-new 0 4   # → runs/posthoc/random-new-0.npz
+    .venv/bin/python benchmarks/posthoc_predictions.py study runs/posthoc/*.npz
+
+``train`` saves, for the validation and test programs: the measured seconds, task ids, the transformer's
+prediction and 90 % interval, the latency-target GBT's and the MAPE-loss GBT's predictions, and the
+blend weight chosen on validation. ``study`` scores calibrations chosen on validation only (a global
+scale, a shrink by interval width) on test.
+"""
+
+import copy
+import os
+import sys
+
+import numpy as np
+
+
+def train(setting: str, seed: int, minutes: float) -> str:
+    import torch
+
+    from cdmpp.devices.table import DeviceTable
+    from cdmpp.evaluation.harness import recipe_config
+    from cdmpp.evaluation.methods.cdmpp_model import CDMPP
+    from cdmpp.evaluation.protocol import ProtocolOptions, load_pinned, setting_splits
+    from cdmpp.model.pooled_gbt import PooledGBT
+
+    torch.set_num_threads(1)
+    opts = ProtocolOptions()
+    ds = load_pinned(opts)
+    table = DeviceTable(opts.devices).spec_table()
+    (_, split), = setting_splits(ds, setting, seed)
+    model = CDMPP(recipe_config("default", seed=seed, max_minutes=minutes, progress=False), table,
+                  split.target_pool or None).fit(split.train, split.val)
+    trained = model.model_
+    members = copy.copy(trained)
+    members.gbt = None
+    mape_gbt = PooledGBT(table, random_state=seed, target="latency", loss="mape").fit(split.train, split.val)
+    out = {"weight": trained.calibration["gbt_weight"]}
+    for part, progs in (("val", split.val), ("test", split.test)):
+        feats, devs = [p.features for p in progs], [p.device for p in progs]
+        mean, lo, hi = members.predict(feats, devs)
+        out.update({f"{part}_seconds": np.array([p.seconds for p in progs]),
+                    f"{part}_task": np.array([f"{p.device}|{p.task}" for p in progs]),
+                    f"{part}_transformer": mean, f"{part}_lo": lo, f"{part}_hi": hi,
+                    f"{part}_gbt": trained.gbt.predict(progs), f"{part}_gbt_mape": mape_gbt.predict(progs),
+                    f"{part}_shipped": trained.predict(feats, devs)[0]})
+    os.makedirs("runs/posthoc", exist_ok=True)
+    path = f"runs/posthoc/{setting}-{seed}.npz"
+    np.savez_compressed(path, **out)
+    return path
+
+
+def _mape(p, y):
+    return float(np.mean(np.abs(p - y) / y))
+
+
+def _best(grid, score):
+    return min(grid, key=score)
+
+
+def study(paths: list[str]) -> None:
+    from cdmpp.model.blend import blend
+
+    for path in paths:
+        d = np.load(path)
+        yv, yt = d["val_seconds"], d["test_seconds"]
+        w = float(d["weight"])
+        base_v, base_t = d["val_shipped"], d["test_shipped"]
+        rows = [("shipped (transformer ⊕ GBT)", _mape(base_t, yt))]
+        c = _best(np.exp(np.linspace(-0.5, 0.3, 81)), lambda c: _mape(c * base_v, yv))
+        rows.append((f"× global scale {c:.3f}", _mape(c * base_t, yt)))
+        # shrink by the members' interval width: exp(-a · log(hi / lo))
+        wv, wt = np.log(d["val_hi"] / d["val_lo"]), np.log(d["test_hi"] / d["test_lo"])
+        a = _best(np.linspace(0, 0.5, 51), lambda a: _mape(base_v * np.exp(-a * wv), yv))
+        rows.append((f"× exp(-{a:.2f} · interval width)", _mape(base_t * np.exp(-a * wt), yt)))
+        # disagreement of the two parts as the uncertainty
+        dv = np.abs(np.log(d["val_transformer"] / d["val_gbt"]))
+        dt = np.abs(np.log(d["test_transformer"] / d["test_gbt"]))
+        b = _best(np.linspace(0, 1.0, 51), lambda b: _mape(base_v * np.exp(-b * dv), yv))
+        rows.append((f"× exp(-{b:.2f} · |log transformer/GBT|)", _mape(base_t * np.exp(-b * dt), yt)))
+        # three parts: transformer, latency GBT, MAPE-loss GBT (weights on a simplex grid, chosen on val)
+        grid = [(x, y) for x in np.linspace(0, 1, 11) for y in np.linspace(0, 1, 11) if x + y <= 1 + 1e-9]
+
+        def three(part, x, y):
+            return np.exp(x * np.log(d[f"{part}_transformer"]) + y * np.log(d[f"{part}_gbt"])
+                          + (1 - x - y) * np.log(d[f"{part}_gbt_mape"]))
+
+        x, y = _best(grid, lambda g: _mape(three("val", *g), yv))
+        rows.append((f"three-way {x:.1f}/{y:.1f}/{1 - x - y:.1f}", _mape(three("test", x, y), yt)))
+        rows.append(("two-way with the MAPE-loss GBT", _mape(blend(d["test_transformer"], d["test_gbt_mape"], _best(
+            np.linspace(0, 1, 11), lambda w2: _mape(blend(d["val_transformer"], d["val_gbt_mape"], w2), yv))), yt)))
+        ape = np.abs(base_t - yt) / yt
+        print(f"{path} (blend weight {w:.1f}; test APE > 100 %: {np.mean(ape > 1):.1%} of programs, "
+              f"{np.sum(ape[ape > 1]) / np.sum(ape):.1%} of the error; over-predictions among them "
+              f"{np.mean(base_t[ape > 1] > yt[ape > 1]):.0%})")
+        for name, m in rows:
+            print(f"  {name:45s} {100 * m:5.1f} %")
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "train":
+        print(train(sys.argv[2], int(sys.argv[3]), float(sys.argv[4])))
+    else:
+        study(sys.argv[2:])
