@@ -5,7 +5,13 @@ MetaSchedule's own ``predict(context, candidates)``, with the tuning context's t
 tuner would. TVM's ``XGBModel`` is first trained (``update``) on the task's programs stored in the
 dataset, with their measured latencies, so it scores with a real booster instead of its random warm-up.
 Each model sees every candidate once (no cache can help); the ratio cdmpp / XGBoost of programs per
-second is the figure of merit.
+second is the figure of merit. Both spend nearly all their time in TVM's feature extractor, so
+``extract_per_s`` (the extractor alone) is the ceiling of any model on its features.
+
+``search_trials`` > 0 adds what a tuner sees: the batches a real MetaSchedule search (evolutionary,
+real builds and runs, steered by TVM's ``RandomModel`` as XGBModel is for its first 100 measurements)
+asked its cost model to score, replayed in order to fresh instances of both models. A search scores
+many candidates more than once; cdmpp keeps features by structural hash, XGBModel does not.
 """
 
 from __future__ import annotations
@@ -50,8 +56,67 @@ def _measured(task_key: str, mod, dataset_dir: str, device: str) -> tuple[list, 
     return cands, results
 
 
+def search_stream(mod, target, trials: int, per_iter: int, threads: int, seed: int) -> list[list]:
+    """The batches of candidates a short MetaSchedule search asked its cost model to score, in order."""
+    from tvm.ir.utils import derived_object
+    from tvm.s_tir import meta_schedule as ms
+    from tvm.s_tir.meta_schedule.cost_model import PyCostModel
+
+    from cdmpp.bench.tune import tune_one
+
+    @derived_object
+    class Recording(PyCostModel):
+        def __init__(self):
+            super().__init__()
+            self.inner, self.batches = ms.cost_model.RandomModel(seed=seed), []
+
+        def load(self, path):
+            pass
+
+        def save(self, path):
+            pass
+
+        def update(self, context, candidates, results):
+            pass
+
+        def predict(self, context, candidates):
+            self.batches.append(list(candidates))
+            return self.inner.predict(context, candidates)
+
+    recording = Recording()
+    tune_one(mod, target, recording, trials, per_iter, threads, seed)
+    return recording.batches
+
+
+def _repeat_share(batches: list[list]) -> float:
+    """The share of the scored candidates whose program was scored before in the stream."""
+    from cdmpp.program.features import program_hash
+
+    seen, repeats, total = set(), 0, 0
+    for batch in batches:
+        for c in batch:
+            h = program_hash(c.sch.mod)
+            repeats += h in seen
+            seen.add(h)
+            total += 1
+    return repeats / max(total, 1)
+
+
+def _timed(model, context, batches: list[list]) -> float:
+    t0 = time.perf_counter()
+    for batch in batches:
+        model.predict(context, batch)
+    return time.perf_counter() - t0
+
+
+def _ratio(n: int, cdmpp_s: float, xgb_s: float) -> dict:
+    r = {"cdmpp_per_s": round(n / cdmpp_s, 1), "xgb_per_s": round(n / xgb_s, 1)}
+    r["ratio"] = round(r["cdmpp_per_s"] / r["xgb_per_s"], 3)
+    return r
+
+
 def run(tasks: list[str], n: int, threads_list: list[int], model: str | None, device: str,
-        dataset_dir: str, task_table: str, seed: int) -> dict:
+        dataset_dir: str, task_table: str, seed: int, search_trials: int = 0) -> dict:
     from cdmpp.program import tvm_env
     from cdmpp.bench.tune import find_task
     from cdmpp.zoo.tasks import TaskTable, load_task_mod
@@ -77,29 +142,44 @@ def run(tasks: list[str], n: int, threads_list: list[int], model: str | None, de
         print(f"bench costmodel: {spec}: {len(cands) - 8} candidates, {len(train[0])} measured programs",
               file=sys.stderr)
     predictor = Predictor.load(model)
+
+    def fresh(mod, threads, train):
+        context = ms.TuneContext(mod, target=target, num_threads=threads)
+        xgb = ms.cost_model.XGBModel(num_tuning_cores=threads, num_warmup_samples=0)
+        xgb.update(context, *train)
+        return context, CDMPPCostModel(predictor=Predictor(predictor.model), device=device), xgb
+
     out = {"device": device, "candidates": sum(len(w[3]) for w in work), "tasks": tasks, "threads": {}}
+    extractor = ms.feature_extractor.PerStoreFeature()
     for threads in threads_list:
-        cdmpp_n = xgb_n = 0
-        cdmpp_s = xgb_s = 0.0
-        for spec, mod, warm, cands, (train_c, train_r) in work:
-            context = ms.TuneContext(mod, target=target, num_threads=threads)
-            xgb = ms.cost_model.XGBModel(num_tuning_cores=threads, num_warmup_samples=0)
-            if train_c:
-                xgb.update(context, train_c, train_r)
-            cm = CDMPPCostModel(predictor=Predictor(predictor.model), device=device, online_finetune=False)
+        cdmpp_s = xgb_s = extract_s = 0.0
+        for spec, mod, warm, cands, train in work:
+            context, cm, xgb = fresh(mod, threads, train)
             for m in (cm, xgb):
                 m.predict(context, warm)
-            for m, is_cdmpp in ((cm, True), (xgb, False)):
-                t0 = time.perf_counter()
-                m.predict(context, cands)
-                dt = time.perf_counter() - t0
-                if is_cdmpp:
-                    cdmpp_n, cdmpp_s = cdmpp_n + len(cands), cdmpp_s + dt
-                else:
-                    xgb_n, xgb_s = xgb_n + len(cands), xgb_s + dt
-        r = {"cdmpp_per_s": round(cdmpp_n / cdmpp_s, 1), "xgb_per_s": round(xgb_n / xgb_s, 1)}
-        r["ratio"] = round(r["cdmpp_per_s"] / r["xgb_per_s"], 3)
+            cdmpp_s += _timed(cm, context, [cands])
+            xgb_s += _timed(xgb, context, [cands])
+            t0 = time.perf_counter()
+            extractor.extract_from(context, cands)
+            extract_s += time.perf_counter() - t0
+        r = _ratio(out["candidates"], cdmpp_s, xgb_s)
+        r["extract_per_s"] = round(out["candidates"] / extract_s, 1)
         out["threads"][str(threads)] = r
         print(f"bench costmodel: {threads} thread(s): cdmpp {r['cdmpp_per_s']} programs/s, "
-              f"XGBModel {r['xgb_per_s']} programs/s, ratio {r['ratio']}", file=sys.stderr)
+              f"XGBModel {r['xgb_per_s']} programs/s, ratio {r['ratio']}; TVM's extractor alone "
+              f"{r['extract_per_s']} programs/s", file=sys.stderr)
+    if search_trials > 0:
+        spec, mod, _, _, train = work[0]
+        batches = search_stream(mod, target, search_trials, 32, max(threads_list), seed)
+        scored = sum(len(b) for b in batches)
+        stream = {"task": spec, "trials": search_trials, "scored": scored,
+                  "repeat_share": round(_repeat_share(batches), 3), "threads": {}}
+        for threads in threads_list:
+            context, cm, xgb = fresh(mod, threads, train)
+            r = stream["threads"][str(threads)] = _ratio(scored, _timed(cm, context, batches),
+                                                         _timed(xgb, context, batches))
+            print(f"bench costmodel: a search's {scored} scored candidates ({stream['repeat_share']:.0%} repeats), "
+                  f"{threads} thread(s): cdmpp {r['cdmpp_per_s']} programs/s, XGBModel {r['xgb_per_s']} "
+                  f"programs/s, ratio {r['ratio']}", file=sys.stderr)
+        out["search"] = stream
     return out

@@ -86,7 +86,7 @@ def cmd_bench_costmodel(args) -> int:
 
     tasks = _csv(args.tasks) or bench_costmodel.DEFAULT_TASKS
     r = bench_costmodel.run(tasks, args.n, [int(t) for t in _csv(args.threads)], args.model, args.device,
-                            args.dataset, args.task_table, args.seed)
+                            args.dataset, args.task_table, args.seed, args.search_trials)
     print(json.dumps(r, indent=1))
     if args.json:
         with open(args.json, "w") as f:
@@ -187,5 +187,8 @@ def add_service_commands(sub, bsub) -> None:
     bc.add_argument("--dataset", default=defaults.DATASET)
     bc.add_argument("--task-table", default=defaults.TASK_TABLE)
     bc.add_argument("--seed", type=int, default=0)
+    bc.add_argument("--search-trials", type=int, default=64,
+                    help="also replay the candidates a real search of this many trials on the first task asked "
+                         "its cost model to score, repeats included (measures them; 0: skip; default 64)")
     bc.add_argument("--json", help="also write the result here")
     bc.set_defaults(func=cmd_bench_costmodel)

@@ -10,7 +10,8 @@ pytestmark = pytest.mark.skipif(not (DEFAULT_MODEL / "predictor.json").exists(),
 
 @pytest.mark.slow
 def test_bench_costmodel_reports_both_models(tvm):
-    """A short ``cdmpp bench costmodel``: XGBModel trained on stored measurements, both models timed."""
+    """A short ``cdmpp bench costmodel``: XGBModel trained on stored measurements, both models timed on
+    new candidates and on the stream of a real (tiny) search."""
     from pathlib import Path
 
     from cdmpp.bench import cost_model as bench_costmodel
@@ -18,7 +19,10 @@ def test_bench_costmodel_reports_both_models(tvm):
     data = Path(__file__).resolve().parents[2] / "datasets"
     r = bench_costmodel.run(["bert_tiny@1/fused_softmax_broadcast_to2"], 8, [1], None,
                             "amd-epyc-znver4-2t/llvm-avx512", str(data / "measurements"),
-                            str(data / "tasks-llvm.json.gz"), seed=0)
+                            str(data / "tasks-llvm.json.gz"), seed=0, search_trials=8)
     one = r["threads"]["1"]
     assert r["candidates"] == 8 and one["cdmpp_per_s"] > 0 and one["xgb_per_s"] > 0
     assert one["ratio"] == pytest.approx(one["cdmpp_per_s"] / one["xgb_per_s"], rel=1e-2)
+    assert one["extract_per_s"] > 0
+    search = r["search"]
+    assert search["scored"] > 0 and 0 <= search["repeat_share"] < 1 and search["threads"]["1"]["ratio"] > 0

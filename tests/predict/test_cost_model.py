@@ -119,3 +119,22 @@ def test_measurements_correct_the_predictions_of_their_task(tvm, predictor, devi
     assert np.array_equal(np.argsort(after), np.argsort(before))
     assert cm._local(context, cands, device, "another task").tolist() == before.tolist()
     assert set(cm.predicted_) == {(b.features.program_hash, device) for b in cm.buffer_}  # each predicted once
+
+
+def test_a_candidate_scored_again_is_not_featurized_again(tvm, predictor, device):
+    """An evolutionary search scores many candidates twice: the second time their features come from
+    the cache (keyed by structural hash), and the score is the same."""
+    from cdmpp.predict.cost_model import CDMPPCostModel
+    from cdmpp.program import tvm_env
+
+    context, cands = _candidates(tvm_env.make_target("llvm", num_cores=1), n=16)
+    cm = CDMPPCostModel(predictor=predictor, device=device, online_finetune=False)
+    first = cm._local(context, cands[:10], device, "t")
+    extracted = []
+    extract = cm._extract
+    cm._extract = lambda ctx, cs: extracted.extend(cs) or extract(ctx, cs)
+    again = cm._local(context, cands[4:], device, "t")
+    assert extracted == cands[10:]  # only the six never seen
+    np.testing.assert_array_equal(again[:6], first[4:])
+    hashes = {f.program_hash for f in cm._features(context, cands)}
+    assert all(hashes) and len(hashes) == len(cm.features_)
