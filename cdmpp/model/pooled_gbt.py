@@ -21,6 +21,12 @@ def program_rows(features) -> np.ndarray:
     return f if len(f) else np.zeros((1, f.shape[1] if f.ndim == 2 else N_FEATURES), np.float32)
 
 
+def summed_rows(features: Sequence) -> np.ndarray:
+    """Per program (``ProgramFeatures``), its leaf rows summed and its leaf count: TVM XGBModel's
+    ``PackSum`` view, the input of the cost model's per-task correction and of the XGBoost peer."""
+    return np.stack([np.append(program_rows(f).sum(axis=0), f.n_leaves) for f in features]).astype(np.float32)
+
+
 def deadline_callback(deadline: float):
     """An XGBoost callback that stops boosting at a wall-clock deadline (keeps the trees so far)."""
     from xgboost.callback import TrainingCallback

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from cdmpp.lru import LRU
+from cdmpp.model.pooled_gbt import summed_rows
 from cdmpp.program import tvm_env
 from cdmpp.program.features import program_hash
 
@@ -163,7 +164,7 @@ class CDMPPCostModel(PyCostModel):
         # shallow, shrunk and regularized: a few dozen programs must not turn into a memorized table
         params = {"max_depth": 4, "eta": 0.1, "lambda": 5.0, "min_child_weight": 2, "subsample": 1.0,
                   "base_score": 0.0, "nthread": 1, "verbosity": 0}
-        self.corrections_[task] = xgb.train(params, xgb.DMatrix(_pack_sum([b.features for b in mine]), residual),
+        self.corrections_[task] = xgb.train(params, xgb.DMatrix(summed_rows([b.features for b in mine]), residual),
                                             num_boost_round=60)
 
     def _corrected(self, seconds: np.ndarray, feats: list, task: str) -> np.ndarray:
@@ -174,7 +175,7 @@ class CDMPPCostModel(PyCostModel):
             return seconds
         import xgboost as xgb
 
-        log_ratio = booster.predict(xgb.DMatrix(_pack_sum([feats[i] for i in good])))
+        log_ratio = booster.predict(xgb.DMatrix(summed_rows([feats[i] for i in good])))
         seconds = seconds.copy()
         seconds[good] *= np.exp(log_ratio)
         return seconds
@@ -319,11 +320,6 @@ def _torch_threads(n: int):
         yield
     finally:
         torch.set_num_threads(before)
-
-
-def _pack_sum(feats: list) -> np.ndarray:
-    """Per program, its per-store feature rows summed (XGBModel's ``PackSum`` view) and the leaf count."""
-    return np.stack([np.append(f.leaf_features.sum(axis=0), f.n_leaves) for f in feats]).astype(np.float32)
 
 
 def _task_id(mod) -> str:

@@ -18,7 +18,7 @@ from typing import Sequence
 
 import numpy as np
 
-from cdmpp.model.pooled_gbt import deadline_callback, program_rows
+from cdmpp.model.pooled_gbt import deadline_callback, program_rows, summed_rows
 from cdmpp.evaluation.methods.method import Peer
 
 
@@ -113,7 +113,7 @@ class XGBRegressorPeer(Peer):
         self.specs = DeviceSpecs(device_table) if device_table else None
 
     def pooled(self, programs: Sequence) -> np.ndarray:
-        x = np.stack([program_rows(p.features).sum(axis=0) for p in programs])
+        x = summed_rows([p.features for p in programs])[:, :-1]
         if self.specs is None:
             return x
         try:
