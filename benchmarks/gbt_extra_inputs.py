@@ -17,6 +17,8 @@ from cdmpp.program.compact_ast import TOKEN_KINDS
 
 
 def loop_inputs(programs) -> np.ndarray:
+    """Per program: for each token kind, count, sum and max of its loops' log2 extents; then the number
+    of loop tokens and the last one's pre-order position (the tree's size)."""
     out = np.zeros((len(programs), 3 * len(TOKEN_KINDS) + 2), np.float32)
     for i, p in enumerate(programs):
         loops = p.features.loops
