@@ -63,9 +63,11 @@ class PooledGBT:
     label = "pooled GBT"  # the row name in reports (an evaluation ``Method``)
     predicts = "seconds"
     budget_weight = 0.3
+    booster_params = dict(subsample=0.9, colsample_bytree=0.7, min_child_weight=2)
 
     def __init__(self, device_table: dict, max_depth: int = 8, learning_rate: float = 0.05, n_estimators: int = 4000,
-                 nthread: int = 1, random_state: int = 0, target: str = "flops", loss: str = "l2"):
+                 nthread: int = 1, random_state: int = 0, target: str = "flops", loss: str = "l2",
+                 **booster_params):
         from cdmpp.model.transforms import DeviceSpecs
 
         if target not in ("flops", "roofline", "latency"):
@@ -75,6 +77,7 @@ class PooledGBT:
         self.specs = DeviceSpecs(device_table)
         self.max_depth, self.learning_rate, self.n_estimators = max_depth, learning_rate, n_estimators
         self.nthread, self.random_state, self.target, self.loss = nthread, random_state, target, loss
+        self.booster_params = {**self.booster_params, **booster_params}  # any other XGBRegressor setting
 
     def inputs(self, programs: Sequence) -> np.ndarray:
         dev = np.stack([self.specs.raw_vector(self.specs.table[p.device]) for p in programs])
@@ -115,9 +118,9 @@ class PooledGBT:
                              base_score=float(np.median(self._target(train))))
         self.model_ = xgb.XGBRegressor(
             n_estimators=self.n_estimators, learning_rate=self.learning_rate, max_depth=self.max_depth,
-            subsample=0.9, colsample_bytree=0.7, min_child_weight=2, tree_method="hist", n_jobs=self.nthread,
-            random_state=self.random_state, early_stopping_rounds=100 if evals else None,
-            callbacks=[deadline_callback(deadline)], **objective)
+            tree_method="hist", n_jobs=self.nthread, random_state=self.random_state,
+            early_stopping_rounds=100 if evals else None, callbacks=[deadline_callback(deadline)],
+            **{**self.booster_params, **objective})
         self.model_.fit(self.inputs(train), self._target(train), eval_set=evals, verbose=False)
         best = getattr(self.model_, "best_iteration", None)
         booster = self.model_.get_booster()
