@@ -4,8 +4,8 @@
 
 Variants, each the latency-target GBT of the shipped blend on the same split (``VARIANTS``): ``base``
 (as shipped), ``loops`` (+ the compact AST's loops pooled per kind: count, sum and max of log2 extent;
-the tree's size), booster settings one at a time, and ``bag3`` (the geometric mean of three GBTs that differ only in
-their seed). Scored with the protocol's metrics on the test programs.
+the tree's size), booster settings one at a time, and ``bag3`` (the geometric mean of three GBTs that
+differ only in their seed). Scored with the protocol's metrics on the test programs.
 """
 
 import json
