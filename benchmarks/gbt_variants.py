@@ -36,10 +36,9 @@ def loop_inputs(programs) -> np.ndarray:
 
 VARIANTS = {  # name -> PooledGBT keyword arguments (booster settings)
     "base": {}, "loops": {}, "bag3": {},
-    "depth6": dict(max_depth=6), "depth11": dict(max_depth=11),
+    "depth11": dict(max_depth=11),
     "min_child16": dict(min_child_weight=16), "colsample0.4": dict(colsample_bytree=0.4),
     "lambda10": dict(reg_lambda=10.0), "l1": dict(objective="reg:absoluteerror"),
-    "huber": dict(objective="reg:pseudohubererror", huber_slope=0.5),
 }
 
 
