@@ -3,11 +3,13 @@ error's tail (what a calibration chosen on validation could remove) without retr
 
     .venv/bin/python benchmarks/posthoc_predictions.py train random-new 0 4   # → runs/posthoc/random-new-0.npz
     .venv/bin/python benchmarks/posthoc_predictions.py study runs/posthoc/*.npz
+    .venv/bin/python benchmarks/posthoc_predictions.py weights runs/posthoc/*.npz
 
 ``train`` saves, for the validation and test programs: the measured seconds, task ids, the transformer's
-prediction and 90 % interval, the latency-target GBT's and the MAPE-loss GBT's predictions, and the
+prediction and 90 % interval, the latency-target GBT's prediction, a bag of three of its seeds, and the
 blend weight chosen on validation. ``study`` scores calibrations chosen on validation only (a global
-scale, a shrink by interval width) on test.
+scale, a shrink by interval width) on test; ``weights`` the rule that chooses the blend weight, and the
+bag.
 """
 
 import copy
@@ -36,7 +38,8 @@ def train(setting: str, seed: int, minutes: float) -> str:
     trained = model.model_
     members = copy.copy(trained)
     members.gbt = None
-    mape_gbt = PooledGBT(table, random_state=seed, target="latency", loss="mape").fit(split.train, split.val)
+    # two more seeds of the blend's GBT, for a bag of three (geometric mean)
+    bag = [PooledGBT(table, random_state=seed + k, target="latency").fit(split.train, split.val) for k in (1, 2)]
     out = {"weight": trained.calibration["gbt_weight"]}
     for part, progs in (("val", split.val), ("test", split.test)):
         feats, devs = [p.features for p in progs], [p.device for p in progs]
@@ -44,7 +47,8 @@ def train(setting: str, seed: int, minutes: float) -> str:
         out.update({f"{part}_seconds": np.array([p.seconds for p in progs]),
                     f"{part}_task": np.array([f"{p.device}|{p.task}" for p in progs]),
                     f"{part}_transformer": mean, f"{part}_lo": lo, f"{part}_hi": hi,
-                    f"{part}_gbt": trained.gbt.predict(progs), f"{part}_gbt_mape": mape_gbt.predict(progs),
+                    f"{part}_gbt": trained.gbt.predict(progs),
+                    f"{part}_gbt_bag": np.exp(np.mean([np.log(g.predict(progs)) for g in [trained.gbt, *bag]], axis=0)),
                     f"{part}_shipped": trained.predict(feats, devs)[0]})
     os.makedirs("runs/posthoc", exist_ok=True)
     path = f"runs/posthoc/{setting}-{seed}.npz"
@@ -61,8 +65,6 @@ def _best(grid, score):
 
 
 def study(paths: list[str]) -> None:
-    from cdmpp.model.blend import blend
-
     for path in paths:
         d = np.load(path)
         yv, yt = d["val_seconds"], d["test_seconds"]
@@ -80,17 +82,6 @@ def study(paths: list[str]) -> None:
         dt = np.abs(np.log(d["test_transformer"] / d["test_gbt"]))
         b = _best(np.linspace(0, 1.0, 51), lambda b: _mape(base_v * np.exp(-b * dv), yv))
         rows.append((f"× exp(-{b:.2f} · |log transformer/GBT|)", _mape(base_t * np.exp(-b * dt), yt)))
-        # three parts: transformer, latency GBT, MAPE-loss GBT (weights on a simplex grid, chosen on val)
-        grid = [(x, y) for x in np.linspace(0, 1, 11) for y in np.linspace(0, 1, 11) if x + y <= 1 + 1e-9]
-
-        def three(part, x, y):
-            return np.exp(x * np.log(d[f"{part}_transformer"]) + y * np.log(d[f"{part}_gbt"])
-                          + (1 - x - y) * np.log(d[f"{part}_gbt_mape"]))
-
-        x, y = _best(grid, lambda g: _mape(three("val", *g), yv))
-        rows.append((f"three-way {x:.1f}/{y:.1f}/{1 - x - y:.1f}", _mape(three("test", x, y), yt)))
-        rows.append(("two-way with the MAPE-loss GBT", _mape(blend(d["test_transformer"], d["test_gbt_mape"], _best(
-            np.linspace(0, 1, 11), lambda w2: _mape(blend(d["val_transformer"], d["val_gbt_mape"], w2), yv))), yt)))
         ape = np.abs(base_t - yt) / yt
         print(f"{path} (blend weight {w:.1f}; test APE > 100 %: {np.mean(ape > 1):.1%} of programs, "
               f"{np.sum(ape[ape > 1]) / np.sum(ape):.1%} of the error; over-predictions among them "
@@ -99,8 +90,39 @@ def study(paths: list[str]) -> None:
             print(f"  {name:45s} {100 * m:5.1f} %")
 
 
+def weights(paths: list[str], slacks=(0.0, 0.02, 0.03, 0.05)) -> None:
+    """The blend weight's rule (lowest validation MAPE, or the best-ranking weight within a MAPE slack),
+    with the shipped GBT and with a bag of three GBT seeds: test MAPE and within-task Spearman, mean ±
+    std over the files of one setting (one file per seed)."""
+    from collections import defaultdict
+
+    from cdmpp.evaluation.metrics import ranking_metrics
+    from cdmpp.model.blend import blend, blend_weight
+
+    rows = defaultdict(list)
+    for path in paths:
+        d = np.load(path)
+        setting = os.path.basename(path).rsplit("-", 1)[0]
+        yv, yt, tv, tt = d["val_seconds"], d["test_seconds"], d["val_task"], d["test_task"]
+        for gbt in ("gbt", "gbt_bag"):
+            rows[setting, f"{gbt} alone"].append((_mape(d[f"test_{gbt}"], yt),
+                                                  ranking_metrics(yt, d[f"test_{gbt}"], tt)["spearman"], np.nan))
+            for slack in slacks:
+                w = blend_weight(yv, d["val_transformer"], d[f"val_{gbt}"], tv, slack)
+                p = blend(d["test_transformer"], d[f"test_{gbt}"], w)
+                rows[setting, f"transformer ⊕ {gbt}, slack {slack:.2f}"].append(
+                    (_mape(p, yt), ranking_metrics(yt, p, tt)["spearman"], w))
+    print("| setting | prediction | MAPE | Spearman | weights | seeds |\n|---|---|---:|---:|---|---:|")
+    for (setting, name), r in rows.items():
+        m, rho, w = np.array(r).T
+        print(f"| {setting} | {name} | {100 * m.mean():.1f} ± {100 * m.std():.1f} % | {rho.mean():.3f} ± "
+              f"{rho.std():.3f} | {' / '.join('—' if np.isnan(x) else f'{x:.1f}' for x in w)} | {len(r)} |")
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "train":
         print(train(sys.argv[2], int(sys.argv[3]), float(sys.argv[4])))
+    elif sys.argv[1] == "weights":
+        weights(sys.argv[2:])
     else:
         study(sys.argv[2:])
