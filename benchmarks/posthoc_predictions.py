@@ -49,6 +49,7 @@ def train(setting: str, seed: int, minutes: float) -> str:
                     f"{part}_transformer": mean, f"{part}_lo": lo, f"{part}_hi": hi,
                     f"{part}_gbt": trained.gbt.predict(progs),
                     f"{part}_gbt_bag": np.exp(np.mean([np.log(g.predict(progs)) for g in [trained.gbt, *bag]], axis=0)),
+                    **{f"{part}_gbt_{k}": g.predict(progs) for k, g in zip((1, 2), bag)},
                     f"{part}_shipped": trained.predict(feats, devs)[0]})
     os.makedirs("runs/posthoc", exist_ok=True)
     path = f"runs/posthoc/{setting}-{seed}.npz"

@@ -60,6 +60,7 @@ class TrainConfig:
     label: str = "boxcox"  # "boxcox" (lambda by ML) | "log"
     mape_scale: bool = False  # multiply predictions by the factor with the lowest validation MAPE (mape_scale)
     gbt_blend: bool = False  # blend in a pooled GBT on log latency, weight chosen on val (cdmpp.model.blend)
+    gbt_minutes: float = 1.0  # the blend's GBT may run this long after the transformer's max_minutes (early stopping ends it)
     blend_rank_slack: float = 0.0  # > 0: the best-ranking blend weight within this relative slack of the best MAPE
     loss: str = "paper"  # "paper": mse_weight·MSE + mape_weight·MAPE | "l1": L1 in label space | "mape": MAPE on seconds
     # optimization: loss = mse_weight·MSE + mape_weight·MAPE (Box-Cox space), Adam, triangular CyclicLR
@@ -302,7 +303,8 @@ def fit(config: TrainConfig, train_set: Sequence[LabeledProgram], val_set: Seque
         trained.calibration["scale"] = c = mape_scale(pred, val.seconds)
         pred, lo_s, hi_s = pred * c, lo_s * c, hi_s * c
     if config.gbt_blend:
-        factor = _add_gbt_blend(trained, train_set, val_set, pred, config.seed, deadline, config.blend_rank_slack)
+        factor = _add_gbt_blend(trained, train_set, val_set, pred, config.seed,
+                                max(deadline - time.monotonic(), 60.0 * config.gbt_minutes), config.blend_rank_slack)
         pred, lo_s, hi_s = pred * factor, lo_s * factor, hi_s * factor
     rel = np.abs(pred - val.seconds) / val.seconds
     trained.summary = dict(
@@ -315,14 +317,14 @@ def fit(config: TrainConfig, train_set: Sequence[LabeledProgram], val_set: Seque
 
 
 def _add_gbt_blend(trained: TrainedModel, train_set, val_set, val_pred: np.ndarray, seed: int,
-                   deadline: float, rank_slack: float) -> np.ndarray:
+                   budget_s: float, rank_slack: float) -> np.ndarray:
     """Fit the pooled GBT on log latency (early stopping on val), choose the blend weight on val; return
     the factor the blend multiplies the members' validation predictions by."""
     from cdmpp.model.pooled_gbt import PooledGBT
     from cdmpp.model.blend import blend_weight
 
     gbt = PooledGBT(trained.device_specs.table, random_state=seed, target="latency")
-    gbt.fit(train_set, val_set, time_budget_s=max(60.0, deadline - time.monotonic()))
+    gbt.fit(train_set, val_set, time_budget_s=budget_s)
     gbt.specs = trained.device_specs
     seconds = np.array([s.seconds for s in val_set])
     trained.gbt = gbt

@@ -193,19 +193,20 @@ def test_budget_lr_warms_up_then_decays_to_the_base_rate():
         TrainConfig(lr_schedule="step")
 
 
-def test_the_gbt_blend_is_no_worse_on_val_than_either_part_and_survives_a_checkpoint(tmp_path):
+def test_the_gbt_blend_is_within_its_slack_of_either_part_on_val_and_survives_a_checkpoint(tmp_path):
     """With ``gbt_blend`` the model's prediction is exp(w log members + (1 - w) log GBT), w chosen on the
-    validation split among weights that include 0 and 1: its validation MAPE is at most either part's."""
+    validation split among weights that include 0 and 1 (the best-ranking one within ``blend_rank_slack``
+    of the lowest MAPE): its validation MAPE is within that slack of either part's."""
     import copy
 
-    from cdmpp.model.blend import blend
+    from cdmpp.model.blend import blend, blend_weight
     from cdmpp.model.checkpoint import TrainedModel
 
     rng = np.random.default_rng(3)
     train = synthetic_samples(400, rng) + synthetic_samples(200, rng, "cpu-b")
     val = synthetic_samples(150, rng) + synthetic_samples(50, rng, "cpu-b")
-    model = fit(quick_config(gbt_blend=True, ensemble=1, epochs=4, label="log", loss="mape"), train, val,
-                device_table=DEVICES)
+    config = quick_config(gbt_blend=True, blend_rank_slack=0.02, ensemble=1, epochs=4, label="log", loss="mape")
+    model = fit(config, train, val, device_table=DEVICES)
     w = model.calibration["gbt_weight"]
     progs, devs, y = [s.features for s in val], [s.device for s in val], np.array([s.seconds for s in val])
     members_only = copy.copy(model)
@@ -214,10 +215,11 @@ def test_the_gbt_blend_is_no_worse_on_val_than_either_part_and_survives_a_checkp
     gbt = model.gbt.predict(val)
     mean, lo, hi = model.predict(progs, devs)
     np.testing.assert_allclose(mean, blend(alone, gbt, w), rtol=1e-5)
+    assert w == blend_weight(y, alone, gbt, [f"{s.device}|{s.task}" for s in val], 0.02)
     assert np.all(lo <= mean) and np.all(mean <= hi)
     mape = lambda p: float(np.mean(np.abs(p - y) / y))  # noqa: E731
     assert model.summary["val"]["mape"] == pytest.approx(mape(mean), rel=1e-5)
-    assert mape(mean) <= min(mape(alone), mape(gbt)) + 1e-9
+    assert mape(mean) <= 1.02 * min(mape(alone), mape(gbt)) + 1e-9
     again = TrainedModel.load(model.save(tmp_path / "ckpt"))
     assert again.calibration["gbt_weight"] == w
     for a, b in zip(model.predict(progs, devs), again.predict(progs, devs)):
