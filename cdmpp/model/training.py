@@ -323,7 +323,8 @@ def _add_gbt_blend(trained: TrainedModel, train_set, val_set, val_pred: np.ndarr
     from cdmpp.model.pooled_gbt import PooledGBT
     from cdmpp.model.blend import blend_weight
 
-    gbt = PooledGBT(trained.device_specs.table, random_state=seed, target="latency")
+    # as many threads as the transformer had: 2 for `cdmpp train` here, 1 per job in the protocol
+    gbt = PooledGBT(trained.device_specs.table, nthread=torch.get_num_threads(), random_state=seed, target="latency")
     gbt.fit(train_set, val_set, time_budget_s=budget_s)
     gbt.specs = trained.device_specs
     seconds = np.array([s.seconds for s in val_set])
