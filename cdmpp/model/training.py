@@ -60,7 +60,7 @@ class TrainConfig:
     label: str = "boxcox"  # "boxcox" (lambda by ML) | "log"
     mape_scale: bool = False  # multiply predictions by the factor with the lowest validation MAPE (mape_scale)
     gbt_blend: bool = False  # blend in a pooled GBT on log latency, weight chosen on val (cdmpp.model.blend)
-    gbt_minutes: float = 1.0  # the blend's GBT may run this long after the transformer's max_minutes (early stopping ends it)
+    gbt_minutes: float = 1.0  # the blend's GBT gets this long, or what the transformer left (early stopping ends it first)
     blend_rank_slack: float = 0.0  # > 0: the best-ranking blend weight within this relative slack of the best MAPE
     loss: str = "paper"  # "paper": mse_weight·MSE + mape_weight·MAPE | "l1": L1 in label space | "mape": MAPE on seconds
     # optimization: loss = mse_weight·MSE + mape_weight·MAPE (Box-Cox space), Adam, triangular CyclicLR
