@@ -225,6 +225,8 @@ def runner_main(conn, threads: int, cores: list[int] | None, device_type: str = 
             conn.send(("ok", adaptive_repeats(loaded[1], fname, dev, inputs[key], cfg)))
         except Exception as e:
             conn.send(("error", error_message(f"{e}\n{traceback.format_exc(limit=1)}", lines=3, limit=600)))
+            if device_type != "cpu":  # a failed kernel (illegal address, ...) leaves the GPU context unusable
+                return
 
 
 def adaptive_repeats(rt_mod, fname: str, dev, arrays: list, cfg: dict) -> list[float]:
@@ -323,6 +325,8 @@ class Runner:
             code = self.proc.exitcode if self.proc else None
             self.close(kill=True)
             return None, f"runner process died (exit code {code})"
+        if kind != "ok" and self.device_type != "cpu":  # the runner exits after a GPU error: start afresh
+            self.close(kill=True)
         return (value, None) if kind == "ok" else (None, "run: " + value)
 
     def close(self, kill: bool = False) -> None:

@@ -3,7 +3,8 @@
 MetaSchedule's ``ReplayTrace`` strategy replays a design-space sketch with fresh random decisions,
 which is exactly "a random valid schedule". Some tasks (fused elementwise ops) have one sketch and no
 decisions, so every draw is the same program: for those, ``random_loop_schedule`` adds variety with
-random fuse/split/parallel/vectorize/unroll choices. Duplicates are removed by structural hash.
+random fuse/split/parallel/vectorize/unroll choices (on a GPU: random block and thread sizes). Duplicates
+are removed by structural hash.
 """
 
 from __future__ import annotations
@@ -43,10 +44,11 @@ def sample_schedules(mod, target, n: int, seed: int = 0, max_rounds: int = 4):
         if new == 0:
             break
     rng = random.Random(seed)
+    gpu = "gpu" in [str(k) for k in target.keys]
     tries = 0
     while len(out) < n and tries < 4 * n:
         tries += 1
-        sch = random_loop_schedule(mod, rng)
+        sch = random_loop_schedule(mod, rng, gpu=gpu)
         if sch is None:
             break
         h = tvm_ffi.structural_hash(sch.mod)
@@ -56,10 +58,12 @@ def sample_schedules(mod, target, n: int, seed: int = 0, max_rounds: int = 4):
     return out[:n]
 
 
-def random_loop_schedule(mod, rng: random.Random):
-    """Fuse each spatial-only block's loops, split, parallelize the outer and vectorize the inner.
+def random_loop_schedule(mod, rng: random.Random, gpu: bool = False):
+    """Fuse each spatial-only block's loops, split, parallelize the outer and vectorize the inner; on a
+    GPU (``gpu``), bind the split loops to blocks and threads instead.
 
-    Returns None if the module has no block this applies to.
+    Returns None if the module has no block this applies to, or (GPU) a block it cannot bind: an unbound
+    loop would run on the host over device memory and crash the process that runs it.
     """
     tvm_env.setup()
     from tvm.s_tir import Schedule
@@ -69,9 +73,15 @@ def random_loop_schedule(mod, rng: random.Random):
     for block in sch.get_child_blocks(sch.get_sblock("root")) if _has_root(sch) else []:
         loops = sch.get_loops(block)
         if not loops or any(_is_reduction(sch, block)):
+            if gpu:
+                return None
             continue
         fused = sch.fuse(*loops)
         extent = int(sch.get(fused).extent)
+        if gpu:
+            _bind_random(sch, fused, extent, rng)
+            touched = True
+            continue
         inner = rng.choice([f for f in (1, 2, 4, 8, 16, 32, 64) if extent % f == 0])
         outer_split = rng.choice([f for f in (1, 2, 4, 8, 16, 64, 256) if (extent // inner) % f == 0])
         o, m, i = sch.split(fused, [None, extent // inner // outer_split, inner]) if outer_split > 1 else (*sch.split(fused, [None, inner]), None)[:3]
@@ -84,6 +94,20 @@ def random_loop_schedule(mod, rng: random.Random):
             sch.annotate(o, "pragma_unroll_explicit", 1)
         touched = True
     return sch if touched else None
+
+
+def _bind_random(sch, loop, extent: int, rng: random.Random) -> None:
+    """Split ``loop`` into blockIdx.x x threadIdx.x (x a few serial steps per thread), random sizes."""
+    threads = rng.choice([t for t in (32, 64, 128, 256, 512, 1024) if t <= extent] or [extent])
+    steps = rng.choice([s for s in (1, 2, 4, 8) if threads * s <= extent] or [1])
+    if steps > 1:
+        bx, tx, inner = sch.split(loop, [None, threads, steps])
+        if rng.random() < 0.5:
+            sch.unroll(inner)
+    else:
+        bx, tx = sch.split(loop, [None, threads])
+    sch.bind(bx, "blockIdx.x")
+    sch.bind(tx, "threadIdx.x")
 
 
 def _has_root(sch) -> bool:
