@@ -10,10 +10,12 @@
   k = 0, 16, 64 and 5 % target shots, KMeans (on the model's embeddings) vs random; every method gets
   the same shots.
 
-In the seen setting three more predictors use the twin's measured latency: ``twin-ratio`` (the twin's
-label × a small GBT of the log ratio on pooled features, fitted on the shots), ``cdmpp + twin``
-(the same with the k-shot-tuned cdmpp model's program embedding as extra inputs) and ``twin-Amdahl``
-(Amdahl's law from the two devices' thread counts and the program's parallel share; no shots). A model trained on
+In the seen setting more predictors use the twin's measured latency: ``twin-ratio`` (the twin's
+label × a small GBT of the log ratio on pooled features, fitted on the shots), ``twin-Amdahl``
+(Amdahl's law from the two devices' thread counts and the program's parallel share; no shots),
+``twin-Amdahl x ratio GBT`` (twin-Amdahl's prediction × the ratio GBT, so the shots fit what the physics
+leaves over) and ``cdmpp + twin`` (the same with the k-shot-tuned cdmpp model's program embedding as extra
+inputs). A model trained on
 one source device cannot learn the device ratio from data (its device input never varies), which is
 why the twin's label and the shots carry this setting.
 
@@ -242,12 +244,17 @@ def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | Non
                 test = sp.test
                 n = dict(programs=len(test), n_train=len(sp.train), **key)
                 suffix = "" if not k else f" k={k_name} ({sampler})"
+                source = sp.info["source_devices"]
+                amdahl = None  # the seen setting's physics prior: the twin's label through Amdahl's law
+                if programs == "seen" and len(source) == 1:
+                    amdahl = TwinAmdahl(sp.twins, device_table[source[0]]["cores"], device_table[target]["cores"])
+                    amdahl.fit([p for p in sp.train if p.device == source[0]])
                 if model is not None:
                     m = model.adapt(sp.shots) if k else model
                     mean, lo, hi = m.predict_interval(test)
                     out.row(setting, opts.label + suffix, _metrics(test, mean, lo, hi), train_seconds=cdmpp_secs, **n)
-                    if programs == "seen":  # the twin's label x a GBT of the log ratio on pooled + cdmpp embedding
-                        tr = TwinRatio(sp.twins, nthread=opts.threads, random_state=seed,
+                    if programs == "seen":  # Amdahl's prior x a GBT of the log ratio on pooled + cdmpp embedding
+                        tr = TwinRatio(sp.twins, nthread=opts.threads, random_state=seed, prior=amdahl,
                                        embed=lambda ps: m.embed([p.features for p in ps])).fit(sp.shots)
                         out.row(setting, opts.label + " + twin" + suffix, _metrics(test, tr.predict(test)),
                                 train_seconds=cdmpp_secs, **n)
@@ -264,12 +271,12 @@ def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | Non
                     if peer.predicts == "score" and k:
                         continue
                     peer_row(setting, name + suffix, peer.adapt(sp.shots) if k else peer, psecs, test, **n)
-                source = sp.info["source_devices"]
-                if programs == "seen" and {"pooled-gbt", "twins"} & set(opts.methods) and len(source) == 1:
-                    amdahl = TwinAmdahl(sp.twins, device_table[source[0]]["cores"], device_table[target]["cores"])
-                    amdahl.fit([p for p in sp.train if p.device == source[0]])
+                if amdahl is not None and {"pooled-gbt", "twins"} & set(opts.methods):
                     out.row(setting, "twin-Amdahl" + suffix, _metrics(test, amdahl.predict(test)), train_seconds=0.0,
                             overhead_s=amdahl.overhead_, **n)
+                    tr = TwinRatio(sp.twins, nthread=opts.threads, random_state=seed, prior=amdahl).fit(sp.shots)
+                    out.row(setting, "twin-Amdahl x ratio GBT" + suffix, _metrics(test, tr.predict(test)),
+                            train_seconds=0.0, **n)
                 if programs == "seen" and {"pooled-gbt", "twins"} & set(opts.methods):
                     tr = TwinRatio(sp.twins, nthread=opts.threads, random_state=seed).fit(sp.shots)
                     out.row(setting, "twin-ratio" + suffix, _metrics(test, tr.predict(test)), train_seconds=0.0, **n)
@@ -447,7 +454,8 @@ def headline(summary: dict, label: str = "cdmpp") -> str:
     """The README's short table: per setting (cross-device at k = 0 and 64 KMeans shots), MAPE ± std of
     cdmpp, the pooled GBT (FLOP and latency targets, MAPE loss), the Tenset MLP and (seen programs) the
     twin-based predictors."""
-    cols = [label, "pooled GBT", "pooled GBT, latency target", "pooled GBT, MAPE loss", "Tenset MLP", "twin-ratio", "twin-Amdahl", f"{label} + twin"]
+    cols = [label, "pooled GBT", "pooled GBT, latency target", "pooled GBT, MAPE loss", "Tenset MLP", "twin-ratio", "twin-Amdahl",
+            "twin-Amdahl x ratio GBT", f"{label} + twin"]
     lines = ["| setting | " + " | ".join(cols) + " |", "|---|" + "---:|" * len(cols)]
     rows = [("random-new", ""), ("cross-model", ""), ("cross-device-new", ""), ("cross-device-new", " k=64 (kmeans)"),
             ("cross-device-seen", " k=64 (kmeans)"), ("cross-device-seen", " k=5% (kmeans)")]

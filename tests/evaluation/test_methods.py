@@ -146,6 +146,21 @@ def test_twin_amdahl_counts_rounds_of_a_parallel_loop():
     assert np.allclose(model.predict(target), [1.0, 1.0, 1.0], rtol=1e-6)
 
 
+def test_twin_ratio_corrects_its_prior_not_the_twin():
+    """With a prior (Amdahl's law), the shots' ratio is taken to the prior's prediction: shots 10 % slower
+    than Amdahl says make every prediction Amdahl x 1.1, whatever the twin's own label."""
+    from cdmpp.evaluation.methods.twin_ratio import TwinAmdahl, TwinRatio
+
+    programs = [_amdahl_program(1e9 * (i + 1), 1e8, 1e-3 * (i + 1), str(i)) for i in range(4)]
+    twins = {str(i): 7e-4 * (i + 1) for i in range(4)}
+    amdahl = TwinAmdahl(twins, source_threads=2, target_threads=1)
+    amdahl.overhead_ = 0.0
+    shots = [_amdahl_program(1e9 * (i + 1), 1e8, 1.1 * s, str(i)) for i, s in enumerate(amdahl.predict(programs))]
+    model = TwinRatio(twins, prior=amdahl).fit(shots[:3])
+    assert np.allclose(model.predict(programs), 1.1 * amdahl.predict(programs), rtol=1e-6)
+    assert not np.allclose(TwinRatio(twins).fit(shots[:3]).predict(programs), model.predict(programs))
+
+
 def test_pooled_features_are_each_programs_sum_max_and_log_sum_exp():
     from types import SimpleNamespace
 

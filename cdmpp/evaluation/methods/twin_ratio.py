@@ -35,20 +35,26 @@ class TwinRatio(Peer):
     With no shots the ratio is 1 (the twin's label as is). The GBT is small (depth 3) and starts from
     the shots' median log ratio, so 16 shots give a sane constant and more shots a program-dependent ratio.
     ``inputs``: "pooled" (the pooled leaf features), "physics" (``physics_features`` with the twin's
-    latency: a dozen numbers instead of ~500, which k shots can fit) or "both".
+    latency: a dozen numbers instead of ~500, which k shots can fit) or "both". ``prior``: a fitted
+    predictor (``TwinAmdahl``) whose prediction replaces the twin's label as what the GBT corrects, so
+    the shots fit only what the physics leaves over.
     """
 
     label = "twin-ratio"
 
     def __init__(self, twins: dict, nthread: int = 1, random_state: int = 0, rounds: int = 100, embed=None,
-                 inputs: str = "pooled"):
+                 inputs: str = "pooled", prior=None):
         self.twins, self.nthread, self.random_state, self.rounds = twins, nthread, random_state, rounds
+        self.prior = prior
         self.embed = embed  # optional programs -> [n, d] extra inputs (e.g. a cdmpp model's embeddings)
         if inputs not in ("pooled", "physics", "both"):
             raise ValueError(f"inputs = {inputs!r}: expected pooled, physics or both")
         self.inputs = inputs
 
-    def _twin(self, programs) -> np.ndarray:
+    def _base(self, programs) -> np.ndarray:
+        """What the ratio multiplies: the prior's prediction, else the twin's label."""
+        if self.prior is not None:
+            return np.asarray(self.prior.predict(programs), dtype=np.float64)
         return np.array([self.twins[p.features.program_hash] for p in programs])
 
     def _x(self, programs) -> np.ndarray:
@@ -68,7 +74,7 @@ class TwinRatio(Peer):
         self.model_ = None
         self.base_ = 0.0
         if shots:
-            r = np.log([p.seconds for p in shots]) - np.log(self._twin(shots))
+            r = np.log([p.seconds for p in shots]) - np.log(self._base(shots))
             self.base_ = float(np.median(r))
             if len(shots) >= 8:
                 self.model_ = xgb.XGBRegressor(n_estimators=self.rounds, learning_rate=0.1, max_depth=3,
@@ -80,13 +86,14 @@ class TwinRatio(Peer):
 
     def predict(self, programs: Sequence) -> np.ndarray:
         r = self.model_.predict(self._x(programs)).astype(np.float64) if self.model_ is not None else self.base_
-        return self._twin(programs) * np.exp(r)
+        return self._base(programs) * np.exp(r)
 
     def adapt(self, shots: Sequence) -> "TwinRatio":
         return copy.copy(self).fit(shots)
 
     def describe(self) -> str:
-        return "the twin's label" + (" x a GBT of the log ratio" if self.model_ is not None else
+        base = self.prior.describe() if self.prior is not None else "the twin's label"
+        return base + (" x a GBT of the log ratio" if self.model_ is not None else
                                      f" x {np.exp(self.base_):.3f} (median ratio of the shots)")
 
 
