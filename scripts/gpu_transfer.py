@@ -6,11 +6,15 @@ and at most 64 MiB of ignored paths per call; TVM's wheel is ~100 MB and its com
 
     python scripts/gpu_transfer.py            # writes build/gpu-transfer/1 and build/gpu-transfer/2
 
-Then two device calls (the machine keeps /root/stash between calls while it stays warm):
+The working tree travels with each call and counts toward the 64 MiB: with the shipped model and the
+measurements (~40 MB, neither needed there) part 1 does not fit, so move ``cdmpp/models`` and
+``datasets/measurements`` out of the tree for the two calls (and stop a running collector first). Then
+two device calls, the second at once (the machine keeps /root/stash only while it stays warm, ~30 s):
     run(carry=["build/gpu-transfer/1"], command="bash scripts/gpu_env.sh")
     run(carry=["build/gpu-transfer/2"], command="source scripts/gpu_env.sh && python -m cdmpp.cli collect "
-        "--target cuda --dataset $OUT/ds --per-task 8 --budget-minutes 8")
-and back here: ``python -m cdmpp.records.importers <files_at>/ds``.
+        "--target cuda --dataset $OUT/ds --devices $OUT/devices.json --per-task 8 --budget-minutes 7 "
+        "--artifacts none --seed N; tar czf $OUT/ds.tgz -C $OUT ds && rm -rf $OUT/ds")
+and back here: unpack ``ds.tgz`` and ``python -m cdmpp.records.importers <folder>/ds``.
 """
 
 from __future__ import annotations

@@ -210,7 +210,7 @@ def add_measure_commands(sub):
                         "auto: fast unless --rpc-tracker or --cache-flush (default auto)")
     c.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=None,
                    help="fast measurer: build the next tasks on the other cores while a task runs "
-                        "(threads < cores only; default: on for 1-thread programs on a machine with more cores)")
+                        "(threads < cores only; default: on for 1-thread CPU and for GPU programs on a machine with more cores)")
     c.add_argument("--run-budget-s", type=float, default=1.0,
                    help="seconds of repeats per program: slow programs get fewer (default 1.0)")
     c.add_argument("--per-task", type=int, default=32, help="schedules per task (default 32)")

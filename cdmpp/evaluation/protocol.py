@@ -15,9 +15,8 @@ label × a small GBT of the log ratio on pooled features, fitted on the shots), 
 (Amdahl's law from the two devices' thread counts and the program's parallel share; no shots),
 ``twin-Amdahl x ratio GBT`` (twin-Amdahl's prediction × the ratio GBT, so the shots fit what the physics
 leaves over) and ``cdmpp + twin`` (the same with the k-shot-tuned cdmpp model's program embedding as extra
-inputs). A model trained on
-one source device cannot learn the device ratio from data (its device input never varies), which is
-why the twin's label and the shots carry this setting.
+inputs). A model trained on one source device cannot learn the device ratio from data (its device input
+never varies), which is why the twin's label and the shots carry this setting.
 
 Each scored row is appended to ``runs`` (JSON lines, so a long run keeps what it finished);
 ``pooled GBT, val-scaled`` multiplies the GBT by the factor with the lowest validation MAPE (what

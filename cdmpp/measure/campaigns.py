@@ -36,7 +36,7 @@ def collect(tasks, dataset_dir: str, device, target, per_task: int = 32, budget_
     ``cache_flush``): the fast local measurer (``cdmpp.measure.fast``); else MetaSchedule's builder and
     runner (``Measurer``), which can keep built programs in ``artifact_dir`` for later passes.
     ``overlap``: fast path only; build the next tasks while one runs (runner alone on its cores); None:
-    ``cdmpp.measure.fast.default_overlap`` (on for 1-thread CPU programs on a machine with more cores)."""
+    ``cdmpp.measure.fast.default_overlap`` (on for 1-thread CPU and GPU programs on a machine with more cores)."""
     cfg = cfg or MeasureConfig()
     if fast is None:
         fast = rpc is None and not cfg.cache_flush

@@ -17,7 +17,7 @@ last ``min_repeat_ms``, repeats are taken until the fastest one has not improved
 ``min_repeats_long`` (patience at most one fewer). The label is still the fastest repeat
 (``cdmpp.records.labels.label``).
 
-Overlap (the default for 1-thread CPU programs on a machine with 2+ cores, ``default_overlap``): the
+Overlap (the default for 1-thread CPU and for GPU programs on a machine with 2+ cores, ``default_overlap``): the
 runner is pinned to core 0 and the build workers to the other cores, and the next tasks are built while
 one runs.
 """
@@ -424,9 +424,10 @@ def _descendants(pid: int) -> list[int]:
 
 def default_overlap(threads: int, device_type: str = "cpu") -> bool:
     """Overlap unless told otherwise: 1-thread CPU programs on a machine with more cores (on this 2-core
-    VM it kept the labels as good as without it, datasets/README.md "The fast measurer")."""
-    return (device_type == "cpu" and threads == 1 and hasattr(os, "sched_getaffinity")
-            and len(os.sched_getaffinity(0)) > 1)
+    VM it kept the labels as good as without it, datasets/README.md "The fast measurer"), and GPU programs
+    (the host's other cores build while the GPU runs; without overlap only ``--builders`` workers build)."""
+    spare = hasattr(os, "sched_getaffinity") and len(os.sched_getaffinity(0)) > 1
+    return spare and (device_type != "cpu" or threads == 1)
 
 
 def cores_for(threads: int, overlap: bool) -> tuple[list[int] | None, list[int] | None]:

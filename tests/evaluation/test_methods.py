@@ -161,6 +161,18 @@ def test_twin_ratio_corrects_its_prior_not_the_twin():
     assert not np.allclose(TwinRatio(twins).fit(shots[:3]).predict(programs), model.predict(programs))
 
 
+def test_twin_ratio_boosts_only_where_cross_validation_says_it_helps():
+    """Shots whose log ratio is noise get the median ratio alone (0 rounds); a ratio that a column
+    explains gets trees."""
+    from cdmpp.evaluation.methods.twin_ratio import TwinRatio
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(64, 20))
+    model = TwinRatio({})
+    assert model._cv_rounds(x, rng.normal(scale=0.05, size=64)) == 0
+    assert model._cv_rounds(x, 0.7 * np.sign(x[:, 3]) + rng.normal(scale=0.01, size=64)) > 0
+
+
 def test_pooled_features_are_each_programs_sum_max_and_log_sum_exp():
     from types import SimpleNamespace
 

@@ -29,11 +29,16 @@ def physics_features(programs: Sequence, twins: dict | None = None) -> np.ndarra
     return np.hstack(cols).astype(np.float32)
 
 
+ROUND_CHOICES = (0, 10, 30, 100)  # the ratio GBT's rounds that cross-validation on the shots picks from
+
+
 class TwinRatio(Peer):
     """Seen programs: target latency = source twin's label × exp(GBT of the log ratio on k target shots).
 
     With no shots the ratio is 1 (the twin's label as is). The GBT is small (depth 3) and starts from
-    the shots' median log ratio, so 16 shots give a sane constant and more shots a program-dependent ratio.
+    the shots' median log ratio; its number of rounds (0: that median alone) is chosen by cross-validation
+    on the shots (``rounds=None``), since a few dozen shots overfit hundreds of input columns and a prior
+    that is already right needs no correction.
     ``inputs``: "pooled" (the pooled leaf features), "physics" (``physics_features`` with the twin's
     latency: a dozen numbers instead of ~500, which k shots can fit) or "both". ``prior``: a fitted
     predictor (``TwinAmdahl``) whose prediction replaces the twin's label as what the GBT corrects, so
@@ -42,7 +47,7 @@ class TwinRatio(Peer):
 
     label = "twin-ratio"
 
-    def __init__(self, twins: dict, nthread: int = 1, random_state: int = 0, rounds: int = 100, embed=None,
+    def __init__(self, twins: dict, nthread: int = 1, random_state: int = 0, rounds: int | None = None, embed=None,
                  inputs: str = "pooled", prior=None):
         self.twins, self.nthread, self.random_state, self.rounds = twins, nthread, random_state, rounds
         self.prior = prior
@@ -69,20 +74,39 @@ class TwinRatio(Peer):
 
     def fit(self, shots: Sequence, val=None, time_budget_s=None) -> "TwinRatio":
         """Fits the ratio on target shots (the twins' labels are the source knowledge)."""
-        import xgboost as xgb
-
         self.model_ = None
         self.base_ = 0.0
+        self.rounds_ = 0
         if shots:
             r = np.log([p.seconds for p in shots]) - np.log(self._base(shots))
             self.base_ = float(np.median(r))
             if len(shots) >= 8:
-                self.model_ = xgb.XGBRegressor(n_estimators=self.rounds, learning_rate=0.1, max_depth=3,
-                                               subsample=0.8, min_child_weight=2, tree_method="hist",
-                                               n_jobs=self.nthread, random_state=self.random_state,
-                                               base_score=self.base_)
-                self.model_.fit(self._x(shots), r)
+                x = self._x(shots)
+                self.rounds_ = self.rounds if self.rounds is not None else self._cv_rounds(x, r)
+                if self.rounds_:
+                    self.model_ = self._booster(self.rounds_, self.base_).fit(x, r)
         return self
+
+    def _booster(self, rounds: int, base: float):
+        import xgboost as xgb
+
+        return xgb.XGBRegressor(n_estimators=rounds, learning_rate=0.1, max_depth=3, subsample=0.8,
+                                min_child_weight=2, tree_method="hist", n_jobs=self.nthread,
+                                random_state=self.random_state, base_score=base)
+
+    def _cv_rounds(self, x: np.ndarray, r: np.ndarray, folds: int = 4) -> int:
+        """The rounds among ``ROUND_CHOICES`` with the lowest MAPE over ``folds``-fold cross-validation
+        on the shots (a prediction's APE is |exp(predicted - true log ratio) - 1|)."""
+        fold = np.random.default_rng(self.random_state).permutation(len(r)) % folds
+        ape: dict[int, list] = {n: [] for n in ROUND_CHOICES}
+        for f in range(folds):
+            train, held = fold != f, fold == f
+            base = float(np.median(r[train]))
+            ape[0].append(np.abs(np.expm1(base - r[held])))
+            booster = self._booster(max(ROUND_CHOICES), base).fit(x[train], r[train])
+            for n in ROUND_CHOICES[1:]:
+                ape[n].append(np.abs(np.expm1(booster.predict(x[held], iteration_range=(0, n)) - r[held])))
+        return min(ROUND_CHOICES, key=lambda n: float(np.concatenate(ape[n]).mean()))
 
     def predict(self, programs: Sequence) -> np.ndarray:
         r = self.model_.predict(self._x(programs)).astype(np.float64) if self.model_ is not None else self.base_
@@ -93,8 +117,9 @@ class TwinRatio(Peer):
 
     def describe(self) -> str:
         base = self.prior.describe() if self.prior is not None else "the twin's label"
-        return base + (" x a GBT of the log ratio" if self.model_ is not None else
-                                     f" x {np.exp(self.base_):.3f} (median ratio of the shots)")
+        if self.model_ is not None:
+            return base + f" x a GBT of the log ratio ({self.rounds_} rounds)"
+        return base + f" x {np.exp(self.base_):.3f} (median ratio of the shots)"
 
 
 def parallel_share(programs: Sequence) -> np.ndarray:
