@@ -161,6 +161,23 @@ def test_twin_ratio_corrects_its_prior_not_the_twin():
     assert not np.allclose(TwinRatio(twins).fit(shots[:3]).predict(programs), model.predict(programs))
 
 
+def test_twin_ratio_corrects_the_twin_when_the_shots_say_it_beats_the_prior():
+    """Shots exactly 1.3x their twin's label, which Amdahl's law gets wrong by varying amounts: the
+    cross-validation picks the twin as the base, and the prediction is the twin's label x 1.3."""
+    from cdmpp.evaluation.methods.twin_ratio import TwinAmdahl, TwinRatio
+
+    programs = [_amdahl_program(1e9, 1e8 * (1 + i % 5), 1e-3, str(i)) for i in range(32)]
+    twins = {str(i): 1e-3 * (1 + i / 7) for i in range(32)}
+    amdahl = TwinAmdahl(twins, source_threads=2, target_threads=1)
+    amdahl.overhead_ = 0.0
+    shots = [_amdahl_program(1e9, 1e8 * (1 + i % 5), 1.3 * twins[str(i)], str(i)) for i in range(32)]
+    model = TwinRatio(twins, prior=amdahl)
+    model._x = lambda ps: np.random.default_rng(len(ps)).normal(size=(len(ps), 5))
+    model.fit(shots)
+    assert model.base_kind_ == "twin" and model.rounds_ == 0
+    assert np.allclose(model.predict(programs), [1.3 * twins[str(i)] for i in range(32)])
+
+
 def test_twin_ratio_boosts_only_where_cross_validation_says_it_helps():
     """Shots whose log ratio is noise get the median ratio alone (0 rounds); a ratio that a column
     explains gets trees."""
@@ -169,8 +186,13 @@ def test_twin_ratio_boosts_only_where_cross_validation_says_it_helps():
     rng = np.random.default_rng(0)
     x = rng.normal(size=(64, 20))
     model = TwinRatio({})
-    assert model._cv_rounds(x, rng.normal(scale=0.05, size=64)) == 0
-    assert model._cv_rounds(x, 0.7 * np.sign(x[:, 3]) + rng.normal(scale=0.01, size=64)) > 0
+
+    def best(r):
+        errors = model._cv_mape(x, r)
+        return min(errors, key=errors.get)
+
+    assert best(rng.normal(scale=0.05, size=64)) == 0
+    assert best(0.7 * np.sign(x[:, 3]) + rng.normal(scale=0.01, size=64)) > 0
 
 
 def test_pooled_features_are_each_programs_sum_max_and_log_sum_exp():

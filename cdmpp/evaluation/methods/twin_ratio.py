@@ -41,8 +41,9 @@ class TwinRatio(Peer):
     that is already right needs no correction.
     ``inputs``: "pooled" (the pooled leaf features), "physics" (``physics_features`` with the twin's
     latency: a dozen numbers instead of ~500, which k shots can fit) or "both". ``prior``: a fitted
-    predictor (``TwinAmdahl``) whose prediction replaces the twin's label as what the GBT corrects, so
-    the shots fit only what the physics leaves over.
+    predictor (``TwinAmdahl``) that may replace the twin's label as what the ratio corrects, so the shots
+    fit only what the physics leaves over; the same cross-validation picks which of the two to correct
+    (a few shots cannot correct a bare twin label as well as physics does; many can do better).
     """
 
     label = "twin-ratio"
@@ -56,9 +57,10 @@ class TwinRatio(Peer):
             raise ValueError(f"inputs = {inputs!r}: expected pooled, physics or both")
         self.inputs = inputs
 
-    def _base(self, programs) -> np.ndarray:
-        """What the ratio multiplies: the prior's prediction, else the twin's label."""
-        if self.prior is not None:
+    def _base(self, programs, kind: str | None = None) -> np.ndarray:
+        """What the ratio multiplies: the twin's label (``kind`` "twin") or the prior's prediction ("prior");
+        by default the one ``fit`` chose."""
+        if (kind or self.base_kind_) == "prior":
             return np.asarray(self.prior.predict(programs), dtype=np.float64)
         return np.array([self.twins[p.features.program_hash] for p in programs])
 
@@ -77,14 +79,23 @@ class TwinRatio(Peer):
         self.model_ = None
         self.base_ = 0.0
         self.rounds_ = 0
-        if shots:
-            r = np.log([p.seconds for p in shots]) - np.log(self._base(shots))
-            self.base_ = float(np.median(r))
-            if len(shots) >= 8:
-                x = self._x(shots)
-                self.rounds_ = self.rounds if self.rounds is not None else self._cv_rounds(x, r)
-                if self.rounds_:
-                    self.model_ = self._booster(self.rounds_, self.base_).fit(x, r)
+        self.base_kind_ = "prior" if self.prior is not None else "twin"
+        if not shots:
+            return self
+        y = np.log([p.seconds for p in shots])
+        kinds = ["prior", "twin"] if self.prior is not None else ["twin"]
+        ratios = {kind: y - np.log(self._base(shots, kind)) for kind in kinds}
+        if len(shots) >= 8:
+            x = self._x(shots)
+            if self.rounds is not None:
+                self.rounds_ = self.rounds
+            else:  # (base, rounds) with the lowest cross-validated MAPE; the prior and fewer rounds win ties
+                errors = {(kind, n): e for kind in kinds for n, e in self._cv_mape(x, ratios[kind]).items()}
+                self.base_kind_, self.rounds_ = min(errors, key=errors.get)
+        r = ratios[self.base_kind_]
+        self.base_ = float(np.median(r))
+        if self.rounds_:
+            self.model_ = self._booster(self.rounds_, self.base_).fit(x, r)
         return self
 
     def _booster(self, rounds: int, base: float):
@@ -94,9 +105,9 @@ class TwinRatio(Peer):
                                 min_child_weight=2, tree_method="hist", n_jobs=self.nthread,
                                 random_state=self.random_state, base_score=base)
 
-    def _cv_rounds(self, x: np.ndarray, r: np.ndarray, folds: int = 4) -> int:
-        """The rounds among ``ROUND_CHOICES`` with the lowest MAPE over ``folds``-fold cross-validation
-        on the shots (a prediction's APE is |exp(predicted - true log ratio) - 1|)."""
+    def _cv_mape(self, x: np.ndarray, r: np.ndarray, folds: int = 4) -> dict[int, float]:
+        """MAPE over ``folds``-fold cross-validation on the shots for each of ``ROUND_CHOICES`` (a
+        prediction's APE is |exp(predicted - true log ratio) - 1|)."""
         fold = np.random.default_rng(self.random_state).permutation(len(r)) % folds
         ape: dict[int, list] = {n: [] for n in ROUND_CHOICES}
         for f in range(folds):
@@ -106,7 +117,7 @@ class TwinRatio(Peer):
             booster = self._booster(max(ROUND_CHOICES), base).fit(x[train], r[train])
             for n in ROUND_CHOICES[1:]:
                 ape[n].append(np.abs(np.expm1(booster.predict(x[held], iteration_range=(0, n)) - r[held])))
-        return min(ROUND_CHOICES, key=lambda n: float(np.concatenate(ape[n]).mean()))
+        return {n: float(np.concatenate(a).mean()) for n, a in ape.items()}
 
     def predict(self, programs: Sequence) -> np.ndarray:
         r = self.model_.predict(self._x(programs)).astype(np.float64) if self.model_ is not None else self.base_
@@ -116,7 +127,7 @@ class TwinRatio(Peer):
         return copy.copy(self).fit(shots)
 
     def describe(self) -> str:
-        base = self.prior.describe() if self.prior is not None else "the twin's label"
+        base = self.prior.describe() if self.base_kind_ == "prior" else "the twin's label"
         if self.model_ is not None:
             return base + f" x a GBT of the log ratio ({self.rounds_} rounds)"
         return base + f" x {np.exp(self.base_):.3f} (median ratio of the shots)"
