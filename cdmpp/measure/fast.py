@@ -353,6 +353,22 @@ def runner_cfg(cfg) -> dict:
             "min_repeats_long": cfg.min_repeats_long}
 
 
+def wait_stoppable(futures, timeout: float | None = None) -> bool:
+    """Wait for all ``futures`` in one-second slices, so a stop signal never waits on a long build (it
+    raises KeyboardInterrupt); False if ``timeout`` seconds passed first."""
+    from cdmpp.measure.stop import STOP
+
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        left = 1.0 if deadline is None else min(1.0, max(0.0, deadline - time.monotonic()))
+        if not cf.wait(futures, timeout=left).not_done:
+            return True
+        if STOP.is_set():
+            raise KeyboardInterrupt
+        if deadline is not None and time.monotonic() >= deadline:
+            return False
+
+
 class Builders:
     """A process pool that prepares tasks (``prepare_task``); a crashed or hung pool is replaced."""
 
@@ -367,11 +383,11 @@ class Builders:
         return self.pool.submit(prepare_task, out_dir=self.out_dir, **job)
 
     def result(self, fut: cf.Future, n_programs: int) -> tuple[list[Built] | None, float, int, str | None]:
-        try:
-            return (*fut.result(timeout=BUILD_SECONDS_PER_PROGRAM * max(1, n_programs) + 60), None)
-        except cf.TimeoutError:
+        if not wait_stoppable([fut], BUILD_SECONDS_PER_PROGRAM * max(1, n_programs) + 60):
             self.close(kill=True)
             return None, 0.0, 0, "build: timed out"
+        try:
+            return (*fut.result(), None)
         except cf.process.BrokenProcessPool:
             self.close(kill=True)
             return None, 0.0, 0, "build: worker process crashed"
@@ -539,7 +555,7 @@ class FastMeasurer:
                     raise KeyboardInterrupt
                 if not self.overlap:  # nothing builds while a program runs
                     t0 = time.perf_counter()
-                    cf.wait([f for _, f, _ in queue])
+                    wait_stoppable([f for _, f, _ in queue])
                     self.times["wait_build"] += time.perf_counter() - t0
                 job, fut, pool = queue.popleft()
                 t0 = time.perf_counter()

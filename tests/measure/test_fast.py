@@ -235,3 +235,27 @@ def test_the_helper_builder_and_its_children_are_stopped_while_a_task_runs():
             os.kill(pid, 9)
         worker.kill()
         worker.wait()
+
+
+def test_a_stop_signal_does_not_wait_for_a_build_in_flight():
+    """A build may take minutes; the collector waits on it in short slices, so a stop ends it at once."""
+    import concurrent.futures as cf
+    import threading
+    import time
+
+    from cdmpp.measure.fast import wait_stoppable
+    from cdmpp.measure.stop import STOP
+
+    never = cf.Future()
+    assert wait_stoppable([never], timeout=0.2) is False
+    done = cf.Future()
+    done.set_result(1)
+    assert wait_stoppable([done]) is True
+    threading.Timer(0.3, STOP.set).start()
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            wait_stoppable([never], timeout=600)
+    finally:
+        STOP.clear()
+    assert time.monotonic() - t0 < 3
