@@ -129,8 +129,9 @@ class PooledGBT:
         return self
 
     def predict(self, programs: Sequence) -> np.ndarray:
-        # in place: a DMatrix costs more than the trees for a cost model's batch of a few hundred programs
-        return self.scale(programs) * np.exp(self.booster_.inplace_predict(self.inputs(programs)).astype(np.float64))
+        import xgboost as xgb
+
+        return self.scale(programs) * np.exp(self.booster_.predict(xgb.DMatrix(self.inputs(programs))).astype(np.float64))
 
     def describe(self) -> str:
         return (f"pooled leaves + device specs -> log latency ({self.target} target, {self.loss} loss); "

@@ -173,7 +173,9 @@ class CDMPPCostModel(PyCostModel):
         good = [i for i, f in enumerate(feats) if f is not None and f.n_leaves > 0 and np.isfinite(seconds[i])]
         if booster is None or not good:
             return seconds
-        log_ratio = booster.inplace_predict(summed_rows([feats[i] for i in good]))
+        import xgboost as xgb
+
+        log_ratio = booster.predict(xgb.DMatrix(summed_rows([feats[i] for i in good])))
         seconds = seconds.copy()
         seconds[good] *= np.exp(log_ratio)
         return seconds
