@@ -12,9 +12,10 @@
 
 In the seen setting more predictors use the twin's measured latency: ``twin-ratio`` (the twin's
 label × a small GBT of the log ratio on pooled features, fitted on the shots), ``twin-Amdahl``
-(Amdahl's law from the two devices' thread counts and the program's parallel share; no shots),
-``twin-Amdahl x ratio GBT`` (twin-Amdahl's prediction × the ratio GBT, so the shots fit what the physics
-leaves over) and ``cdmpp + twin`` (the same with the k-shot-tuned cdmpp model's program embedding as extra
+(Amdahl's law from the two devices' thread counts and the program's parallel share; no shots; where
+the two devices are the same chip), ``twin-roofline`` (across chips: the twin's label × the ratio of
+the program's roofline bounds on the two devices), ``twin-Amdahl x ratio GBT`` / ``twin-roofline x
+ratio GBT`` (the prior's prediction × the ratio GBT, so the shots fit what the physics leaves over) and ``cdmpp + twin`` (the same with the k-shot-tuned cdmpp model's program embedding as extra
 inputs). A model trained on one source device cannot learn the device ratio from data (its device input
 never varies), which is why the twin's label and the shots carry this setting.
 
@@ -141,7 +142,7 @@ def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | Non
     from cdmpp.evaluation.harness import recipe_config
     from cdmpp.evaluation.methods.cdmpp_model import CDMPP
     from cdmpp.model.pooled_gbt import PooledGBT
-    from cdmpp.evaluation.methods.twin_ratio import TwinAmdahl, TwinRatio
+    from cdmpp.evaluation.methods.twin_ratio import TwinAmdahl, TwinRatio, TwinRoofline
     from cdmpp.model.training import mape_scale
 
     torch.set_num_threads(max(1, opts.threads))
@@ -244,16 +245,20 @@ def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | Non
                 n = dict(programs=len(test), n_train=len(sp.train), **key)
                 suffix = "" if not k else f" k={k_name} ({sampler})"
                 source = sp.info["source_devices"]
-                amdahl = None  # the seen setting's physics prior: the twin's label through Amdahl's law
-                if programs == "seen" and len(source) == 1:
-                    amdahl = TwinAmdahl(sp.twins, device_table[source[0]]["cores"], device_table[target]["cores"])
-                    amdahl.fit([p for p in sp.train if p.device == source[0]])
+                prior = None  # the seen setting's physics prior: the twin's label through Amdahl's law on the
+                if programs == "seen" and len(source) == 1:  # same chip, through the roofline bounds across chips
+                    s_spec, t_spec = device_table[source[0]], device_table[target]
+                    if s_spec.get("hardware") == t_spec.get("hardware"):
+                        prior = TwinAmdahl(sp.twins, s_spec["cores"], t_spec["cores"])
+                        prior.fit([p for p in sp.train if p.device == source[0]])
+                    else:
+                        prior = TwinRoofline(sp.twins, s_spec, t_spec)
                 if model is not None:
                     m = model.adapt(sp.shots) if k else model
                     mean, lo, hi = m.predict_interval(test)
                     out.row(setting, opts.label + suffix, _metrics(test, mean, lo, hi), train_seconds=cdmpp_secs, **n)
-                    if programs == "seen":  # Amdahl's prior x a GBT of the log ratio on pooled + cdmpp embedding
-                        tr = TwinRatio(sp.twins, nthread=opts.threads, random_state=seed, prior=amdahl,
+                    if programs == "seen":  # the physics prior x a GBT of the log ratio on pooled + cdmpp embedding
+                        tr = TwinRatio(sp.twins, nthread=opts.threads, random_state=seed, prior=prior,
                                        embed=lambda ps: m.embed([p.features for p in ps])).fit(sp.shots)
                         out.row(setting, opts.label + " + twin" + suffix, _metrics(test, tr.predict(test)),
                                 train_seconds=cdmpp_secs, **n)
@@ -270,11 +275,12 @@ def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | Non
                     if peer.predicts == "score" and k:
                         continue
                     peer_row(setting, name + suffix, peer.adapt(sp.shots) if k else peer, psecs, test, **n)
-                if amdahl is not None and {"pooled-gbt", "twins"} & set(opts.methods):
-                    out.row(setting, "twin-Amdahl" + suffix, _metrics(test, amdahl.predict(test)), train_seconds=0.0,
-                            overhead_s=amdahl.overhead_, **n)
-                    tr = TwinRatio(sp.twins, nthread=opts.threads, random_state=seed, prior=amdahl).fit(sp.shots)
-                    out.row(setting, "twin-Amdahl x ratio GBT" + suffix, _metrics(test, tr.predict(test)),
+                if prior is not None and {"pooled-gbt", "twins"} & set(opts.methods):
+                    extra = {"overhead_s": prior.overhead_} if isinstance(prior, TwinAmdahl) else {}
+                    out.row(setting, prior.label + suffix, _metrics(test, prior.predict(test)), train_seconds=0.0,
+                            **extra, **n)
+                    tr = TwinRatio(sp.twins, nthread=opts.threads, random_state=seed, prior=prior).fit(sp.shots)
+                    out.row(setting, prior.label + " x ratio GBT" + suffix, _metrics(test, tr.predict(test)),
                             train_seconds=0.0, **n)
                 if programs == "seen" and {"pooled-gbt", "twins"} & set(opts.methods):
                     tr = TwinRatio(sp.twins, nthread=opts.threads, random_state=seed).fit(sp.shots)
@@ -452,20 +458,18 @@ def run_protocol(opts: ProtocolOptions, jobs: int = 1, command: str = "", summar
 def headline(summary: dict, label: str = "cdmpp") -> str:
     """The README's short table: per setting (cross-device at k = 0 and 64 KMeans shots), MAPE ± std of
     cdmpp, the pooled GBT (FLOP and latency targets, MAPE loss), the Tenset MLP and (seen programs) the
-    twin-based predictors."""
+    twin-based predictors; a column no row has is left out."""
     cols = [label, "pooled GBT", "pooled GBT, latency target", "pooled GBT, MAPE loss", "Tenset MLP", "twin-ratio", "twin-Amdahl",
-            "twin-Amdahl x ratio GBT", f"{label} + twin"]
-    lines = ["| setting | " + " | ".join(cols) + " |", "|---|" + "---:|" * len(cols)]
+            "twin-Amdahl x ratio GBT", "twin-roofline", "twin-roofline x ratio GBT", f"{label} + twin"]
     rows = [("random-new", ""), ("cross-model", ""), ("cross-device-new", ""), ("cross-device-new", " k=64 (kmeans)"),
             ("cross-device-seen", " k=64 (kmeans)"), ("cross-device-seen", " k=5% (kmeans)")]
-    for setting, suffix in rows:
-        if setting not in summary:
-            continue
-        cells = []
-        for c in cols:
-            e = summary[setting].get(c + suffix)
-            cells.append(f"{100 * e['mape']:.1f} ± {100 * e['mape_std']:.1f} %" if e else "—")
-        lines.append(f"| {setting}{suffix.replace(' (kmeans)', ', KMeans shots')} | " + " | ".join(cells) + " |")
+    table = {(setting, suffix): [summary[setting].get(c + suffix) for c in cols]
+             for setting, suffix in rows if setting in summary}
+    keep = [i for i in range(len(cols)) if any(cells[i] for cells in table.values())]
+    lines = ["| setting | " + " | ".join(cols[i] for i in keep) + " |", "|---|" + "---:|" * len(keep)]
+    for (setting, suffix), cells in table.items():
+        shown = [f"{100 * cells[i]['mape']:.1f} ± {100 * cells[i]['mape_std']:.1f} %" if cells[i] else "—" for i in keep]
+        lines.append(f"| {setting}{suffix.replace(' (kmeans)', ', KMeans shots')} | " + " | ".join(shown) + " |")
     return "\n".join(lines)
 
 

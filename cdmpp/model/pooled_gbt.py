@@ -15,6 +15,19 @@ import numpy as np
 from cdmpp.program.features import N_FEATURES
 
 
+def roofline_seconds(features: Sequence, peak_gflops, mem_bw_gbs) -> np.ndarray:
+    """Per program (``ProgramFeatures``), its roofline bound on a device: max(FLOPs / peak, unique bytes /
+    bandwidth) in seconds, at least 1 ns. ``peak_gflops`` and ``mem_bw_gbs``: one number, or one per program."""
+    from cdmpp.model.network import _UNIQUE_BYTES_COLS
+
+    flops = np.array([f.flops for f in features], dtype=np.float64)
+    unique = np.array([float((np.exp2(program_rows(f)[:, _UNIQUE_BYTES_COLS].astype(np.float64)) - 1.0).sum())
+                       for f in features])
+    peak = np.asarray(peak_gflops, dtype=np.float64) * 1e9
+    bw = np.asarray(mem_bw_gbs, dtype=np.float64) * 1e9
+    return np.maximum(np.maximum(flops / peak, unique / bw), 1e-9)
+
+
 def program_rows(features) -> np.ndarray:
     """A program's feature rows; a program without stores gets one zero row so it still gets a score."""
     f = np.asarray(features.leaf_features, dtype=np.float32)
@@ -96,13 +109,9 @@ class PooledGBT:
             return np.ones(len(programs))
         if self.target == "flops":
             return flops + 1.0
-        from cdmpp.model.network import _UNIQUE_BYTES_COLS
-
-        unique = np.array([float((np.exp2(program_rows(p.features)[:, _UNIQUE_BYTES_COLS].astype(np.float64)) - 1.0).sum())
-                           for p in programs])
-        peak = np.array([float(self.specs.table[p.device].get("peak_gflops", 1.0)) for p in programs]) * 1e9
-        bw = np.array([float(self.specs.table[p.device].get("mem_bw_gbs", 1.0)) for p in programs]) * 1e9
-        return np.maximum(np.maximum(flops / peak, unique / bw), 1e-9)
+        specs = [self.specs.table[p.device] for p in programs]
+        return roofline_seconds([p.features for p in programs], [s.get("peak_gflops", 1.0) for s in specs],
+                                [s.get("mem_bw_gbs", 1.0) for s in specs])
 
     def _target(self, programs) -> np.ndarray:
         return np.log(np.array([p.seconds for p in programs]) / self.scale(programs))

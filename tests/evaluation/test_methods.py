@@ -46,10 +46,10 @@ def test_every_method_offers_the_method_interface():
     from cdmpp.evaluation.methods.cdmpp_model import CDMPP
     from cdmpp.evaluation.methods.mlp import TensetMLP
     from cdmpp.model.pooled_gbt import PooledGBT
-    from cdmpp.evaluation.methods.twin_ratio import TwinAmdahl, TwinRatio
+    from cdmpp.evaluation.methods.twin_ratio import TwinAmdahl, TwinRatio, TwinRoofline
     from cdmpp.evaluation.methods.xgb import MetaScheduleXGB, XGBRegressorPeer
 
-    for cls in (CDMPP, MetaScheduleXGB, XGBRegressorPeer, TensetMLP, PooledGBT, TwinRatio, TwinAmdahl):
+    for cls in (CDMPP, MetaScheduleXGB, XGBRegressorPeer, TensetMLP, PooledGBT, TwinRatio, TwinAmdahl, TwinRoofline):
         for name in ("fit", "predict", "predict_interval", "adapt", "describe"):
             assert callable(getattr(cls, name)), (cls.__name__, name)
         assert cls.predicts in ("seconds", "score") and 0 < cls.budget_weight <= 1
@@ -149,7 +149,7 @@ def test_twin_amdahl_counts_rounds_of_a_parallel_loop():
 def test_twin_ratio_corrects_its_prior_not_the_twin():
     """With a prior (Amdahl's law), the shots' ratio is taken to the prior's prediction: shots 10 % slower
     than Amdahl says make every prediction Amdahl x 1.1, whatever the twin's own label."""
-    from cdmpp.evaluation.methods.twin_ratio import TwinAmdahl, TwinRatio
+    from cdmpp.evaluation.methods.twin_ratio import TwinAmdahl, TwinRatio, TwinRoofline
 
     programs = [_amdahl_program(1e9 * (i + 1), 1e8, 1e-3 * (i + 1), str(i)) for i in range(4)]
     twins = {str(i): 7e-4 * (i + 1) for i in range(4)}
@@ -164,7 +164,7 @@ def test_twin_ratio_corrects_its_prior_not_the_twin():
 def test_twin_ratio_corrects_the_twin_when_the_shots_say_it_beats_the_prior():
     """Shots exactly 1.3x their twin's label, which Amdahl's law gets wrong by varying amounts: the
     cross-validation picks the twin as the base, and the prediction is the twin's label x 1.3."""
-    from cdmpp.evaluation.methods.twin_ratio import TwinAmdahl, TwinRatio
+    from cdmpp.evaluation.methods.twin_ratio import TwinAmdahl, TwinRatio, TwinRoofline
 
     programs = [_amdahl_program(1e9, 1e8 * (1 + i % 5), 1e-3, str(i)) for i in range(32)]
     twins = {str(i): 1e-3 * (1 + i / 7) for i in range(32)}
@@ -209,3 +209,24 @@ def test_pooled_features_are_each_programs_sum_max_and_log_sum_exp():
         r = x.astype(np.float64) if len(x) else np.zeros((1, 164))
         want = np.concatenate([r.sum(0), r.max(0), np.log(np.exp(r).sum(0)), [len(r), np.log2(f + 1.0)]])
         np.testing.assert_allclose(row, want, rtol=1e-5, atol=1e-6)
+
+
+def test_twin_roofline_moves_a_program_with_the_bound_that_limits_it():
+    """Across chips a compute-bound program scales with the peaks, a memory-bound one with the bandwidths;
+    target shots change nothing."""
+    from types import SimpleNamespace
+
+    from cdmpp.evaluation.methods.twin_ratio import TwinRoofline
+    from cdmpp.model.network import _UNIQUE_BYTES_COLS
+    from cdmpp.program.features import N_FEATURES
+
+    def program(h, flops, unique_bytes):
+        rows = np.zeros((1, N_FEATURES), np.float32)
+        rows[0, _UNIQUE_BYTES_COLS[0]] = np.log2(unique_bytes + 1)
+        return SimpleNamespace(features=SimpleNamespace(leaf_features=rows, flops=flops, program_hash=h))
+
+    source, target = {"peak_gflops": 200.0, "mem_bw_gbs": 30.0}, {"peak_gflops": 1000.0, "mem_bw_gbs": 60.0}
+    progs = [program("compute", 1e10, 1e3), program("memory", 0.0, 1e9)]
+    model = TwinRoofline({"compute": 0.1, "memory": 0.05}, source, target).fit()
+    assert np.allclose(model.predict(progs), [0.1 * 200 / 1000, 0.05 * 30 / 60], rtol=1e-5)
+    assert model.adapt(progs) is model

@@ -8,7 +8,7 @@ from typing import Sequence
 
 import numpy as np
 
-from cdmpp.model.pooled_gbt import pooled_features, program_rows
+from cdmpp.model.pooled_gbt import pooled_features, program_rows, roofline_seconds
 from cdmpp.evaluation.methods.method import Peer
 from cdmpp.program.features import FEATURE_NAMES
 
@@ -41,7 +41,7 @@ class TwinRatio(Peer):
     that is already right needs no correction.
     ``inputs``: "pooled" (the pooled leaf features), "physics" (``physics_features`` with the twin's
     latency: a dozen numbers instead of ~500, which k shots can fit) or "both". ``prior``: a fitted
-    predictor (``TwinAmdahl``) that may replace the twin's label as what the ratio corrects, so the shots
+    predictor (``TwinAmdahl``, ``TwinRoofline``) that may replace the twin's label as what the ratio corrects, so the shots
     fit only what the physics leaves over; the same cross-validation picks which of the two to correct
     (a few shots cannot correct a bare twin label as well as physics does; many can do better).
     """
@@ -226,3 +226,38 @@ class TwinAmdahl(Peer):
     def describe(self) -> str:
         return (f"the twin's label through Amdahl's law, {self.source_threads} -> {self.target_threads} threads, "
                 f"fork/join {1e6 * self.overhead_:.2f} us per parallel leaf")
+
+
+class TwinRoofline(Peer):
+    """Seen programs on another machine: the twin's label times the ratio of the program's roofline bounds
+    on the two devices (``roofline_seconds`` from each device's peak FLOP/s and memory bandwidth).
+
+    Amdahl's law needs the same cores on both sides; across chips the specs are what is known, so a
+    compute-bound program moves with the peaks and a memory-bound one with the bandwidths. Nothing is
+    fitted on target shots (``TwinRatio`` with this as its prior corrects it).
+    """
+
+    label = "twin-roofline"
+
+    def __init__(self, twins: dict, source_spec: dict, target_spec: dict):
+        self.twins, self.source_spec, self.target_spec = twins, source_spec, target_spec
+
+    def fit(self, source_programs: Sequence = (), val=None, time_budget_s=None) -> "TwinRoofline":
+        return self
+
+    def predict(self, programs: Sequence) -> np.ndarray:
+        feats = [p.features for p in programs]
+
+        def bound(spec):
+            return roofline_seconds(feats, spec["peak_gflops"], spec["mem_bw_gbs"])
+
+        src = np.array([self.twins[f.program_hash] for f in feats])
+        return src * bound(self.target_spec) / bound(self.source_spec)
+
+    def adapt(self, shots: Sequence) -> "TwinRoofline":
+        return self  # nothing is fitted on target programs
+
+    def describe(self) -> str:
+        s, t = self.source_spec, self.target_spec
+        return (f"the twin's label x the ratio of roofline bounds ({s['peak_gflops']:.0f} -> {t['peak_gflops']:.0f} "
+                f"GFLOP/s, {s['mem_bw_gbs']:.0f} -> {t['mem_bw_gbs']:.0f} GB/s)")
