@@ -12,10 +12,10 @@
 
 In the seen setting more predictors use the twin's measured latency: ``twin-ratio`` (the twin's
 label × a small GBT of the log ratio on pooled features, fitted on the shots), ``twin-Amdahl``
-(Amdahl's law from the two devices' thread counts and the program's parallel share; no shots; where
-the two devices are the same chip), ``twin-roofline`` (across chips: the twin's label × the ratio of
-the program's roofline bounds on the two devices), ``twin-Amdahl x ratio GBT`` / ``twin-roofline x
-ratio GBT`` (the prior's prediction × the ratio GBT, so the shots fit what the physics leaves over) and ``cdmpp + twin`` (the same with the k-shot-tuned cdmpp model's program embedding as extra
+(Amdahl's law from the two devices' thread counts and the program's parallel share; no shots),
+``twin-roofline`` (the twin's label × the ratio of the program's roofline bounds on the two devices),
+``twin-Amdahl x ratio GBT`` / ``twin-roofline x ratio GBT`` (the prior's prediction × the ratio GBT,
+so the shots fit what the physics leaves over) and ``cdmpp + twin`` (the same with the k-shot-tuned cdmpp model's program embedding as extra
 inputs). A model trained on one source device cannot learn the device ratio from data (its device input
 never varies), which is why the twin's label and the shots carry this setting.
 
@@ -245,14 +245,12 @@ def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | Non
                 n = dict(programs=len(test), n_train=len(sp.train), **key)
                 suffix = "" if not k else f" k={k_name} ({sampler})"
                 source = sp.info["source_devices"]
-                prior = None  # the seen setting's physics prior: the twin's label through Amdahl's law on the
-                if programs == "seen" and len(source) == 1:  # same chip, through the roofline bounds across chips
+                priors = []  # the seen setting's physics: the twin's label through Amdahl's law (cdmpp + twin's
+                if programs == "seen" and len(source) == 1:  # prior), and through the ratio of roofline bounds
                     s_spec, t_spec = device_table[source[0]], device_table[target]
-                    if s_spec.get("hardware") == t_spec.get("hardware"):
-                        prior = TwinAmdahl(sp.twins, s_spec["cores"], t_spec["cores"])
-                        prior.fit([p for p in sp.train if p.device == source[0]])
-                    else:
-                        prior = TwinRoofline(sp.twins, s_spec, t_spec)
+                    priors = [TwinAmdahl(sp.twins, s_spec["cores"], t_spec["cores"]).fit(
+                        [p for p in sp.train if p.device == source[0]]), TwinRoofline(sp.twins, s_spec, t_spec)]
+                prior = priors[0] if priors else None
                 if model is not None:
                     m = model.adapt(sp.shots) if k else model
                     mean, lo, hi = m.predict_interval(test)
@@ -275,12 +273,12 @@ def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | Non
                     if peer.predicts == "score" and k:
                         continue
                     peer_row(setting, name + suffix, peer.adapt(sp.shots) if k else peer, psecs, test, **n)
-                if prior is not None and {"pooled-gbt", "twins"} & set(opts.methods):
-                    extra = {"overhead_s": prior.overhead_} if isinstance(prior, TwinAmdahl) else {}
-                    out.row(setting, prior.label + suffix, _metrics(test, prior.predict(test)), train_seconds=0.0,
+                for physics in priors if {"pooled-gbt", "twins"} & set(opts.methods) else ():
+                    extra = {"overhead_s": physics.overhead_} if isinstance(physics, TwinAmdahl) else {}
+                    out.row(setting, physics.label + suffix, _metrics(test, physics.predict(test)), train_seconds=0.0,
                             **extra, **n)
-                    tr = TwinRatio(sp.twins, nthread=opts.threads, random_state=seed, prior=prior).fit(sp.shots)
-                    out.row(setting, prior.label + " x ratio GBT" + suffix, _metrics(test, tr.predict(test)),
+                    tr = TwinRatio(sp.twins, nthread=opts.threads, random_state=seed, prior=physics).fit(sp.shots)
+                    out.row(setting, physics.label + " x ratio GBT" + suffix, _metrics(test, tr.predict(test)),
                             train_seconds=0.0, **n)
                 if programs == "seen" and {"pooled-gbt", "twins"} & set(opts.methods):
                     tr = TwinRatio(sp.twins, nthread=opts.threads, random_state=seed).fit(sp.shots)
