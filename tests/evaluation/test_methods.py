@@ -149,7 +149,7 @@ def test_twin_amdahl_counts_rounds_of_a_parallel_loop():
 def test_twin_ratio_corrects_its_prior_not_the_twin():
     """With a prior (Amdahl's law), the shots' ratio is taken to the prior's prediction: shots 10 % slower
     than Amdahl says make every prediction Amdahl x 1.1, whatever the twin's own label."""
-    from cdmpp.evaluation.methods.twin_ratio import TwinAmdahl, TwinRatio, TwinRoofline
+    from cdmpp.evaluation.methods.twin_ratio import TwinAmdahl, TwinRatio
 
     programs = [_amdahl_program(1e9 * (i + 1), 1e8, 1e-3 * (i + 1), str(i)) for i in range(4)]
     twins = {str(i): 7e-4 * (i + 1) for i in range(4)}
@@ -164,7 +164,7 @@ def test_twin_ratio_corrects_its_prior_not_the_twin():
 def test_twin_ratio_corrects_the_twin_when_the_shots_say_it_beats_the_prior():
     """Shots exactly 1.3x their twin's label, which Amdahl's law gets wrong by varying amounts: the
     cross-validation picks the twin as the base, and the prediction is the twin's label x 1.3."""
-    from cdmpp.evaluation.methods.twin_ratio import TwinAmdahl, TwinRatio, TwinRoofline
+    from cdmpp.evaluation.methods.twin_ratio import TwinAmdahl, TwinRatio
 
     programs = [_amdahl_program(1e9, 1e8 * (1 + i % 5), 1e-3, str(i)) for i in range(32)]
     twins = {str(i): 1e-3 * (1 + i / 7) for i in range(32)}

@@ -232,9 +232,10 @@ class TwinRoofline(Peer):
     """Seen programs on another machine: the twin's label times the ratio of the program's roofline bounds
     on the two devices (``roofline_seconds`` from each device's peak FLOP/s and memory bandwidth).
 
-    Amdahl's law needs the same cores on both sides; across chips the specs are what is known, so a
-    compute-bound program moves with the peaks and a memory-bound one with the bandwidths. Nothing is
-    fitted on target shots (``TwinRatio`` with this as its prior corrects it).
+    A compute-bound program moves with the peaks, a memory-bound one with the bandwidths: the physics
+    the specs give when the two devices are different chips, beside ``TwinAmdahl``'s thread counts (the
+    stronger prior even across chips so far, docs/evaluation.md "Across machines"). Nothing is fitted on
+    target shots (``TwinRatio`` with this as its prior corrects it).
     """
 
     label = "twin-roofline"
