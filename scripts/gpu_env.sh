@@ -4,7 +4,9 @@
 STASH=${CDMPP_STASH:-/root/stash}
 mkdir -p "$STASH"
 for d in build/gpu-transfer/1 build/gpu-transfer/2; do
-  [ -d "$d" ] && cp -n "$d"/* "$STASH"/
+  for f in "$d"/*; do  # what is stashed already stays (cp -n warns on newer coreutils)
+    [ -f "$f" ] && [ ! -e "$STASH/${f##*/}" ] && cp "$f" "$STASH"/
+  done
 done
 if [ ! -f "$STASH/tvm/tvm/lib/libtvm_compiler.so" ] && [ -f "$STASH/tvm-rest.tar.xz" ] \
    && [ -f "$STASH/libtvm_compiler.so.xz.part-00" ]; then
