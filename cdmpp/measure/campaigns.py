@@ -11,6 +11,7 @@ and runner; remote devices, cache flushing); both measure only on a quiet machin
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import sys
 import time
@@ -18,7 +19,7 @@ import time
 from cdmpp.measure.measurer import MeasureConfig, Measurer
 from cdmpp.measure.results import is_stable, measurement_fields, run_provenance
 from cdmpp.records.labels import label
-from cdmpp.records.store import RecordStore, record_id
+from cdmpp.records.store import RecordStore, record_id, slug
 
 
 def task_seed(key: str, seed: int) -> int:
@@ -123,6 +124,21 @@ def twin_traces(store: RecordStore, source: str, tasks: dict) -> dict[str, list]
     return out
 
 
+def failed_jobs_path(dataset_dir: str, device_id: str) -> str:
+    """Where a device's build jobs that failed as a whole (timed out, crashed a worker) are listed."""
+    return os.path.join(dataset_dir, f"failed-jobs-{slug(device_id)}.jsonl")
+
+
+def _failed_jobs(path: str) -> set[tuple[str, str]]:
+    """(task key, seed or "twins") of the jobs listed in ``path``: the same job would fail again (its
+    programs are drawn from the same seed), so a resumed collection skips it instead of waiting out its
+    build timeout. Delete the file to retry them."""
+    if not os.path.exists(path):
+        return set()
+    with open(path) as f:
+        return {(j["task"], str(j["seed"])) for j in map(json.loads, filter(str.strip, f))}
+
+
 def _collect_fast(tasks, dataset_dir, device, target, per_task, budget_minutes, cfg, seed, programs_from,
                   fast, overlap, progress) -> dict:
     """``collect`` with the fast measurer: jobs of one task each, twins first."""
@@ -144,18 +160,23 @@ def _collect_fast(tasks, dataset_dir, device, target, per_task, budget_minutes, 
     twins = twin_traces(store, programs_from, by_key) if programs_from else {}
     run_id = store.add_run(run_provenance(device, target, cfg, None, per_task=per_task, seed=seed,
                                        measurer="fast", overlap=overlap, programs_from=programs_from))
-    twin_tasks = [t for t in task_list if twins.get(t.key)]
-    n_jobs = len(twin_tasks) + (len(task_list) if per_task > 0 else 0)
+    failed_path = failed_jobs_path(dataset_dir, device.id)
+    failed = _failed_jobs(failed_path)
+    twin_tasks = [t for t in task_list if twins.get(t.key) and (t.key, "twins") not in failed]
+    new_tasks = [t for t in task_list if (t.key, str(seed)) not in failed] if per_task > 0 else []
+    n_jobs = len(twin_tasks) + len(new_tasks)
 
     def jobs():  # made when the builders need them, so ``skip`` includes what this run stored already
         for t in twin_tasks:  # the twin set first: every twin is worth more than a new program
             yield {"task_key": t.key, "mod_json": t.mod_json, "traces": twins[t.key],
                    "skip": frozenset(done.get(t.key, ()))}
-        for t in task_list if per_task > 0 else ():
+        for t in new_tasks:
             yield {"task_key": t.key, "mod_json": t.mod_json, "n": per_task, "seed": task_seed(t.key, seed),
                    "skip": frozenset(done.get(t.key, ()))}
     stats = {"measured": 0, "failed": 0, "skipped_done": 0, "tasks": len(task_list), "jobs": n_jobs,
-             "twins_measured": 0, "stopped_by_budget": False, "overlap": overlap}
+             "twins_measured": 0, "stopped_by_budget": False, "overlap": overlap,
+             "skipped_failed_jobs": sum(bool(twins.get(t.key)) for t in task_list) - len(twin_tasks)
+             + (len(task_list) - len(new_tasks) if per_task > 0 else 0)}
     deadline = time.time() + budget_minutes * 60 if budget_minutes else None
     bar = tqdm(total=n_jobs, unit="task", disable=not progress, dynamic_ncols=True, smoothing=0.05)
     t_start = time.time()
@@ -168,6 +189,9 @@ def _collect_fast(tasks, dataset_dir, device, target, per_task, budget_minutes, 
             if isinstance(results, str):  # the build job failed as a whole (crash, timeout): nothing to store
                 stats["failed_jobs"] = stats.get("failed_jobs", 0) + 1
                 print(f"\n{task.name} ({task.key}): {results}", file=sys.stderr)
+                with open(failed_path, "a") as f:  # so a resumed run does not wait on it again
+                    f.write(json.dumps({"task": task.key, "seed": "twins" if "traces" in job else seed,
+                                        "error": results, "run": run_id}) + "\n")
             else:
                 recs = []
                 for b, secs, err, others in results:

@@ -260,3 +260,33 @@ def test_the_fast_measurer_resumes_a_collection_the_metaschedule_one_began(tmp_p
     assert first["measured"] == 3
     again = collect(tasks, ds, dev, target, per_task=3, cfg=cfg, progress=False)
     assert again["measured"] == 0 and again["skipped_done"] == 3
+
+
+def test_a_job_that_failed_as_a_whole_is_listed_and_skipped_when_resumed(tmp_path):
+    """A task whose build job fails as a whole (here: its module does not load; on real data, an LLVM
+    build that outlives its timeout) is listed once, and a resumed run with the same seed skips it
+    instead of waiting on it again; the other task is measured as usual."""
+    import json
+    from types import SimpleNamespace
+
+    from cdmpp.program import tvm_env
+    from cdmpp.zoo import workloads
+    from cdmpp.zoo.tasks import Task
+
+    tvm = tvm_env.setup(1)
+    from cdmpp.measure.campaigns import collect, failed_jobs_path
+    from cdmpp.measure.measurer import MeasureConfig
+
+    good = _task(tvm, "matmul", workloads.matmul(16, 16, 16))
+    bad = Task("0" * 16, "broken", "not a module", None, {"toy@1": 1})
+    cfg = MeasureConfig(repeat=2, min_repeat_ms=1, builders=1, quiet_share=1.0)
+    target, dev, ds = tvm_env.make_target("llvm", num_cores=1), SimpleNamespace(id="d/llvm", threads=1), str(tmp_path)
+    first = collect([good, bad], ds, dev, target, per_task=2, cfg=cfg, seed=7, progress=False)
+    assert first["measured"] == 2 and first["failed_jobs"] == 1 and first["skipped_failed_jobs"] == 0
+    with open(failed_jobs_path(ds, dev.id)) as f:
+        listed = [json.loads(line) for line in f]
+    assert [(j["task"], j["seed"]) for j in listed] == [(bad.key, 7)] and listed[0]["error"].startswith("build: ")
+    again = collect([good, bad], ds, dev, target, per_task=2, cfg=cfg, seed=7, progress=False)
+    assert again["measured"] == 0 and again["skipped_failed_jobs"] == 1 and "failed_jobs" not in again
+    other_seed = collect([bad], ds, dev, target, per_task=2, cfg=cfg, seed=8, progress=False)
+    assert other_seed["skipped_failed_jobs"] == 0 and other_seed["failed_jobs"] == 1  # other programs: tried
