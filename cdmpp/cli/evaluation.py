@@ -192,7 +192,7 @@ def add_eval_commands(sub) -> None:
     proto.add_argument("--settings", help="settings to run (default: all four; learning-curve: random-new,cross-model)")
     proto.add_argument("--seeds", default="0,1,2", help="split and model seeds (default 0,1,2)")
     proto.add_argument("--methods", default="cdmpp,pooled-gbt",
-                       help="cdmpp, pooled-gbt (with the seen-programs baselines), twins (only those: twin-Amdahl and twin-ratio), pooled-gbt-roofline, pooled-gbt-latency, pooled-gbt-mape (the GBT on log(latency / roofline bound), on log latency, on log latency with a MAPE loss), xgb (TVM's XGBModel), mlp (Tenset MLP)")
+                       help="cdmpp, pooled-gbt (with the seen-programs baselines), twins (only those: twin-Amdahl, twin-roofline and twin-ratio), pooled-gbt-roofline, pooled-gbt-latency, pooled-gbt-mape (the GBT on log(latency / roofline bound), on log latency, on log latency with a MAPE loss), xgb (TVM's XGBModel), mlp (Tenset MLP)")
     proto.add_argument("--peer-minutes", type=float, default=2.0, help="cap on each xgb / mlp training run (default 2)")
     proto.add_argument("--recipe", default="default")
     proto.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
