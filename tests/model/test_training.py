@@ -103,6 +103,24 @@ def test_new_model_options_train_save_and_load(tmp_path):
         TrainConfig(roofline=True)
 
 
+def test_ema_validates_and_ships_the_averaged_weights(tmp_path):
+    """``ema``: the averaged weights are what is validated and kept. With a decay near 1 they stay near
+    the initialization, so the kept model is far worse than the live weights' run on the same seed."""
+    rng = np.random.default_rng(4)
+    train, val = synthetic_samples(600, rng), synthetic_samples(100, rng)
+    live = fit(quick_config(epochs=12, ensemble=1), train, val, device_table=DEVICES)
+    frozen = fit(quick_config(epochs=12, ensemble=1, ema=0.99999), train, val, device_table=DEVICES)
+    smooth = fit(quick_config(epochs=12, ensemble=1, ema=0.9), train, val, device_table=DEVICES)
+    best = {name: m.summary["members"][0]["best_val_mape"] for name, m in
+            (("live", live), ("frozen", frozen), ("smooth", smooth))}
+    assert best["frozen"] > 2 * best["live"] and best["smooth"] < best["frozen"], best
+    smooth.save(tmp_path / "m")
+    assert np.allclose(TrainedModel.load(tmp_path / "m").predict([s.features for s in val], "cpu-a")[0],
+                       smooth.predict([s.features for s in val], "cpu-a")[0])
+    with pytest.raises(ValueError, match="ema"):
+        TrainConfig(ema=1.0)
+
+
 def test_rank_loss_counts_only_ordered_pairs_of_one_group():
     """The within-task ranking term: zero when every same-group pair is ordered by a wide margin, large
     when it is reversed; pairs of different groups and pairs within the noise margin do not count."""
