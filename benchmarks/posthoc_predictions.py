@@ -4,10 +4,12 @@ error's tail (what a calibration chosen on validation could remove) without retr
     .venv/bin/python benchmarks/posthoc_predictions.py train random-new 0 4   # → runs/posthoc/random-new-0.npz
     .venv/bin/python benchmarks/posthoc_predictions.py study runs/posthoc/*.npz
     .venv/bin/python benchmarks/posthoc_predictions.py weights runs/posthoc/*.npz
+    .venv/bin/python benchmarks/posthoc_predictions.py tail runs/posthoc/random-new-*.npz
 
 ``train`` saves, for the validation and test programs: the measured seconds, task ids, the transformer's
 prediction and 90 % interval, the latency-target GBT's prediction, two more of its seeds and the bag of
-all three, and the blend weight chosen on validation. ``study`` scores calibrations chosen on validation
+all three, and the blend weight chosen on validation. ``tail`` asks whether the test programs with APE
+> 100 % are mislabelled: their twin on the other thread count is an independent measurement. ``study`` scores calibrations chosen on validation
 only (a global scale, a shrink by interval width) on test; ``weights`` the rule that chooses the blend
 weight, and the bag.
 """
@@ -120,10 +122,45 @@ def weights(paths: list[str], slacks=(0.0, 0.02, 0.03, 0.05)) -> None:
               f"{rho.std():.3f} | {' / '.join('—' if np.isnan(x) else f'{x:.1f}' for x in w)} | {len(r)} |")
 
 
+def tail(paths: list[str]) -> None:
+    """The 1-thread / 2-thread label ratio of the tail's twins against that of every twin pair: a wrong
+    label (too fast) would show as a ratio outside the usual spread. Programs are found by (device, task,
+    label), which the saved predictions keep."""
+    from cdmpp.records.labels import label
+    from cdmpp.records.store import RecordStore
+
+    devices = ("amd-epyc-znver4-1t/llvm-avx512", "amd-epyc-znver4-2t/llvm-avx512")
+    store, labels, by_label = RecordStore("datasets/measurements"), {}, {}
+    for dev in devices:
+        for r in store.iter_records(dev):
+            if y := label(r):
+                labels[dev, r["task"], r["program_hash"]] = y
+                by_label[f"{dev}|{r['task']}", round(y, 15)] = r["program_hash"]
+    one, two = devices
+    all_ratios = [y / labels[two, t, h] for (d, t, h), y in labels.items() if d == one and (two, t, h) in labels]
+    ratios, n_tail = [], 0
+    for path in paths:
+        d = np.load(path)
+        y, p, keys = d["test_seconds"], d["test_shipped"], d["test_task"]
+        for i in np.where(np.abs(p - y) / y > 1.0)[0]:
+            n_tail += 1
+            dev, task = keys[i].split("|")
+            h = by_label[keys[i], round(float(y[i]), 15)]
+            pair = (labels.get((one, task, h)), labels.get((two, task, h)))
+            if None not in pair:
+                ratios.append(pair[0] / pair[1])
+    q = lambda r: " / ".join(f"{x:.2f}" for x in np.percentile(r, [10, 25, 50, 75, 90]))
+    print(f"1-thread / 2-thread label ratio, percentiles 10 / 25 / 50 / 75 / 90:\n"
+          f"  tail (APE > 100 %; {len(ratios)} of {n_tail} have a twin): {q(ratios)}\n"
+          f"  every twin pair ({len(all_ratios)}): {q(all_ratios)}")
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "train":
         print(train(sys.argv[2], int(sys.argv[3]), float(sys.argv[4])))
     elif sys.argv[1] == "weights":
         weights(sys.argv[2:])
+    elif sys.argv[1] == "tail":
+        tail(sys.argv[2:])
     else:
         study(sys.argv[2:])

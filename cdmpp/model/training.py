@@ -87,6 +87,9 @@ class TrainConfig:
     da_weight: float = 10.0
     cmd_k: int = 5
     da_space: str = "program"  # "program": align program embeddings; "joint": program + device embedding
+    # "always": adapt to any pool; "new-device": only to a pool holding a device without training labels
+    # (a new device, not new networks on known devices)
+    da_when: str = "always"
     # data
     feature_scaling: str = "standard"  # "standard" | "robust"
     val_fraction: float = 0.1  # carved from the training set only when fit gets no validation set
@@ -110,6 +113,7 @@ class TrainConfig:
         choices = dict(pooling=("mean", "sum", "attention"), label=("boxcox", "log"), loss=("paper", "l1", "mape"),
                        da=("cmd", "mmd", "none"), da_space=("program", "joint"), ensemble_mode=("snapshots", "seeds"),
                        feature_scaling=("standard", "robust"), finetune_scope=("all", "head"),
+                       da_when=("always", "new-device"),
                        lr_schedule=("cyclic", "budget"))
         if not 0.0 <= self.ema < 1.0:
             raise ValueError(f"ema = {self.ema}: a decay per step in [0, 1) (0 = off)")
@@ -243,7 +247,8 @@ def fit(config: TrainConfig, train_set: Sequence[LabeledProgram], val_set: Seque
     ``val_set`` a random ``val_fraction`` of the training programs is held out. ``device_table`` maps
     every device that appears to its spec dict (or is a ``cdmpp.devices.table.DeviceTable``); without one,
     all devices share a zero spec vector.
-    ``target_pool`` (unlabeled) switches on domain adaptation unless ``config.da == "none"``.
+    ``target_pool`` (unlabeled) switches on domain adaptation unless ``config.da == "none"``, or
+    ``config.da_when == "new-device"`` and every pool device has training labels.
     """
     start = time.monotonic()
     deadline = start + 60.0 * config.max_minutes
@@ -254,6 +259,8 @@ def fit(config: TrainConfig, train_set: Sequence[LabeledProgram], val_set: Seque
         val_set = [train_set[i] for i in perm[:n_val]]
         train_set = [train_set[i] for i in perm[n_val:]]
     target_pool = list(target_pool or []) if config.da != "none" else []
+    if config.da_when == "new-device" and {s.device for s in target_pool} <= {s.device for s in train_set}:
+        target_pool = []
 
     all_devices = sorted({s.device for s in [*train_set, *val_set, *target_pool]})
     specs = DeviceSpecs(device_table if device_table is not None else {d: {} for d in all_devices})
