@@ -76,6 +76,7 @@ class TrainConfig:
     weight_decay: float = 0.0
     # > 0: validate, snapshot and ship an exponential moving average of the weights (this decay per step)
     # instead of the live weights, which the cyclic LR keeps moving by several points of val MAPE an epoch
+    # (it lost to them: reports/study-issue19.md round 12)
     ema: float = 0.0
     mse_weight: float = 1000.0
     mape_weight: float = 1.0
@@ -376,8 +377,8 @@ def _train_run(config: TrainConfig, seed: int, train: _Split, val: _Split, targe
         sched = torch.optim.lr_scheduler.CyclicLR(
             opt, base_lr=config.lr, max_lr=config.max_lr, mode="triangular", cycle_momentum=False,
             step_size_up=max(1, round(steps_per_epoch * config.lr_cycle_epochs / 2)))
-    averaged = (torch.optim.swa_utils.AveragedModel(model, multi_avg_fn=torch.optim.swa_utils.get_ema_multi_avg_fn(config.ema))
-                if config.ema else None)
+    swa = torch.optim.swa_utils
+    averaged = swa.AveragedModel(model, multi_avg_fn=swa.get_ema_multi_avg_fn(config.ema)) if config.ema else None
     disc = discrepancy(config.da, config.cmd_k)
     matcher = _LengthMatcher(target.pack.lengths) if target is not None else None
     z_all = torch.from_numpy(train.z)
