@@ -8,10 +8,10 @@ error's tail (what a calibration chosen on validation could remove) without retr
 
 ``train`` saves, for the validation and test programs: the measured seconds, task ids, the transformer's
 prediction and 90 % interval, the latency-target GBT's prediction, two more of its seeds and the bag of
-all three, and the blend weight chosen on validation. ``tail`` asks whether the test programs with APE
-> 100 % are mislabelled: their twin on the other thread count is an independent measurement. ``study`` scores calibrations chosen on validation
+all three, and the blend weight chosen on validation. ``study`` scores calibrations chosen on validation
 only (a global scale, a shrink by interval width) on test; ``weights`` the rule that chooses the blend
-weight, and the bag.
+weight, and the bag; ``tail`` asks whether the test programs with APE > 100 % are mislabelled (their
+twin on the other thread count is an independent measurement).
 """
 
 import copy
