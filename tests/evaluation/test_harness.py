@@ -23,7 +23,8 @@ def test_cdmpp_eval_cli_writes_both_reports(real, held, tiny_recipe, tmp_path):
     assert methods == ["cdmpp", "cdmpp no-da", "xgb (TVM XGBModel, ranking)", "xgb-regressor (TVM features + device specs)"]
     assert report["split"]["kind"] == "cross-model" and report["split"]["n_test"] > 0
     assert report["methods"][0]["metrics"]["mape"] >= 0 and report["methods"][0]["predict_per_s"] > 0
-    assert "DA CMD" in report["methods"][0]["note"] and "no domain adaptation" in report["methods"][1]["note"]
+    # the recipe adapts only towards a new device (da_when): held-out networks on known devices are not one
+    assert all("no domain adaptation" in r["note"] for r in report["methods"][:2])
     assert "| cdmpp |" in md and "noise floor" in md
     assert report["minutes_per_method"] == 0.15 and "up to 0.15 min per trained model" in md
 
