@@ -13,7 +13,7 @@ from cdmpp.devices.table import DeviceTable
 from cdmpp.evaluation import splits
 from cdmpp.evaluation.harness import git_commit
 from cdmpp.model.checkpoint import TrainedModel
-from cdmpp.model.training import TrainConfig, finetune, fit
+from cdmpp.model.training import TrainConfig, checked_finetune, fit
 from cdmpp.records.dataset import load_dataset, per_device_counts
 from cdmpp.zoo.tasks import TaskTable
 
@@ -109,7 +109,12 @@ def finetune_checkpoint(model_path: str, dataset: str, device: str, ids: Sequenc
     table = DeviceTable(devices)
     extra = {} if device in trained.device_specs.table else {device: table.get(device).specs()}
     config = TrainConfig.from_dict({**trained.config, **({"finetune_scope": scope} if scope else {})})
-    new = finetune(trained, shots, config, steps=steps, device_table=extra)
+    new = checked_finetune(trained, shots, config, steps=steps, device_table=extra)
+    check = new.summary.get("finetune", {}).get("check")
+    if check and not check["kept"]:
+        print(f"finetune: not kept: held-out shots {100 * check['held_out_mape']:.1f} % MAPE after fine-tuning, "
+              f"{100 * check['unadapted_mape']:.1f} % before; {out} is the model as it was, with {device}",
+              file=sys.stderr)
     known = dict(new.summary.get("devices", {}))
     if device in table:
         known[device] = table.get(device).to_dict()

@@ -254,7 +254,9 @@ def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | Non
                 if model is not None:
                     m = model.adapt(sp.shots) if k else model
                     mean, lo, hi = m.predict_interval(test)
-                    out.row(setting, opts.label + suffix, _metrics(test, mean, lo, hi), train_seconds=cdmpp_secs, **n)
+                    check = m.model_.summary.get("finetune", {}).get("check") if k else None  # checked_finetune's
+                    out.row(setting, opts.label + suffix, _metrics(test, mean, lo, hi), train_seconds=cdmpp_secs,
+                            **({"finetune_check": check} if check else {}), **n)
                     if programs == "seen":  # the physics prior x a GBT of the log ratio on pooled + cdmpp embedding
                         tr = TwinRatio(sp.twins, nthread=opts.threads, random_state=seed, prior=prior,
                                        embed=lambda ps: m.embed([p.features for p in ps])).fit(sp.shots)

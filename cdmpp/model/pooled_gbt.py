@@ -15,17 +15,24 @@ import numpy as np
 from cdmpp.program.features import N_FEATURES
 
 
-def roofline_seconds(features: Sequence, peak_gflops, mem_bw_gbs) -> np.ndarray:
+def roofline_seconds(features: Sequence, peak_gflops, mem_bw_gbs, work=None) -> np.ndarray:
     """Per program (``ProgramFeatures``), its roofline bound on a device: max(FLOPs / peak, unique bytes /
-    bandwidth) in seconds, at least 1 ns. ``peak_gflops`` and ``mem_bw_gbs``: one number, or one per program."""
+    bandwidth) in seconds, at least 1 ns. ``peak_gflops`` and ``mem_bw_gbs``: one number, or one per program.
+    ``work``: ``program_work(features)`` when the caller bounds the same programs on several devices."""
+    flops, unique = program_work(features) if work is None else work
+    peak = np.asarray(peak_gflops, dtype=np.float64) * 1e9
+    bw = np.asarray(mem_bw_gbs, dtype=np.float64) * 1e9
+    return np.maximum(np.maximum(flops / peak, unique / bw), 1e-9)
+
+
+def program_work(features: Sequence) -> tuple[np.ndarray, np.ndarray]:
+    """Per program, its FLOPs and the unique bytes its stores touch (TVM's per-store counts, summed)."""
     from cdmpp.model.network import _UNIQUE_BYTES_COLS
 
     flops = np.array([f.flops for f in features], dtype=np.float64)
     unique = np.array([float((np.exp2(program_rows(f)[:, _UNIQUE_BYTES_COLS].astype(np.float64)) - 1.0).sum())
                        for f in features])
-    peak = np.asarray(peak_gflops, dtype=np.float64) * 1e9
-    bw = np.asarray(mem_bw_gbs, dtype=np.float64) * 1e9
-    return np.maximum(np.maximum(flops / peak, unique / bw), 1e-9)
+    return flops, unique
 
 
 def program_rows(features) -> np.ndarray:

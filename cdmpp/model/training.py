@@ -509,9 +509,7 @@ def finetune(trained: TrainedModel, labeled_set: Sequence[LabeledProgram], confi
     samples there is nothing to refit them on. ``device_table`` adds specs of new devices.
     """
     config = config or TrainConfig.from_dict(trained.config)
-    new = copy.deepcopy(trained)
-    for name, spec in DeviceSpecs(device_table).table.items():  # a dict or a cdmpp.devices.table.DeviceTable
-        new.add_device(name, spec)
+    new = _with_devices(trained, device_table)
     labeled_set = list(labeled_set)
     dev_matrix, dev_index = new.device_specs.matrix([s.device for s in labeled_set])
     data = _prepare(labeled_set, new, dev_index)
@@ -538,9 +536,50 @@ def finetune(trained: TrainedModel, labeled_set: Sequence[LabeledProgram], confi
             opt.step()
         model.eval()
     if new.gbt is not None:  # the blended GBT learns the shots too (shallow trees on top), or it drags k-shot back
-        new.gbt.specs = new.device_specs  # with the devices added above
         new.gbt = new.gbt.adapt(labeled_set)
     new.summary = {**new.summary, "finetune": dict(n=len(labeled_set), steps=steps, lr=config.finetune_lr,
                                                    scope=config.finetune_scope,
                                                    devices=sorted({s.device for s in labeled_set}))}
+    return new
+
+
+def _with_devices(trained: TrainedModel, device_table) -> TrainedModel:
+    """A copy of ``trained`` that also knows the devices of ``device_table`` (a dict or a DeviceTable)."""
+    new = copy.deepcopy(trained)
+    for name, spec in DeviceSpecs(device_table).table.items():
+        new.add_device(name, spec)
+    if new.gbt is not None:
+        new.gbt.specs = new.device_specs  # the blended GBT reads the same specs
+    return new
+
+
+def checked_finetune(trained: TrainedModel, labeled_set: Sequence[LabeledProgram], config: TrainConfig | None = None,
+                     steps: int = 100, *, device_table: dict[str, dict[str, float]] | None = None,
+                     folds: int = 4) -> TrainedModel:
+    """``finetune``, kept only where cross-validation on the shots says it helps.
+
+    A fine-tune on a dozen or two shots can fit them and throw the rest of the device far off. Each of
+    ``folds`` folds fine-tunes on the other shots and predicts its own; when those held-out shots come out
+    worse (MAPE) than from the model as it was, the model as it was is returned. Sets of fewer than
+    ``2 * folds`` shots are fine-tuned unchecked: there is nothing to hold out. ``summary["finetune"]``
+    says what the check found.
+    """
+    labeled_set = list(labeled_set)
+    if len(labeled_set) < 2 * folds:
+        return finetune(trained, labeled_set, config, steps, device_table=device_table)
+    base = _with_devices(trained, device_table)
+    seconds = np.array([s.seconds for s in labeled_set])
+    fold_of = np.random.default_rng(len(labeled_set)).permutation(len(labeled_set)) % folds
+    adapted = np.empty(len(labeled_set))
+    for f in range(folds):
+        held = np.flatnonzero(fold_of == f)
+        fitted = finetune(trained, [s for i, s in enumerate(labeled_set) if fold_of[i] != f], config, steps,
+                          device_table=device_table)
+        adapted[held] = fitted.predict([labeled_set[i].features for i in held], [labeled_set[i].device for i in held])[0]
+    unadapted = base.predict([s.features for s in labeled_set], [s.device for s in labeled_set])[0]
+    check = {"folds": folds, "held_out_mape": float(np.mean(np.abs(adapted / seconds - 1))),
+             "unadapted_mape": float(np.mean(np.abs(unadapted / seconds - 1)))}
+    check["kept"] = check["held_out_mape"] <= check["unadapted_mape"]
+    new = finetune(trained, labeled_set, config, steps, device_table=device_table) if check["kept"] else base
+    new.summary = {**new.summary, "finetune": {**new.summary.get("finetune", {}), "n": len(labeled_set), "check": check}}
     return new

@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -330,12 +331,20 @@ def _task_id(mod) -> str:
 
 
 def _match_device(devices: dict[str, dict], target) -> str:
-    """The device whose recorded target has the tuning target's kind, mcpu and core count."""
+    """The device whose recorded target has the tuning target's kind, mcpu and core count; failing that,
+    one of the same kind and core count, with a warning (a search ranks candidates of one task, which a
+    model of a kindred CPU still orders), else a ValueError."""
     kind = str(target.kind.name)
     attrs = {str(k): v for k, v in target.attrs.items()}
     mcpu, cores = str(attrs.get("mcpu", "")), int(attrs.get("num-cores", 0) or 0)
-    for d, t in sorted(devices.items()):
-        if t.get("kind") == kind and str(t.get("mcpu", "")) == mcpu and int(t.get("num-cores", 0) or 0) == cores:
+    same = [d for d, t in sorted(devices.items())
+            if t.get("kind") == kind and (kind != "llvm" or int(t.get("num-cores", 0) or 0) == cores)]
+    for d in same:
+        if str(devices[d].get("mcpu", "")) == mcpu:
             return d
+    if same:
+        warnings.warn(f"no device of the model has target {target}; scoring as {same[0]} (same kind and core "
+                      f"count); pass device= to choose", stacklevel=3)
+        return same[0]
     raise ValueError(f"no device of the model matches target {target}; "
                      f"pass device= one of {', '.join(sorted(devices))}")

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 
 from cdmpp.model.checkpoint import TrainedModel
-from cdmpp.model.training import TrainConfig, finetune, fit
+from cdmpp.model.training import TrainConfig, checked_finetune, finetune, fit
 from cdmpp.records.dataset import LabeledProgram
 from tests.model.synthetic import DEVICES, FakeProgram, quick_config, synthetic_samples
 
@@ -51,6 +53,26 @@ def test_finetune_on_new_device_reduces_error(trained):
     after = np.mean(np.abs(tuned.predict([s.features for s in test], "cpu-c")[0] - y) / y)
     assert after < before
     assert "finetune" in tuned.summary and "finetune" not in model.summary
+
+
+def test_checked_finetune_keeps_a_fine_tune_only_where_held_out_shots_improve(trained):
+    model, _, _ = trained
+    rng = np.random.default_rng(6)
+    spec = {**DEVICES["cpu-a"], "clock_ghz": 0.5, "mem_bw_gbs": 2}
+    slower, noise = synthetic_samples(24, rng), synthetic_samples(24, rng)
+    for s in slower:  # SYNTHETIC: cpu-a's law, 8x slower; a fine-tune learns that from any 18 of them
+        s.device, s.seconds = "cpu-c", s.seconds * 8
+    for s in noise:  # SYNTHETIC: labels unrelated to the programs; nothing to learn, only to overfit
+        s.device, s.seconds = "cpu-c", float(np.exp(rng.uniform(-12, 0)))
+    tuned = checked_finetune(model, slower, steps=60, device_table={"cpu-c": spec})
+    check = tuned.summary["finetune"]["check"]
+    assert check["kept"] and check["held_out_mape"] < check["unadapted_mape"]
+    kept = checked_finetune(model, noise, steps=60, device_table={"cpu-c": spec})
+    assert not kept.summary["finetune"]["check"]["kept"]
+    base = copy.deepcopy(model)
+    base.add_device("cpu-c", spec)
+    feats = [s.features for s in noise]
+    np.testing.assert_allclose(kept.predict(feats, "cpu-c")[0], base.predict(feats, "cpu-c")[0], rtol=1e-6)
 
 
 def test_target_batches_match_source_leaf_counts():

@@ -138,3 +138,16 @@ def test_a_candidate_scored_again_is_not_featurized_again(tvm, predictor, device
     np.testing.assert_array_equal(again[:6], first[4:])
     hashes = {f.program_hash for f in cm._features(context, cands)}
     assert all(hashes) and len(hashes) == len(cm.features_)
+
+
+def test_device_matching_falls_back_to_a_kindred_cpu_with_a_warning(tvm):
+    from cdmpp.predict.cost_model import _match_device
+
+    devices = {"zen4-1t": {"kind": "llvm", "mcpu": "znver4", "num-cores": 1},
+               "zen4-2t": {"kind": "llvm", "mcpu": "znver4", "num-cores": 2},
+               "h100": {"kind": "cuda", "arch": "sm_90"}}
+    assert _match_device(devices, tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "num-cores": 2})) == "zen4-2t"
+    with pytest.warns(UserWarning, match="scoring as zen4-1t"):
+        assert _match_device(devices, tvm.target.Target({"kind": "llvm", "mcpu": "znver3", "num-cores": 1})) == "zen4-1t"
+    with pytest.raises(ValueError, match="pass device= one of"):
+        _match_device(devices, tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "num-cores": 16}))

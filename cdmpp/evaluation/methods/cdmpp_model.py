@@ -9,7 +9,7 @@ from typing import Sequence
 
 import numpy as np
 
-from cdmpp.model.training import TrainConfig, finetune, fit
+from cdmpp.model.training import TrainConfig, checked_finetune, fit
 
 
 class CDMPP:
@@ -39,7 +39,7 @@ class CDMPP:
 
     def adapt(self, shots: Sequence) -> "CDMPP":
         new = copy.copy(self)
-        new.model_ = finetune(self.model_, shots, self.config, device_table=self.device_table)
+        new.model_ = checked_finetune(self.model_, shots, self.config, device_table=self.device_table)
         return new
 
     def describe(self) -> str:

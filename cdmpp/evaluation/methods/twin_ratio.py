@@ -8,7 +8,7 @@ from typing import Sequence
 
 import numpy as np
 
-from cdmpp.model.pooled_gbt import pooled_features, program_rows, roofline_seconds
+from cdmpp.model.pooled_gbt import pooled_features, program_rows, program_work, roofline_seconds
 from cdmpp.evaluation.methods.method import Peer
 from cdmpp.program.features import FEATURE_NAMES
 
@@ -248,9 +248,10 @@ class TwinRoofline(Peer):
 
     def predict(self, programs: Sequence) -> np.ndarray:
         feats = [p.features for p in programs]
+        work = program_work(feats)
 
         def bound(spec):
-            return roofline_seconds(feats, spec["peak_gflops"], spec["mem_bw_gbs"])
+            return roofline_seconds(feats, spec["peak_gflops"], spec["mem_bw_gbs"], work)
 
         src = np.array([self.twins[f.program_hash] for f in feats])
         return src * bound(self.target_spec) / bound(self.source_spec)
