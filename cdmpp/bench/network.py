@@ -29,7 +29,10 @@ def run(networks: list[str], device: str, schedules: str, model: str | None, dat
     from cdmpp.predict.predictor import Predictor
     from cdmpp.zoo.tasks import TaskTable, split_occurrence
 
+    from cdmpp.devices.probe import check_runs_here
+
     spec = DeviceTable().get(device)
+    check_runs_here(spec)  # before any compile: the networks run on this machine
     target = spec.make_target()
     table = TaskTable.load(task_table)
     predictor = Predictor.load(model)

@@ -165,6 +165,25 @@ def measure_peak_gflops(target, threads: int, seconds: float = 0.005, repeats: i
     return 2.0 * width * iters * threads / best / 1e9
 
 
+def local_hardware() -> str:
+    """This machine's CPU as ``DeviceSpec.hardware`` names it: the model name and LLVM's host cpu."""
+    from cdmpp.program import tvm_env
+
+    tvm_env.setup()
+    info = _cpuinfo()
+    return f"{info.get('model name') or info.get('Model name') or 'unknown cpu'} ({tvm_env.host_mcpu()})"
+
+
+def check_runs_here(spec) -> None:
+    """Raise ValueError unless ``spec`` (a ``DeviceSpec``) is a CPU device of this machine's chip: code
+    built for another chip may not run here (AVX-512 code on an AVX2 chip dies of SIGILL), and where it
+    runs it times this chip, not that one."""
+    here = local_hardware()
+    if spec.kind != "cpu" or spec.hardware != here:
+        raise ValueError(f"{spec.id} is {spec.hardware}, this machine is {here}: measure it on its own machine "
+                         f"(or pick a device of this one: python -m cdmpp.devices.table)")
+
+
 def probe_local_cpu(threads: int, mcpu: str | None = None, relation: str = "") -> DeviceSpec:
     """Spec of this machine's CPU run with ``threads`` threads and compiled with ``mcpu`` (default: host's).
 

@@ -137,11 +137,14 @@ def measure_network(executable, network: str, device_spec, repeat: int = 15, min
                     max_wait_s: float = 600.0) -> dict:
     """Fastest of ``repeat`` end-to-end runs (zero inputs) on this machine with the device's threads,
     after waiting up to ``max_wait_s`` for a quiet machine like the collector (``cdmpp.measure.guard.CpuGuard``);
-    ``others_cpu`` says how busy other processes were meanwhile."""
+    ``others_cpu`` says how busy other processes were meanwhile. A device of another chip is refused
+    (``cdmpp.devices.probe.check_runs_here``)."""
     import numpy as np
 
+    from cdmpp.devices.probe import check_runs_here
     from cdmpp.program import tvm_env
 
+    check_runs_here(device_spec)
     tvm = tvm_env.setup(device_spec.threads)
     from tvm import relax
 
