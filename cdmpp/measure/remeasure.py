@@ -8,6 +8,7 @@ import hashlib
 import os
 import time
 
+from cdmpp.devices.probe import check_runs_here
 from cdmpp.measure.measurer import MeasureConfig, Measurer
 from cdmpp.measure.results import measurement_fields, run_provenance
 from cdmpp.records.labels import label, usable
@@ -39,6 +40,8 @@ def remeasure(tasks, dataset_dir: str, device, target, passes: int = 2, min_gap_
     from cdmpp.records.store import slug
     from cdmpp.zoo.tasks import load_task_mod
 
+    if rpc is None:  # measured here: the device must be this machine's chip
+        check_runs_here(device)
     cfg = cfg or MeasureConfig()
     store = RecordStore(dataset_dir)
     provenance = store.runs()
@@ -170,6 +173,7 @@ def remeasure_noise(dataset_dir: str, tasks, device, target, n: int = 100, seed:
     from cdmpp.records.store import slug
     from cdmpp.zoo.tasks import load_task_mod
 
+    check_runs_here(device)  # measured here: the device must be this machine's chip
     cfg = cfg or MeasureConfig()
     store = RecordStore(dataset_dir)
     runs = store.runs()

@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from cdmpp.devices.probe import local_hardware
 from cdmpp.records.store import LoadReport, RecordStore
 
 SCRIPT = textwrap.dedent("""
@@ -141,7 +142,7 @@ def _remeasure_setup(collected, tmp_path):
     from cdmpp.zoo.tasks import TaskTable
 
     ds = _copy(collected, tmp_path)
-    dev = SimpleNamespace(id="test-cpu-1t/llvm", threads=1)
+    dev = SimpleNamespace(id="test-cpu-1t/llvm", threads=1, kind="cpu", hardware=local_hardware())
     cfg = MeasureConfig(repeat=3, min_repeat_ms=5, builders=1, quiet_share=1.0)
     return ds, TaskTable.load(ds + "-tasks.json"), dev, tvm_env.make_target("llvm", num_cores=1), cfg
 
@@ -159,6 +160,9 @@ def test_noise_checks_remeasure_a_fixed_probe_set(collected, tmp_path):
     assert all(p["old"] == min(after[p["id"]]["seconds"]) and p["new"] > 0 for p in second["pairs"])
     history = json.load(open(os.path.join(ds, "noise-test-cpu-1t_llvm.json")))
     assert len(history) == 2 and 0 <= history[-1]["median_rel_diff"] <= history[-1]["p90_rel_diff"]
+    other = type(dev)(**{**vars(dev), "hardware": "Another CPU (znver9)"})  # its code may not even run here
+    with pytest.raises(ValueError, match="measure it on its own machine"):
+        remeasure_noise(ds, table, other, target, n=5, cfg=cfg, progress=False)
 
 
 @pytest.mark.slow
