@@ -25,11 +25,10 @@ def _seen_networks(predictor, device: str) -> set[str]:
 def run(networks: list[str], device: str, schedules: str, model: str | None, dataset_dir: str,
         task_table: str) -> dict:
     from cdmpp.predict import network as net
+    from cdmpp.devices.probe import check_runs_here
     from cdmpp.devices.table import DeviceTable
     from cdmpp.predict.predictor import Predictor
     from cdmpp.zoo.tasks import TaskTable, split_occurrence
-
-    from cdmpp.devices.probe import check_runs_here
 
     spec = DeviceTable().get(device)
     check_runs_here(spec)  # before any compile: the networks run on this machine
