@@ -247,7 +247,8 @@ def add_eval_commands(sub) -> None:
     s.add_argument("--seed", type=int, default=0)
     s.set_defaults(func=cmd_sample)
 
-    ft = sub.add_parser("finetune", parents=[data], help="fine-tune a checkpoint with programs measured on a device")
+    ft = sub.add_parser("finetune", parents=[data], help="fine-tune a checkpoint with programs measured on a device "
+                                             "(kept only where cross-validation on them says it helps)")
     ft.add_argument("--model", required=True, help="checkpoint folder")
     ft.add_argument("--device", required=True)
     ft.add_argument("--ids", required=True, help="file of record ids (from `cdmpp sample`)")
