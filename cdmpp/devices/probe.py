@@ -170,8 +170,15 @@ def local_hardware() -> str:
     from cdmpp.program import tvm_env
 
     tvm_env.setup()
-    info = _cpuinfo()
-    return f"{info.get('model name') or info.get('Model name') or 'unknown cpu'} ({tvm_env.host_mcpu()})"
+    return _hardware(_model_name(_cpuinfo()), tvm_env.host_mcpu())
+
+
+def _model_name(info: dict[str, str]) -> str:
+    return info.get("model name") or info.get("Model name") or "unknown cpu"
+
+
+def _hardware(model: str, host_mcpu: str) -> str:
+    return f"{model} ({host_mcpu})"
 
 
 def check_runs_here(spec) -> None:
@@ -205,7 +212,7 @@ def probe_local_cpu(threads: int, mcpu: str | None = None, relation: str = "") -
     if target_bits > chip_bits:
         raise ValueError(f"target mcpu={target['mcpu']} uses {target_bits}-bit SIMD ({label}) but this chip "
                          f"has {chip_bits}-bit: its code would not run here")
-    model = info.get("model name") or info.get("Model name") or "unknown cpu"
+    model = _model_name(info)
     slug = hardware_slug(model, host)
     caches = _caches_kb(0)
     t0 = time.perf_counter()
@@ -224,7 +231,7 @@ def probe_local_cpu(threads: int, mcpu: str | None = None, relation: str = "") -
     if threads > (os.cpu_count() or 1):
         probe["warning"] = f"{threads} threads on {os.cpu_count()} cpus: oversubscribed"
     return DeviceSpec(
-        id=device_id(slug, target, threads), kind="cpu", hardware=f"{model} ({host})", target=target,
+        id=device_id(slug, target, threads), kind="cpu", hardware=_hardware(model, host), target=target,
         threads=int(threads), clock_ghz=round(_clock_ghz(info), 3), cores=int(threads),
         simd_width_bits=int(min(chip_bits, target_bits)), l1d_kb=caches.get(1, 0.0), l2_kb=caches.get(2, 0.0),
         l3_kb=caches.get(3, 0.0), mem_bw_gbs=round(bw, 2), peak_gflops=round(peak, 2), relation=relation,
