@@ -5,7 +5,7 @@ import os
 import pytest
 import torch
 
-from tests.data import LIMIT, TASKS, candidate_dirs
+from tests.data import LIMIT, REAL_DEVICE, TASKS, candidate_dirs
 from tests.processes import app_server
 
 os.environ.setdefault("TVM_NUM_THREADS", "1")
@@ -70,7 +70,7 @@ def restore_logging():
 
 @pytest.fixture(scope="session")
 def real():
-    """(dataset folder, its first LIMIT programs)."""
+    """(dataset folder, its first LIMIT programs of REAL_DEVICE)."""
     if not TASKS.exists():
         pytest.skip("no task table")
     from cdmpp.records.dataset import load_dataset
@@ -79,9 +79,10 @@ def real():
     table = TaskTable.load(str(TASKS))
     for folder in candidate_dirs():
         if folder.is_dir() and any(folder.glob("*.jsonl")):
-            ds = load_dataset(str(folder), table, limit=LIMIT, progress=False)
-            if len(ds) >= 100 and len(ds.networks()) >= 3:
-                return folder, ds
+            for devices in ({REAL_DEVICE}, None):  # another folder may not have that device
+                ds = load_dataset(str(folder), table, devices=devices, limit=LIMIT, progress=False)
+                if len(ds) >= 100 and len(ds.networks()) >= 3:
+                    return folder, ds
     pytest.skip(f"no dataset with >= 100 records among {[str(d) for d in candidate_dirs()]}")
 
 

@@ -7,6 +7,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TASKS = ROOT / "datasets" / "tasks-llvm.json.gz"
 DEVICES_JSON = ROOT / "datasets" / "devices.json"
 LIMIT = 240  # real programs the evaluation tests load
+REAL_DEVICE = "amd-epyc-znver4-1t/llvm-avx512"  # the device they come from: a fixed sample whatever is added
 FAKE_DEVICE = "fake-relabeled-1t/llvm-avx2"  # NOT a real device: relabeled real programs (mechanics only)
 
 
