@@ -14,10 +14,11 @@ In the seen setting more predictors use the twin's measured latency: ``twin-rati
 label × a small GBT of the log ratio on pooled features, fitted on the shots), ``twin-Amdahl``
 (Amdahl's law from the two devices' thread counts and the program's parallel share; no shots),
 ``twin-roofline`` (the twin's label × the ratio of the program's roofline bounds on the two devices),
-``twin-Amdahl x ratio GBT`` / ``twin-roofline x ratio GBT`` (the prior's prediction × the ratio GBT,
-so the shots fit what the physics leaves over) and ``cdmpp + twin`` (the same with the k-shot-tuned cdmpp model's program embedding as extra
-inputs). A model trained on one source device cannot learn the device ratio from data (its device input
-never varies), which is why the twin's label and the shots carry this setting.
+each ``x ratio GBT`` (the prior's prediction × the ratio GBT, so the shots fit what the physics leaves
+over) and ``cdmpp + twin`` (the ratio GBT with the k-shot-tuned cdmpp model's program embedding as extra
+inputs, its base picked among the two priors and the bare twin label by cross-validation on the shots;
+twin-Amdahl without shots). A model trained on one source device cannot learn the device ratio from data
+(its device input never varies), which is why the twin's label and the shots carry this setting.
 
 Each scored row is appended to ``runs`` (JSON lines, so a long run keeps what it finished);
 ``pooled GBT, val-scaled`` multiplies the GBT by the factor with the lowest validation MAPE (what
@@ -187,6 +188,15 @@ def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | Non
                         loss=loss).fit(split.train, split.val)
         return gbt, round(time.monotonic() - t, 1)
 
+    def twin_priors(sp, source: list, target: str) -> list:
+        """The seen setting's physics on the twin's label, cdmpp + twin's first prior first: Amdahl's law for
+        the thread counts, the ratio of the two devices' roofline bounds. None with several source devices."""
+        if len(source) != 1:
+            return []
+        s_spec, t_spec = device_table[source[0]], device_table[target]
+        amdahl = TwinAmdahl(sp.twins, s_spec["cores"], t_spec["cores"])
+        return [amdahl.fit([p for p in sp.train if p.device == source[0]]), TwinRoofline(sp.twins, s_spec, t_spec)]
+
     # more GBT variants: method -> (PooledGBT target, loss, row name)
     gbt_variants = {m: t for m, t in (("pooled-gbt-roofline", ("roofline", "l2", "pooled GBT, roofline target")),
                                      ("pooled-gbt-latency", ("latency", "l2", "pooled GBT, latency target")),
@@ -245,20 +255,15 @@ def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | Non
                 n = dict(programs=len(test), n_train=len(sp.train), **key)
                 suffix = "" if not k else f" k={k_name} ({sampler})"
                 source = sp.info["source_devices"]
-                priors = []  # the seen setting's physics: the twin's label through Amdahl's law (cdmpp + twin's
-                if programs == "seen" and len(source) == 1:  # prior), and through the ratio of roofline bounds
-                    s_spec, t_spec = device_table[source[0]], device_table[target]
-                    priors = [TwinAmdahl(sp.twins, s_spec["cores"], t_spec["cores"]).fit(
-                        [p for p in sp.train if p.device == source[0]]), TwinRoofline(sp.twins, s_spec, t_spec)]
-                prior = priors[0] if priors else None
+                priors = twin_priors(sp, source, target) if programs == "seen" else []
                 if model is not None:
                     m = model.adapt(sp.shots) if k else model
                     mean, lo, hi = m.predict_interval(test)
                     check = m.model_.summary.get("finetune", {}).get("check") if k else None  # checked_finetune's
                     out.row(setting, opts.label + suffix, _metrics(test, mean, lo, hi), train_seconds=cdmpp_secs,
                             **({"finetune_check": check} if check else {}), **n)
-                    if programs == "seen":  # the physics prior x a GBT of the log ratio on pooled + cdmpp embedding
-                        tr = TwinRatio(sp.twins, nthread=opts.threads, random_state=seed, prior=prior,
+                    if programs == "seen":  # the physics priors x a GBT of the log ratio on pooled + cdmpp embedding
+                        tr = TwinRatio(sp.twins, nthread=opts.threads, random_state=seed, prior=priors,
                                        embed=lambda ps: m.embed([p.features for p in ps])).fit(sp.shots)
                         out.row(setting, opts.label + " + twin" + suffix, _metrics(test, tr.predict(test)),
                                 train_seconds=cdmpp_secs, **n)

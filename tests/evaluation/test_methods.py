@@ -161,6 +161,27 @@ def test_twin_ratio_corrects_its_prior_not_the_twin():
     assert not np.allclose(TwinRatio(twins).fit(shots[:3]).predict(programs), model.predict(programs))
 
 
+def test_twin_ratio_picks_among_priors_by_cross_validation():
+    """Two priors, the shots exactly the second one's prediction: the cross-validation takes the second as
+    the base; without shots the first one is the base."""
+    from types import SimpleNamespace
+
+    from cdmpp.evaluation.methods.twin_ratio import TwinRatio
+
+    programs = [_amdahl_program(1e9, 1e8, 1e-3, str(i)) for i in range(32)]
+    twins = {str(i): 1e-3 for i in range(32)}
+    first = SimpleNamespace(predict=lambda ps: np.array([2e-3 * (1 + int(p.features.program_hash) % 5) for p in ps]))
+    second = SimpleNamespace(predict=lambda ps: np.array([1e-3 * (1 + int(p.features.program_hash) % 3) for p in ps]),
+                             describe=lambda: "second")
+    shots = [_amdahl_program(1e9, 1e8, s, str(i)) for i, s in enumerate(second.predict(programs))]
+    model = TwinRatio(twins, prior=[first, second])
+    model._x = lambda ps: np.random.default_rng(len(ps)).normal(size=(len(ps), 5))
+    model.fit(shots)
+    assert model.base_kind_ == 1 and model.describe().startswith("second")
+    assert np.allclose(model.predict(programs), second.predict(programs))
+    assert np.allclose(TwinRatio(twins, prior=[first, second]).fit([]).predict(programs), first.predict(programs))
+
+
 def test_twin_ratio_corrects_the_twin_when_the_shots_say_it_beats_the_prior():
     """Shots exactly 1.3x their twin's label, which Amdahl's law gets wrong by varying amounts: the
     cross-validation picks the twin as the base, and the prediction is the twin's label x 1.3."""

@@ -41,9 +41,10 @@ class TwinRatio(Peer):
     that is already right needs no correction.
     ``inputs``: "pooled" (the pooled leaf features), "physics" (``physics_features`` with the twin's
     latency: a dozen numbers instead of ~500, which k shots can fit) or "both". ``prior``: a fitted
-    predictor (``TwinAmdahl``, ``TwinRoofline``) that may replace the twin's label as what the ratio corrects, so the shots
-    fit only what the physics leaves over; the same cross-validation picks which of the two to correct
-    (a few shots cannot correct a bare twin label as well as physics does; many can do better).
+    predictor (``TwinAmdahl``, ``TwinRoofline``, ...) or a list of them, that may replace the twin's label as
+    what the ratio corrects, so the shots fit only what the physics leaves over; the same cross-validation
+    picks which base to correct (a few shots cannot correct a bare twin label as well as physics does; many
+    can do better; which physics fits depends on the two devices). Without shots the first prior is the base.
     """
 
     label = "twin-ratio"
@@ -51,17 +52,18 @@ class TwinRatio(Peer):
     def __init__(self, twins: dict, nthread: int = 1, random_state: int = 0, rounds: int | None = None, embed=None,
                  inputs: str = "pooled", prior=None):
         self.twins, self.nthread, self.random_state, self.rounds = twins, nthread, random_state, rounds
-        self.prior = prior
+        self.priors = list(prior) if isinstance(prior, (list, tuple)) else [] if prior is None else [prior]
         self.embed = embed  # optional programs -> [n, d] extra inputs (e.g. a cdmpp model's embeddings)
         if inputs not in ("pooled", "physics", "both"):
             raise ValueError(f"inputs = {inputs!r}: expected pooled, physics or both")
         self.inputs = inputs
 
-    def _base(self, programs, kind: str | None = None) -> np.ndarray:
-        """What the ratio multiplies: the twin's label (``kind`` "twin") or the prior's prediction ("prior");
-        by default the one ``fit`` chose."""
-        if (kind or self.base_kind_) == "prior":
-            return np.asarray(self.prior.predict(programs), dtype=np.float64)
+    def _base(self, programs, kind: int | str | None = None) -> np.ndarray:
+        """What the ratio multiplies: the twin's label (``kind`` "twin") or prior ``kind``'s prediction (its
+        index); by default the one ``fit`` chose."""
+        kind = self.base_kind_ if kind is None else kind
+        if kind != "twin":
+            return np.asarray(self.priors[kind].predict(programs), dtype=np.float64)
         return np.array([self.twins[p.features.program_hash] for p in programs])
 
     def _x(self, programs) -> np.ndarray:
@@ -79,17 +81,17 @@ class TwinRatio(Peer):
         self.model_ = None
         self.base_ = 0.0
         self.rounds_ = 0
-        self.base_kind_ = "prior" if self.prior is not None else "twin"
+        self.base_kind_ = 0 if self.priors else "twin"
         if not shots:
             return self
         y = np.log([p.seconds for p in shots])
-        kinds = ["prior", "twin"] if self.prior is not None else ["twin"]
+        kinds = [*range(len(self.priors)), "twin"]
         ratios = {kind: y - np.log(self._base(shots, kind)) for kind in kinds}
         if len(shots) >= 8:
             x = self._x(shots)
             if self.rounds is not None:
                 self.rounds_ = self.rounds
-            else:  # (base, rounds) with the lowest cross-validated MAPE; the prior and fewer rounds win ties
+            else:  # (base, rounds) with the lowest cross-validated MAPE; earlier priors and fewer rounds win ties
                 errors = {(kind, n): e for kind in kinds for n, e in self._cv_mape(x, ratios[kind]).items()}
                 self.base_kind_, self.rounds_ = min(errors, key=errors.get)
         r = ratios[self.base_kind_]
@@ -127,7 +129,7 @@ class TwinRatio(Peer):
         return copy.copy(self).fit(shots)
 
     def describe(self) -> str:
-        base = self.prior.describe() if self.base_kind_ == "prior" else "the twin's label"
+        base = "the twin's label" if self.base_kind_ == "twin" else self.priors[self.base_kind_].describe()
         if self.model_ is not None:
             return base + f" x a GBT of the log ratio ({self.rounds_} rounds)"
         return base + f" x {np.exp(self.base_):.3f} (median ratio of the shots)"
