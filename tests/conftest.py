@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 
 import pytest
 import torch
@@ -69,20 +70,26 @@ def restore_logging():
 
 
 @pytest.fixture(scope="session")
-def real():
-    """(dataset folder, its first LIMIT programs of REAL_DEVICE)."""
+def real(tmp_path_factory):
+    """(a dataset folder, its first LIMIT programs): the folder holds REAL_DEVICE's first part alone where the
+    data has one, so what ``limit=`` or ``--limit`` reads first is that sample whatever devices are added."""
     if not TASKS.exists():
         pytest.skip("no task table")
     from cdmpp.records.dataset import load_dataset
+    from cdmpp.records.store import slug
     from cdmpp.zoo.tasks import TaskTable
 
     table = TaskTable.load(str(TASKS))
     for folder in candidate_dirs():
-        if folder.is_dir() and any(folder.glob("*.jsonl")):
-            for devices in ({REAL_DEVICE}, None):  # another folder may not have that device
-                ds = load_dataset(str(folder), table, devices=devices, limit=LIMIT, progress=False)
-                if len(ds) >= 100 and len(ds.networks()) >= 3:
-                    return folder, ds
+        if not (folder.is_dir() and any(folder.glob("*.jsonl"))):
+            continue
+        first = sorted(folder.glob(f"{slug(REAL_DEVICE)}.part-*.jsonl.gz"))[:1]
+        if first:
+            folder = tmp_path_factory.mktemp("real")
+            shutil.copy(first[0], folder)
+        ds = load_dataset(str(folder), table, limit=LIMIT, progress=False)
+        if len(ds) >= 100 and len(ds.networks()) >= 3:
+            return folder, ds
     pytest.skip(f"no dataset with >= 100 records among {[str(d) for d in candidate_dirs()]}")
 
 
