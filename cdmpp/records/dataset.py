@@ -22,7 +22,7 @@ import numpy as np
 from cdmpp import defaults
 from cdmpp.program.features import FEATURIZER_VERSION, ROWS_COMPATIBLE_VERSIONS, ProgramFeatures
 from cdmpp.records.labels import label, usable
-from cdmpp.records.store import LoadReport, RecordStore, publish_numbered
+from cdmpp.records.store import LoadReport, RecordStore, publish_numbered, slug
 
 
 @dataclass
@@ -131,7 +131,9 @@ def load_dataset(dataset_dir: str, task_table, devices=None, networks=None, task
     report = LoadReport()
     cache = FeatureCache(cache_dir or defaults.cache_dir(dataset_dir))
     records, failed = [], 0
-    for rec in store.iter_records(report=report):
+    chosen = (r for d in sorted(devices, key=slug) for r in store.iter_records(d, report)) if devices \
+        else store.iter_records(report=report)
+    for rec in chosen:  # with ``devices``, only their files are read (in file order, as without)
         if devices and rec.get("device") not in devices:
             continue
         y = label(rec)
