@@ -217,8 +217,6 @@ def test_programs_from_measures_the_other_devices_programs_first(tmp_path):
     cfg = MeasureConfig(repeat=2, min_repeat_ms=1, builders=1, quiet_share=1.0)
     target = tvm_env.make_target("llvm", num_cores=1)
     ds = str(tmp_path / "ds")
-    from cdmpp.devices.probe import local_hardware
-
     here = dict(threads=1, kind="cpu", hardware=local_hardware())  # measured here: this chip's devices
     a, b = SimpleNamespace(id="dev-a/llvm", **here), SimpleNamespace(id="dev-b/llvm", **here)
     sa = collect(tasks, ds, a, target, per_task=3, cfg=cfg, progress=False)
