@@ -134,8 +134,6 @@ def load_dataset(dataset_dir: str, task_table, devices=None, networks=None, task
     chosen = (r for d in sorted(devices, key=slug) for r in store.iter_records(d, report)) if devices \
         else store.iter_records(report=report)
     for rec in chosen:  # with ``devices``, only their files are read (in file order, as without)
-        if devices and rec.get("device") not in devices:
-            continue
         y = label(rec)
         if y is None:
             failed += 1
