@@ -369,6 +369,31 @@ def wait_stoppable(futures, timeout: float | None = None) -> bool:
             return False
 
 
+def build_budget(n_programs: int) -> float:
+    """Seconds a task's build job may take before it counts as hung."""
+    return BUILD_SECONDS_PER_PROGRAM * max(1, n_programs) + 60
+
+
+def next_ready(queue, budget: float):
+    """Remove and return the first ``(job, future, pool)`` of ``queue`` whose build is done, waiting until
+    one is; the head, done or not, once ``budget`` seconds pass. Taking builds as they finish, not in the
+    order submitted, a task slow to sample or build holds up only its own worker, not all those behind it."""
+    from cdmpp.measure.stop import STOP
+
+    deadline = time.monotonic() + budget
+    while True:
+        for i, item in enumerate(queue):
+            if item[1].done():
+                del queue[i]
+                return item
+        if STOP.is_set():
+            raise KeyboardInterrupt
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return queue.popleft()
+        cf.wait([f for _, f, _ in queue], timeout=min(1.0, left), return_when=cf.FIRST_COMPLETED)
+
+
 class Builders:
     """A process pool that prepares tasks (``prepare_task``); a crashed or hung pool is replaced."""
 
@@ -382,8 +407,10 @@ class Builders:
                                                initializer=build_worker_init, initargs=(self.threads, self.cores))
         return self.pool.submit(prepare_task, out_dir=self.out_dir, **job)
 
-    def result(self, fut: cf.Future, n_programs: int) -> tuple[list[Built] | None, float, int, str | None]:
-        if not wait_stoppable([fut], BUILD_SECONDS_PER_PROGRAM * max(1, n_programs) + 60):
+    def result(self, fut: cf.Future, n_programs: int, timeout: float | None = None
+               ) -> tuple[list[Built] | None, float, int, str | None]:
+        """The job's outcome, waiting at most ``timeout`` seconds (default: its build budget)."""
+        if not wait_stoppable([fut], build_budget(n_programs) if timeout is None else timeout):
             self.close(kill=True)
             return None, 0.0, 0, "build: timed out"
         try:
@@ -527,7 +554,8 @@ class FastMeasurer:
 
     def measure_jobs(self, jobs):
         """``jobs``: iterable of dicts (``task_key``, ``mod_json`` and ``traces``, or ``n`` + ``seed``, and
-        ``skip``). Yields ``(job, [(Built, seconds, error, others_cpu)])`` per job, in order."""
+        ``skip``). Yields ``(job, [(Built, seconds, error, others_cpu)])`` per job: as
+        their builds finish with overlap, else in the order given."""
         from collections import deque
 
         from cdmpp.measure.stop import STOP, _measuring
@@ -557,9 +585,14 @@ class FastMeasurer:
                     t0 = time.perf_counter()
                     wait_stoppable([f for _, f, _ in queue])
                     self.times["wait_build"] += time.perf_counter() - t0
-                job, fut, pool = queue.popleft()
                 t0 = time.perf_counter()
-                progs, sample_s, skipped, err = pool.result(fut, len(job.get("traces") or ()) or job.get("n", 1))
+                n = len(queue[0][0].get("traces") or ()) or queue[0][0].get("n", 1)
+                if self.overlap:  # builds as they finish; the head's budget bounds the wait
+                    job, fut, pool = next_ready(queue, build_budget(n))
+                    progs, sample_s, skipped, err = pool.result(fut, n, timeout=0)
+                else:  # all are built already
+                    job, fut, pool = queue.popleft()
+                    progs, sample_s, skipped, err = pool.result(fut, n)
                 self.times["wait_build"] += time.perf_counter() - t0
                 if self.overlap:
                     refill()

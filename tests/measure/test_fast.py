@@ -259,3 +259,21 @@ def test_a_stop_signal_does_not_wait_for_a_build_in_flight():
     finally:
         STOP.clear()
     assert time.monotonic() - t0 < 3
+
+
+def test_builds_are_taken_as_they_finish_and_a_hung_head_is_given_up_after_its_budget():
+    """A slow task's build holds up only its own worker: the measurer takes whichever build is done first."""
+    import concurrent.futures as cf
+    from collections import deque
+
+    from cdmpp.measure.fast import next_ready
+
+    slow, fast, later = cf.Future(), cf.Future(), cf.Future()
+    queue = deque([("slow", slow, None), ("fast", fast, None), ("later", later, None)])
+    fast.set_result("built")
+    assert next_ready(queue, budget=5)[0] == "fast"
+    t0 = time.monotonic()
+    assert next_ready(queue, budget=0.3)[0] == "slow"  # nothing done within the budget: the head
+    assert 0.25 <= time.monotonic() - t0 < 2
+    later.set_result("built")
+    assert next_ready(queue, budget=5)[0] == "later" and not queue
