@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 
 from cdmpp.errors import error_message
 
-BUILD_SECONDS_PER_PROGRAM = 60.0  # a task's build job fails after this many seconds per program
+BUILD_SECONDS_PER_PROGRAM = 20.0  # a build job hangs past this per program (+ 60 s); builds take 1-3 s per program
 STARTUP_S = 120.0  # a new runner process imports TVM
 _clock = time.perf_counter  # the direct timer's clock (a test replaces it)
 DIRECT_MIN_S = 1e-3  # repeats of kernels at least this long are timed around direct calls (adaptive_repeats)
@@ -369,9 +369,9 @@ def wait_stoppable(futures, timeout: float | None = None) -> bool:
             return False
 
 
-def build_budget(n_programs: int) -> float:
-    """Seconds a task's build job may take before it counts as hung."""
-    return BUILD_SECONDS_PER_PROGRAM * max(1, n_programs) + 60
+def build_budget(job: dict) -> float:
+    """Seconds a task's build job may be waited on before it counts as hung."""
+    return BUILD_SECONDS_PER_PROGRAM * max(1, len(job.get("traces") or ()) or job.get("n", 1)) + 60
 
 
 def next_ready(queue, budget: float):
@@ -407,10 +407,10 @@ class Builders:
                                                initializer=build_worker_init, initargs=(self.threads, self.cores))
         return self.pool.submit(prepare_task, out_dir=self.out_dir, **job)
 
-    def result(self, fut: cf.Future, n_programs: int, timeout: float | None = None
-               ) -> tuple[list[Built] | None, float, int, str | None]:
-        """The job's outcome, waiting at most ``timeout`` seconds (default: its build budget)."""
-        if not wait_stoppable([fut], build_budget(n_programs) if timeout is None else timeout):
+    def result(self, fut: cf.Future, timeout: float) -> tuple[list[Built] | None, float, int, str | None]:
+        """The job's outcome, waiting at most ``timeout`` seconds; a job not done by then has hung: the
+        pool is replaced."""
+        if not wait_stoppable([fut], timeout):
             self.close(kill=True)
             return None, 0.0, 0, "build: timed out"
         try:
@@ -581,18 +581,13 @@ class FastMeasurer:
             while queue:
                 if STOP.is_set():
                     raise KeyboardInterrupt
-                if not self.overlap:  # nothing builds while a program runs
-                    t0 = time.perf_counter()
-                    wait_stoppable([f for _, f, _ in queue])
-                    self.times["wait_build"] += time.perf_counter() - t0
                 t0 = time.perf_counter()
-                n = len(queue[0][0].get("traces") or ()) or queue[0][0].get("n", 1)
                 if self.overlap:  # builds as they finish; the head's budget bounds the wait
-                    job, fut, pool = next_ready(queue, build_budget(n))
-                    progs, sample_s, skipped, err = pool.result(fut, n, timeout=0)
-                else:  # all are built already
+                    job, fut, pool = next_ready(queue, build_budget(queue[0][0]))
+                else:  # nothing builds while a program runs: all first; a hung one is given up after its budget
+                    wait_stoppable([f for _, f, _ in queue], max(build_budget(j) for j, _, _ in queue))
                     job, fut, pool = queue.popleft()
-                    progs, sample_s, skipped, err = pool.result(fut, n)
+                progs, sample_s, skipped, err = pool.result(fut, timeout=0)
                 self.times["wait_build"] += time.perf_counter() - t0
                 if self.overlap:
                     refill()
