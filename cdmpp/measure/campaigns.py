@@ -113,15 +113,22 @@ def collect(tasks, dataset_dir: str, device, target, per_task: int = 32, budget_
     return stats
 
 
-def twin_traces(store: RecordStore, source: str, tasks: dict) -> dict[str, list]:
-    """Per task key (of ``tasks``, a dict by key), the traces of ``source``'s labelled programs."""
+def twin_traces(store: RecordStore, source: str, tasks: dict, done: dict | None = None) -> tuple[dict[str, list], int]:
+    """Per task key (of ``tasks``, a dict by key), the traces of ``source``'s labelled programs but those in
+    ``done`` (task key -> program hashes this device has already: replaying a trace only to skip it costs
+    a build worker as much as a new program); and how many were left out so."""
     if not store.files(source):
         raise ValueError(f"--programs-from {source}: no records of that device in {store.root}")
+    done = done or {}
     out: dict[str, list] = {}
+    skipped = 0
     for r in store.iter_records(source):
         if label(r) is not None and r["task"] in tasks and r.get("trace") is not None:
-            out.setdefault(r["task"], []).append(r["trace"])
-    return out
+            if r.get("program_hash") in done.get(r["task"], ()):
+                skipped += 1
+            else:
+                out.setdefault(r["task"], []).append(r["trace"])
+    return out, skipped
 
 
 def failed_jobs_path(dataset_dir: str, device_id: str) -> str:
@@ -157,7 +164,7 @@ def _collect_fast(tasks, dataset_dir, device, target, per_task, budget_minutes, 
         done.setdefault(task, set()).add(phash)
     task_list = sorted(tasks, key=lambda t: t.key)
     by_key = {t.key: t for t in task_list}
-    twins = twin_traces(store, programs_from, by_key) if programs_from else {}
+    twins, twins_done = twin_traces(store, programs_from, by_key, done) if programs_from else ({}, 0)
     run_id = store.add_run(run_provenance(device, target, cfg, None, per_task=per_task, seed=seed,
                                        measurer="fast", overlap=overlap, programs_from=programs_from))
     failed_path = failed_jobs_path(dataset_dir, device.id)
@@ -220,7 +227,7 @@ def _collect_fast(tasks, dataset_dir, device, target, per_task, budget_minutes, 
         results_of.close()
         bar.close()
         measurer.close()
-    stats["skipped_done"] = measurer.skipped
+    stats["skipped_done"] = measurer.skipped + twins_done
     stats["seconds"] = round(time.time() - t_start, 1)
     stats["programs_per_s"] = round(stats["measured"] / max(1e-9, stats["seconds"]), 3)
     stats["times"] = {k: round(v, 1) for k, v in measurer.times.items()}
