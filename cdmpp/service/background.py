@@ -1,6 +1,8 @@
 """A real uvicorn server in a background thread (tests, notebooks): ``with BackgroundServer(app) as url: ...``.
 
 Binds the socket itself (port 0 = an ephemeral port) so the URL is known before the first request.
+Start-up waits for the featurizer workers to import TVM, which on a busy 2-core machine can take over a
+minute: the start-up deadline is generous, since a server whose thread dies is reported at once anyway.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import time
 
 
 class BackgroundServer:
-    def __init__(self, app, host: str = "127.0.0.1", port: int = 0, startup_timeout_s: float = 60.0):
+    def __init__(self, app, host: str = "127.0.0.1", port: int = 0, startup_timeout_s: float = 240.0):
         import uvicorn
 
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
