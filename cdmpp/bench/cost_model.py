@@ -19,6 +19,8 @@ from __future__ import annotations
 import sys
 import time
 
+from cdmpp.bench.tune import DEFAULT_POPULATION
+
 DEFAULT_TASKS = [
     "resnet18@1/fused_conv2d4_subtract2_divide2_multiply2_add5_relu2",
     "bert_tiny@1/fused_matmul5_add3",
@@ -56,7 +58,7 @@ def _measured(task_key: str, mod, dataset_dir: str, device: str) -> tuple[list, 
     return cands, results
 
 
-def search_stream(mod, target, trials: int, per_iter: int, threads: int, seed: int) -> list[list]:
+def search_stream(mod, target, trials: int, per_iter: int, threads: int, seed: int, population: int) -> list[list]:
     """The batches of candidates a short MetaSchedule search asked its cost model to score, in order."""
     from tvm.ir.utils import derived_object
     from tvm.s_tir import meta_schedule as ms
@@ -84,7 +86,7 @@ def search_stream(mod, target, trials: int, per_iter: int, threads: int, seed: i
             return self.inner.predict(context, candidates)
 
     recording = Recording()
-    tune_one(mod, target, recording, trials, per_iter, threads, seed)
+    tune_one(mod, target, recording, trials, per_iter, threads, seed, population)
     return recording.batches
 
 
@@ -116,7 +118,8 @@ def _ratio(n: int, cdmpp_s: float, xgb_s: float) -> dict:
 
 
 def run(tasks: list[str], n: int, threads_list: list[int], model: str | None, device: str,
-        dataset_dir: str, task_table: str, seed: int, search_trials: int = 0) -> dict:
+        dataset_dir: str, task_table: str, seed: int, search_trials: int = 0,
+        search_population: int = DEFAULT_POPULATION) -> dict:
     from cdmpp.program import tvm_env
     from cdmpp.bench.tune import find_task
     from cdmpp.zoo.tasks import TaskTable, load_task_mod
@@ -170,9 +173,9 @@ def run(tasks: list[str], n: int, threads_list: list[int], model: str | None, de
               f"{r['extract_per_s']} programs/s", file=sys.stderr)
     if search_trials > 0:
         spec, mod, _, _, train = work[0]
-        batches = search_stream(mod, target, search_trials, 32, max(threads_list), seed)
+        batches = search_stream(mod, target, search_trials, 32, max(threads_list), seed, search_population)
         scored = sum(len(b) for b in batches)
-        stream = {"task": spec, "trials": search_trials, "scored": scored,
+        stream = {"task": spec, "trials": search_trials, "population": search_population, "scored": scored,
                   "repeat_share": round(_repeat_share(batches), 3), "threads": {}}
         for threads in threads_list:
             context, cm, xgb = fresh(mod, threads, train)

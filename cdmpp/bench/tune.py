@@ -54,6 +54,8 @@ def find_task(table, spec: str):
 # how each cdmpp cost model learns from the tuner's measurements (``CDMPPCostModel``'s ``correct`` and
 # ``online_finetune``): "cdmpp" as CDMPPCostModel() does by default, a per-task correction of its predictions;
 # "cdmpp-finetune" fine-tunes the transformer instead; "cdmpp-frozen" does not learn
+DEFAULT_POPULATION = 512  # MetaSchedule's own default
+
 CDMPP_KINDS = {"cdmpp": {"finetune": False, "correct": True}, "cdmpp-finetune": {"finetune": True, "correct": False},
                "cdmpp-frozen": {"finetune": False, "correct": False}}
 
@@ -75,8 +77,10 @@ def make_cost_model(kind: str, model: str | None, device: str | None, seed: int,
     raise ValueError(f"unknown cost model {kind!r}: expected {', '.join(CDMPP_KINDS)}, xgb, xgb-nowarmup or random")
 
 
-def tune_one(mod, target, cost_model, trials: int, per_iter: int, threads: int, seed: int) -> dict:
-    """One ``ms.tune_tir`` run; the measured latency of every trial in order, and the best schedule."""
+def tune_one(mod, target, cost_model, trials: int, per_iter: int, threads: int, seed: int,
+             population: int = DEFAULT_POPULATION) -> dict:
+    """One ``ms.tune_tir`` run; the measured latency of every trial in order, and the best schedule.
+    ``population``: candidates the evolutionary search keeps and scores per generation."""
     from tvm.s_tir import meta_schedule as ms
 
     from cdmpp.program import tvm_env
@@ -90,7 +94,8 @@ def tune_one(mod, target, cost_model, trials: int, per_iter: int, threads: int, 
             runner=ms.runner.LocalRunner(timeout_sec=30, initializer=tvm_env.worker_initializer,
                                          evaluator_config=ms.runner.EvaluatorConfig(number=3, repeat=3,
                                                                                     min_repeat_ms=50)),
-            database=ms.database.MemoryDatabase(), cost_model=cost_model, seed=seed, num_tuning_cores=threads)
+            database=ms.database.MemoryDatabase(), cost_model=cost_model, seed=seed, num_tuning_cores=threads,
+            strategy=ms.search_strategy.EvolutionarySearch(population_size=population))
         records = db.get_all_tuning_records()
     secs = []
     for r in records:  # commit order = trial order
@@ -145,17 +150,19 @@ def trials_to_reach(curve: list[float], goal: float) -> int | None:
 
 
 def run(tasks: list[str], cost_models: list[str], trials: int, per_iter: int, threads: int, model: str | None,
-        device: str | None, task_table: str, seeds: list[int], out: str | None = None) -> dict:
+        device: str | None, task_table: str, seeds: list[int], out: str | None = None,
+        population: int = DEFAULT_POPULATION) -> dict:
     """Every task x cost model x seed; a run is compared with XGBoost's run of the same task and seed.
 
     With ``out``, the report is rewritten after every run, and runs already in it (same trials, trials
-    per iteration, threads and model) are kept instead of tuned again: an interrupted benchmark resumes."""
+    per iteration, threads, model and population) are kept instead of tuned again: an interrupted benchmark
+    resumes. A small ``population`` makes a quick smoke run (the search scores fewer candidates)."""
     from cdmpp.program import tvm_env
 
     tvm_env.setup(threads)
     target = tvm_env.make_target("llvm", num_cores=threads)
     result = {"target": str(target), "trials": trials, "per_iter": per_iter, "threads": threads, "seeds": seeds,
-              "model": model or "shipped", "model_saw": sorted(_networks_seen(model)), "tasks": {}}
+              "model": model or "shipped", "population": population, "model_saw": sorted(_networks_seen(model)), "tasks": {}}
     done = _previous_runs(out, result)
     for spec, kind, seed in done:  # kept in the report until their task's turn comes, should this run stop first
         result["tasks"].setdefault(spec, {}).setdefault(kind, []).append(done[(spec, kind, seed)])
@@ -169,7 +176,7 @@ def run(tasks: list[str], cost_models: list[str], trials: int, per_iter: int, th
                 r = done.get((spec, kind, seed))
                 if r is None:
                     print(f"bench tune: {spec} with {kind}, seed {seed} ({trials} trials)", file=sys.stderr)
-                    r = _tune_and_retime(kind, mod, target, model, device, trials, per_iter, threads, seed)
+                    r = _tune_and_retime(kind, mod, target, model, device, trials, per_iter, threads, seed, population)
                 runs.setdefault(kind, []).append(r)
                 _compare_with_xgb(runs)
                 result["tasks"][spec] = runs
@@ -179,9 +186,9 @@ def run(tasks: list[str], cost_models: list[str], trials: int, per_iter: int, th
     return result
 
 
-def _tune_and_retime(kind, mod, target, model, device, trials, per_iter, threads, seed) -> dict:
+def _tune_and_retime(kind, mod, target, model, device, trials, per_iter, threads, seed, population) -> dict:
     cm = make_cost_model(kind, model, device, seed, threads)
-    r = tune_one(mod, target, cm, trials, per_iter, threads, seed)
+    r = tune_one(mod, target, cm, trials, per_iter, threads, seed, population)
     try:
         r["best_retimed_s"] = retime(mod, r.pop("best_record"), target)
     except Exception as e:  # a report without the re-timing beats no report
@@ -212,7 +219,8 @@ def _previous_runs(out: str | None, result: dict) -> dict:
         return {}
     with open(out) as f:
         old = json.load(f)
-    if any(old.get(k) != result[k] for k in ("target", "trials", "per_iter", "threads", "model")):
+    if any(old.get(k, DEFAULT_POPULATION if k == "population" else None) != result[k]
+           for k in ("target", "trials", "per_iter", "threads", "model", "population")):
         return {}
     return {(spec, kind, r["seed"]): {**r, "best_so_far": [np.inf if v is None else v for v in r["best_so_far"]],
                                       "trial_seconds": [np.inf if v is None else v for v in r["trial_seconds"]]}
@@ -289,7 +297,7 @@ def main(args) -> int:
     cms = [c.strip() for c in args.cost_models.split(",") if c.strip()]
     seeds = [int(x) for x in str(args.seeds).split(",") if x.strip()]
     r = run(tasks, cms, args.trials, args.per_iter, args.threads, args.model, args.device,
-            args.task_table, seeds, args.out)
+            args.task_table, seeds, args.out, args.population)
     print(table(r))
     for spec, v in r["verdict"].items():
         print(f"{spec}: cdmpp needs {100 * v['budget_share_to_xgb_final']:.0f} % of the trials to reach XGBoost's "

@@ -6,6 +6,7 @@ import os
 import sys
 
 from cdmpp import defaults
+from cdmpp.bench.tune import DEFAULT_POPULATION
 from cdmpp.cli.evaluation import _csv
 
 
@@ -160,6 +161,9 @@ def add_service_commands(sub, bsub) -> None:
     bt.add_argument("--device", help="device id of this machine in the model (default: matched by mcpu and threads)")
     bt.add_argument("--threads", type=int, default=2, help="threads the tuned programs run with (default 2)")
     bt.add_argument("--seeds", default="0,1", help="comma-separated search seeds (default %(default)s)")
+    bt.add_argument("--population", type=int, default=DEFAULT_POPULATION,
+                    help="candidates the evolutionary search scores per generation (default: MetaSchedule's "
+                         "%(default)s; smaller for a quick smoke run)")
     bt.add_argument("--out", default=defaults.REPORTS + "/tune.json")
     bt.set_defaults(func=cmd_bench_tune)
 

@@ -73,9 +73,12 @@ def remeasure(tasks, dataset_dir: str, device, target, passes: int = 2, min_gap_
         todo.append((r, len(r.get("remeasures", [])) + 2))  # a pass number no earlier pass of r used
     todo.sort(key=lambda t: t[0]["task"])
     run_id = store.add_run(run_provenance(device, target, cfg, rpc, mode="remeasure", passes=passes))
-    measurer = Measurer(target, cfg, rpc, pause_flag=os.path.join(dataset_dir, "PAUSE"), artifact_dir=artifact_dir)
+    measurer = None  # its build and run workers take seconds to start: only when there is work
+    if todo:
+        measurer = Measurer(target, cfg, rpc, pause_flag=os.path.join(dataset_dir, "PAUSE"), artifact_dir=artifact_dir)
     bar = tqdm(total=len(todo), unit="prog", desc="remeasure", disable=not progress, dynamic_ncols=True)
-    measurer.on_wait = lambda waited: bar.set_postfix_str(f"waiting {waited:.0f}s for a quiet machine")
+    if measurer:
+        measurer.on_wait = lambda waited: bar.set_postfix_str(f"waiting {waited:.0f}s for a quiet machine")
     deadline = time.time() + budget_minutes * 60 if budget_minutes else None
     stats = {"measured": 0, "failed": 0, "todo": len(todo), "too_recent": waiting, "stopped_by_budget": False}
     t_start, task_mod = time.time(), (None, None)
@@ -100,7 +103,8 @@ def remeasure(tasks, dataset_dir: str, device, target, passes: int = 2, min_gap_
             bar.set_postfix(ok=stats["measured"], failed=stats["failed"])
     finally:
         bar.close()
-        measurer.close()
+        if measurer:
+            measurer.close()
     stats["seconds"] = round(time.time() - t_start, 1)
     stats["run"] = run_id
     return stats

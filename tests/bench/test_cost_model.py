@@ -19,7 +19,7 @@ def test_bench_costmodel_reports_both_models(tvm):
     data = Path(__file__).resolve().parents[2] / "datasets"
     r = bench_costmodel.run(["bert_tiny@1/fused_softmax_broadcast_to2"], 8, [1], None,
                             "amd-epyc-znver4-2t/llvm-avx512", str(data / "measurements"),
-                            str(data / "tasks-llvm.json.gz"), seed=0, search_trials=8)
+                            str(data / "tasks-llvm.json.gz"), seed=0, search_trials=8, search_population=16)
     one = r["threads"]["1"]
     assert r["candidates"] == 8 and one["cdmpp_per_s"] > 0 and one["xgb_per_s"] > 0
     assert one["ratio"] == pytest.approx(one["cdmpp_per_s"] / one["xgb_per_s"], rel=1e-2)

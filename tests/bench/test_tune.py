@@ -20,7 +20,7 @@ def test_bench_tune_short(tvm, restore_logging, tmp_path, monkeypatch):
 
     table = str(Path(__file__).resolve().parents[2] / "datasets" / "tasks-llvm.json.gz")
     out = str(tmp_path / "tune.json")
-    args = dict(trials=4, per_iter=4, threads=1, model=None, device=None, task_table=table, seeds=[0])
+    args = dict(trials=4, per_iter=4, threads=1, model=None, device=None, task_table=table, seeds=[0], population=16)
     r = bench_tune.run(["bert_tiny@1/fused_softmax_broadcast_to2"], ["cdmpp", "xgb"], out=out, **args)
     assert json.loads(Path(out).read_text())["tasks"]["bert_tiny@1/fused_softmax_broadcast_to2"]["xgb"][0]["seed"] == 0
 

@@ -1,4 +1,7 @@
-"""Random valid schedules of the sample workloads."""
+"""Random valid schedules of the sample workloads. The GPU tests share a file: a process's first CUDA
+target loads TVM's CUDA intrinsics (tens of seconds)."""
+
+import pytest
 
 def test_every_workload_has_several_distinct_schedules(sampled):
     for name, schs in sampled.items():
@@ -22,3 +25,19 @@ def test_random_gpu_schedules_bind_every_loop(tvm):
         assert [m.kind for m in built.imports] == ["cuda"]
         assert "TVMBackendParallelLaunch" not in built.inspect_source("ll")
     assert random_loop_schedule(workloads.SAMPLES["matmul"](), random.Random(0), gpu=True) is None
+
+
+@pytest.mark.slow
+def test_sampled_gpu_schedules_featurize(tvm):
+    from cdmpp.measure import schedules
+    from cdmpp.program import tvm_env
+    from cdmpp.program.features import FEATURE_NAMES, compact_ast_of, featurize
+    from cdmpp.program.inputs import load_program
+    from cdmpp.zoo import workloads
+
+    target = tvm_env.make_target("cuda")
+    schs = schedules.sample_schedules(workloads.matmul(), target, 2, seed=0)
+    feats = featurize(schs[0].mod, target)
+    assert feats.leaf_features[:, FEATURE_NAMES.index("is_gpu")].min() == 1.0
+    assert feats.leaf_features[:, FEATURE_NAMES.index("threadIdx_x_len")].max() > 1.0
+    assert compact_ast_of(load_program(schs[0].mod, target), feats.n_leaves).n_leaves == feats.n_leaves

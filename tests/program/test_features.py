@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from cdmpp.program.compact_ast import END, build_compact_ast, lower_for_features
-from cdmpp.program.features import FEATURE_NAMES, N_FEATURES, Featurizer, compact_ast_of, featurize
+from cdmpp.program.features import FEATURE_NAMES, N_FEATURES, Featurizer, featurize
 from cdmpp.program.inputs import load_program
 
 
@@ -129,20 +129,6 @@ def test_same_program_same_output_across_processes(sampled):
     out = subprocess.run([sys.executable, "-c", code], input=sch.mod.script(), capture_output=True, text=True, check=True)
     h, total = out.stdout.split()
     assert h == a.program_hash and float(total) == pytest.approx(float(a.leaf_features.sum()), rel=1e-6)
-
-
-@pytest.mark.slow
-def test_gpu_program_featurizes(tvm):
-    from cdmpp.measure import schedules
-    from cdmpp.program import tvm_env
-    from cdmpp.zoo import workloads
-
-    target = tvm_env.make_target("cuda")
-    schs = schedules.sample_schedules(workloads.matmul(), target, 2, seed=0)
-    feats = featurize(schs[0].mod, target)
-    assert feats.leaf_features[:, FEATURE_NAMES.index("is_gpu")].min() == 1.0
-    assert feats.leaf_features[:, FEATURE_NAMES.index("threadIdx_x_len")].max() > 1.0
-    assert compact_ast_of(load_program(schs[0].mod, target), feats.n_leaves).n_leaves == feats.n_leaves
 
 
 def test_two_thousand_blocks_featurize(tvm, predictor, device):
