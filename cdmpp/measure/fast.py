@@ -407,10 +407,10 @@ class Builders:
                                                initializer=build_worker_init, initargs=(self.threads, self.cores))
         return self.pool.submit(prepare_task, out_dir=self.out_dir, **job)
 
-    def result(self, fut: cf.Future, timeout: float) -> tuple[list[Built] | None, float, int, str | None]:
-        """The job's outcome, waiting at most ``timeout`` seconds; a job not done by then has hung: the
-        pool is replaced."""
-        if not wait_stoppable([fut], timeout):
+    def result(self, fut: cf.Future) -> tuple[list[Built] | None, float, int, str | None]:
+        """The job's outcome. The caller has waited the job's budget: a job not done by now has hung, and
+        the pool is replaced."""
+        if not fut.done():
             self.close(kill=True)
             return None, 0.0, 0, "build: timed out"
         try:
@@ -587,7 +587,7 @@ class FastMeasurer:
                 else:  # nothing builds while a program runs: all first; a hung one is given up after its budget
                     wait_stoppable([f for _, f, _ in queue], max(build_budget(j) for j, _, _ in queue))
                     job, fut, pool = queue.popleft()
-                progs, sample_s, skipped, err = pool.result(fut, timeout=0)
+                progs, sample_s, skipped, err = pool.result(fut)
                 self.times["wait_build"] += time.perf_counter() - t0
                 if self.overlap:
                     refill()
