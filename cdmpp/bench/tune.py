@@ -51,11 +51,11 @@ def find_task(table, spec: str):
     return task
 
 
+DEFAULT_POPULATION = 512  # candidates the evolutionary search scores per generation: MetaSchedule's own default
+
 # how each cdmpp cost model learns from the tuner's measurements (``CDMPPCostModel``'s ``correct`` and
 # ``online_finetune``): "cdmpp" as CDMPPCostModel() does by default, a per-task correction of its predictions;
 # "cdmpp-finetune" fine-tunes the transformer instead; "cdmpp-frozen" does not learn
-DEFAULT_POPULATION = 512  # MetaSchedule's own default
-
 CDMPP_KINDS = {"cdmpp": {"finetune": False, "correct": True}, "cdmpp-finetune": {"finetune": True, "correct": False},
                "cdmpp-frozen": {"finetune": False, "correct": False}}
 
