@@ -428,6 +428,28 @@ def markdown(summary: dict, methods: Sequence[str] | None = None) -> str:
     return "\n".join(lines)
 
 
+def run_in_processes(fn, tasks: list[tuple], jobs: int) -> None:
+    """``fn(*task)`` for every task, ``jobs`` spawned processes at a time. A failed task or a stop (Ctrl-C,
+    or SIGTERM through ``cdmpp.cli``) cancels the queued tasks and kills the running ones: leaving the pool's
+    ``with`` block would otherwise wait for every queued task to run to its end (minutes of training each).
+    Rows of tasks that finished are already in the runs file."""
+    import concurrent.futures as cf
+    import multiprocessing as mp
+
+    with cf.ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn")) as pool:
+        futures = [pool.submit(fn, *task) for task in tasks]
+        try:
+            for f in futures:
+                f.result()
+        except BaseException:
+            for f in futures:
+                f.cancel()
+            for p in list((getattr(pool, "_processes", None) or {}).values()):
+                p.kill()
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+
+
 def run_protocol(opts: ProtocolOptions, jobs: int = 1, command: str = "", summary_path: str | None = None) -> dict:
     """All seeds and settings (``jobs`` processes in parallel, one (seed, model) job each), then the
     summary of ``opts.runs`` (with ``opts.train_fractions``: its learning curve, ``aggregate_curve``)."""
@@ -438,16 +460,11 @@ def run_protocol(opts: ProtocolOptions, jobs: int = 1, command: str = "", summar
             raise ValueError(f"train fractions must be in (0, 1], got {list(opts.train_fractions)}")
     start = _dt.datetime.now().isoformat(timespec="seconds")
     if jobs > 1:  # one job per (seed, group of settings that share a trained model)
-        from concurrent.futures import ProcessPoolExecutor
-        import multiprocessing as mp
-
         groups = [[s] for s in opts.settings if not s.startswith("cross-device")]
         groups += [[s for s in opts.settings if s.startswith("cross-device")]]
         tasks = [(replace(opts, settings=g), seed) for g in groups if g for seed in opts.seeds]
         tasks.sort(key=lambda t: (not t[0].settings[0].startswith("cross-device"), t[1]))  # longest first
-        with ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn")) as pool:
-            for f in [pool.submit(run_seed, o, s) for o, s in tasks]:
-                f.result()
+        run_in_processes(run_seed, tasks, jobs)
     else:
         ds = load_pinned(opts)
         for s in opts.seeds:

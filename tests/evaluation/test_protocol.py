@@ -52,3 +52,16 @@ def test_protocol_seed_mechanics_with_every_peer(two_devices, tiny_recipe, tmp_p
     seen = {m for s, m in by if s == "cross-device-seen"}
     assert {"twin-ratio k=8 (random)", "Tenset MLP k=8 (random)", "TVM XGBModel (ranking only)"} <= seen
     assert "TVM XGBModel (ranking only) k=8 (random)" not in seen
+
+
+def test_a_failed_job_stops_the_queued_and_running_ones():
+    """`cdmpp protocol --jobs N` must stop when one job fails or the command is stopped, not run every queued job
+    to its end first (``time.sleep(-1)`` fails at once; the others would sleep a minute each)."""
+    import time
+
+    from cdmpp.evaluation.protocol import run_in_processes
+
+    t = time.monotonic()
+    with pytest.raises(ValueError, match="non-negative"):
+        run_in_processes(time.sleep, [(-1,), (60,), (60,), (60,)], jobs=2)
+    assert time.monotonic() - t < 30
