@@ -442,8 +442,6 @@ def run_in_processes(fn, tasks: list[tuple], jobs: int) -> None:
             for f in futures:
                 f.result()
         except BaseException:
-            for f in futures:
-                f.cancel()
             for p in list((getattr(pool, "_processes", None) or {}).values()):
                 p.kill()
             pool.shutdown(wait=False, cancel_futures=True)
