@@ -43,6 +43,7 @@ def _protocol_options(args, default_settings=None, **more):
                            settings=_csv(args.settings) if args.settings else list(default_settings or SETTINGS), seeds=[int(s) for s in _csv(args.seeds)],
                            methods=_csv(args.methods), recipe=args.recipe, overrides=overrides, label=args.label,
                            minutes=args.minutes, runs=args.runs, peer_minutes=args.peer_minutes, limit=args.limit,
+                           threads=args.threads,
                            **more)
 
 
@@ -202,7 +203,9 @@ def add_eval_commands(sub) -> None:
     proto.add_argument("--device-ids", default="amd-epyc-znver4-2t/llvm-avx512,amd-epyc-znver4-1t/llvm-avx512",
                        help="devices whose programs are used (pinned, so added data does not move the numbers)")
     proto.add_argument("--target-device", default="amd-epyc-znver4-1t/llvm-avx512")
-    proto.add_argument("--jobs", type=int, default=1, help="seeds run in parallel processes (1 thread each)")
+    proto.add_argument("--jobs", type=int, default=1, help="seeds run in parallel processes")
+    proto.add_argument("--threads", type=int, default=1,
+                       help="torch / XGBoost threads of each job (default 1; the shipped model trains with all cores)")
     proto.add_argument("--limit", type=int, help="use only the first N records (smoke runs)")
     proto.add_argument("--summarize-only", action="store_true",
                        help="train nothing: rewrite the summary (.json and .md) from the rows already in --runs")

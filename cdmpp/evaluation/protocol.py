@@ -153,7 +153,8 @@ def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | Non
 
         device_table = DeviceTable(opts.devices).spec_table()
     config = recipe_config(opts.recipe, seed=seed, max_minutes=opts.minutes, progress=False, **opts.overrides)
-    out = _Writer(opts.runs, dict(seed=seed, recipe=opts.recipe, overrides=opts.overrides, minutes=opts.minutes))
+    common = dict(seed=seed, recipe=opts.recipe, overrides=opts.overrides, minutes=opts.minutes)
+    out = _Writer(opts.runs, common if opts.threads == 1 else {**common, "threads": opts.threads})
 
     def train_cdmpp(split, pool):
         t = time.monotonic()

@@ -60,7 +60,7 @@ class TrainConfig:
     label: str = "boxcox"  # "boxcox" (lambda by ML) | "log"
     mape_scale: bool = False  # multiply predictions by the factor with the lowest validation MAPE (mape_scale)
     gbt_blend: bool = False  # blend in a pooled GBT on log latency, weight chosen on val (cdmpp.model.blend)
-    gbt_minutes: float = 1.0  # the blend's GBT gets this long, or what the transformer left (early stopping ends it first)
+    gbt_minutes: float = 1.0  # the blend's GBT ends this long after max_minutes (early stopping ends it first)
     blend_rank_slack: float = 0.0  # > 0: the best-ranking blend weight within this relative slack of the best MAPE
     loss: str = "paper"  # "paper": mse_weight·MSE + mape_weight·MAPE | "l1": L1 in label space | "mape": MAPE on seconds
     # optimization: loss = mse_weight·MSE + mape_weight·MAPE (Box-Cox space), Adam, triangular CyclicLR
@@ -316,8 +316,10 @@ def fit(config: TrainConfig, train_set: Sequence[LabeledProgram], val_set: Seque
         trained.calibration["scale"] = c = mape_scale(pred, val.seconds)
         pred, lo_s, hi_s = pred * c, lo_s * c, hi_s * c
     if config.gbt_blend:
-        factor = _add_gbt_blend(trained, train_set, val_set, pred, config.seed,
-                                max(deadline - time.monotonic(), 60.0 * config.gbt_minutes), config.blend_rank_slack)
+        # the GBT ends gbt_minutes after the transformer's deadline, so the whole fit stays within
+        # max_minutes + gbt_minutes (it also gets what a transformer stopped early left)
+        gbt_budget = max(deadline + 60.0 * config.gbt_minutes - time.monotonic(), 10.0)
+        factor = _add_gbt_blend(trained, train_set, val_set, pred, config.seed, gbt_budget, config.blend_rank_slack)
         pred, lo_s, hi_s = pred * factor, lo_s * factor, hi_s * factor
     rel = np.abs(pred - val.seconds) / val.seconds
     trained.summary = dict(

@@ -250,6 +250,33 @@ def test_budget_lr_warms_up_then_decays_to_the_base_rate():
         TrainConfig(lr_schedule="step")
 
 
+def test_the_gbt_blend_ends_gbt_minutes_after_the_transformers_deadline(monkeypatch):
+    """Full training stays within max_minutes + gbt_minutes: what runs between the transformer's deadline
+    and the GBT (the members' validation predictions, the interval calibration) comes out of the GBT's time."""
+    import time
+
+    from cdmpp.model import training
+
+    real_blend, real_calibrate, ends = training._add_gbt_blend, TrainedModel.calibrate, []
+
+    def slow_calibrate(self, *args):
+        time.sleep(1.0)
+        return real_calibrate(self, *args)
+
+    def blend_spy(trained, train_set, val_set, val_pred, seed, budget_s, rank_slack):
+        ends.append(time.monotonic() + budget_s)
+        return real_blend(trained, train_set, val_set, val_pred, seed, budget_s, rank_slack)
+
+    monkeypatch.setattr(TrainedModel, "calibrate", slow_calibrate)
+    monkeypatch.setattr(training, "_add_gbt_blend", blend_spy)
+    rng = np.random.default_rng(4)
+    config = quick_config(gbt_blend=True, ensemble=1, epochs=10_000, patience=10_000, max_minutes=0.04,
+                          gbt_minutes=0.25, label="log", loss="mape")
+    start = time.monotonic()
+    fit(config, synthetic_samples(300, rng), synthetic_samples(100, rng), device_table=DEVICES)
+    assert ends and ends[0] <= start + 60.0 * (0.04 + 0.25) + 0.3
+
+
 def test_the_gbt_blend_is_within_its_slack_of_either_part_on_val_and_survives_a_checkpoint(tmp_path):
     """With ``gbt_blend`` the model's prediction is exp(w log members + (1 - w) log GBT), w chosen on the
     validation split among weights that include 0 and 1 (the best-ranking one within ``blend_rank_slack``

@@ -42,9 +42,11 @@ class Server:
              "--no-access-log", "--log-level", "warning", *args],
             cwd=tmp, env=full_env, stdout=subprocess.DEVNULL, stderr=open(log, "w"))
         self.headers = {"Authorization": f"Bearer {full_env['CDMPP_TOKEN']}"} if "CDMPP_TOKEN" in full_env else {}
+
+    def wait_healthy(self) -> "Server":
         deadline = time.monotonic() + 180
         while True:
-            assert self.proc.poll() is None, log.read_text()[-3000:]
+            assert self.proc.poll() is None, self.log.read_text()[-3000:]
             assert time.monotonic() < deadline, "server did not become healthy"
             try:
                 if httpx.get(self.url + "/healthz", timeout=2).json()["status"] == "ok":
@@ -55,6 +57,7 @@ class Server:
         self.device = next(d["id"] for d in httpx.get(self.url + "/v1/devices", headers=self.headers).json()["devices"]
                            if "llvm" in d["id"])
         self.workers = descendants(self.proc.pid)
+        return self
 
     def stop(self) -> set[int]:
         seen = self.workers | descendants(self.proc.pid)
@@ -69,6 +72,8 @@ def servers(tmp_path_factory):
     plain = Server(tmp_path_factory.mktemp("serve-default"), logs / "default.log", tmp_path_factory.mktemp("tmp"))
     trusted = Server(tmp_path_factory.mktemp("serve-trusted"), logs / "trusted.log", tmp_path_factory.mktemp("tmp"),
                      "--allow-tvmscript", env={"CDMPP_TOKEN": SECRET})
+    for server in (plain, trusted):  # started together, waited for in turn
+        server.wait_healthy()
     yield plain, trusted
     seen = plain.stop() | trusted.stop()
     deadline = time.monotonic() + 15
