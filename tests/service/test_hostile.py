@@ -43,7 +43,7 @@ class Server:
             cwd=tmp, env=full_env, stdout=subprocess.DEVNULL, stderr=open(log, "w"))
         self.headers = {"Authorization": f"Bearer {full_env['CDMPP_TOKEN']}"} if "CDMPP_TOKEN" in full_env else {}
 
-    def wait_healthy(self) -> "Server":
+    def wait_healthy(self) -> None:
         deadline = time.monotonic() + 180
         while True:
             assert self.proc.poll() is None, self.log.read_text()[-3000:]
@@ -57,7 +57,6 @@ class Server:
         self.device = next(d["id"] for d in httpx.get(self.url + "/v1/devices", headers=self.headers).json()["devices"]
                            if "llvm" in d["id"])
         self.workers = descendants(self.proc.pid)
-        return self
 
     def stop(self) -> set[int]:
         seen = self.workers | descendants(self.proc.pid)
