@@ -13,3 +13,14 @@ def test_protocol_runs_every_setting_and_the_learning_curve_two_by_default():
     curve = parse(["learning-curve"])
     assert list(_protocol_options(curve, ("random-new", "cross-model")).settings) == ["random-new", "cross-model"]
     assert list(_protocol_options(parse(["protocol", "--settings", "cross-model"])).settings) == ["cross-model"]
+
+
+def test_threads_reach_the_protocol_options():
+    """``--threads`` sets each job's torch and XGBoost threads (one by default)."""
+    from cdmpp.cli import build_parser
+    from cdmpp.cli.evaluation import _protocol_options
+
+    parse = build_parser().parse_args
+    assert _protocol_options(parse(["protocol"])).threads == 1
+    assert _protocol_options(parse(["protocol", "--threads", "2"])).threads == 2
+    assert _protocol_options(parse(["learning-curve", "--threads", "2"]), ("random-new",)).threads == 2
