@@ -370,8 +370,9 @@ def _train_run(config: TrainConfig, seed: int, train: _Split, val: _Split, targe
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
     model = _model_with(config, train, dev_matrix)
-    opt = (torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay) if config.weight_decay
-           else torch.optim.Adam(model.parameters(), lr=config.lr))
+    # foreach: one fused update over all tensors; PyTorch's CPU default loops over them in Python
+    opt = (torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay, foreach=True)
+           if config.weight_decay else torch.optim.Adam(model.parameters(), lr=config.lr, foreach=True))
     steps_per_epoch = math.ceil(len(train.pack) / config.batch_size)
     if config.lr_schedule == "budget":
         sched = _BudgetLR(opt, config.lr, config.max_lr, deadline, config.epochs * steps_per_epoch)
@@ -525,7 +526,7 @@ def finetune(trained: TrainedModel, labeled_set: Sequence[LabeledProgram], confi
                       *(model.film.parameters() if model.film is not None else [])]
         else:
             params = list(model.parameters())
-        opt = torch.optim.Adam(params, lr=config.finetune_lr)
+        opt = torch.optim.Adam(params, lr=config.finetune_lr, foreach=True)
         model.train()
         for _ in range(steps):
             idx = rng.choice(len(labeled_set), size=batch, replace=False)
