@@ -135,7 +135,8 @@ def test_a_candidate_scored_again_is_not_featurized_again(tvm, predictor, device
     cm._extract = lambda ctx, cs: extracted.extend(cs) or extract(ctx, cs)
     again = cm._local(context, cands[4:], device, "t")
     assert extracted == cands[10:]  # only the six never seen
-    np.testing.assert_array_equal(again[:6], first[4:])
+    # the same features; the score may differ in float32 rounding, since the batch around it differs
+    np.testing.assert_allclose(again[:6], first[4:], rtol=1e-6)
     hashes = {f.program_hash for f in cm._features(context, cands)}
     assert all(hashes) and len(hashes) == len(cm.features_)
 
