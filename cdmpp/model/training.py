@@ -316,8 +316,8 @@ def fit(config: TrainConfig, train_set: Sequence[LabeledProgram], val_set: Seque
         trained.calibration["scale"] = c = mape_scale(pred, val.seconds)
         pred, lo_s, hi_s = pred * c, lo_s * c, hi_s * c
     if config.gbt_blend:
-        # the GBT ends gbt_minutes after the transformer's deadline, so the whole fit stays within
-        # max_minutes + gbt_minutes (it also gets what a transformer stopped early left; never under 10 s)
+        # the GBT's boosting ends gbt_minutes after the transformer's deadline (it also gets what a transformer
+        # stopped early left; never under 10 s); the blend weight chosen after it is not counted
         gbt_budget = max(deadline + 60.0 * config.gbt_minutes - time.monotonic(), 10.0)
         factor = _add_gbt_blend(trained, train_set, val_set, pred, config.seed, gbt_budget, config.blend_rank_slack)
         pred, lo_s, hi_s = pred * factor, lo_s * factor, hi_s * factor

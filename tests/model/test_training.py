@@ -251,8 +251,8 @@ def test_budget_lr_warms_up_then_decays_to_the_base_rate():
 
 
 def test_the_gbt_blend_ends_gbt_minutes_after_the_transformers_deadline(monkeypatch):
-    """Full training stays within max_minutes + gbt_minutes: what runs between the transformer's deadline
-    and the GBT (the members' validation predictions, the interval calibration) comes out of the GBT's time."""
+    """The GBT's budget ends max_minutes + gbt_minutes after the fit starts: what runs between the transformer's
+    deadline and the GBT (the members' validation predictions, the interval calibration) comes out of its time."""
     import time
 
     from cdmpp.model import training
