@@ -14,7 +14,7 @@ from typing import Sequence
 
 import numpy as np
 
-from cdmpp.evaluation.metrics import ranking_metrics
+from cdmpp.evaluation.metrics import within_task_spearman
 
 WEIGHTS = np.linspace(0.0, 1.0, 11)
 
@@ -35,6 +35,6 @@ def blend_weight(seconds: np.ndarray, a: np.ndarray, b: np.ndarray, tasks: Seque
     if tasks is None or rank_slack <= 0:
         return float(WEIGHTS[best])
     near = [i for i in range(len(WEIGHTS)) if mape[i] <= (1.0 + rank_slack) * mape[best]]
-    rho = {i: ranking_metrics(y, blend(a, b, WEIGHTS[i]), tasks)["spearman"] for i in near}
+    rho = {i: within_task_spearman(y, blend(a, b, WEIGHTS[i]), tasks) for i in near}
     rho = {i: r if np.isfinite(r) else -np.inf for i, r in rho.items()}
     return float(WEIGHTS[max(near, key=lambda i: (rho[i], -mape[i]))])

@@ -131,9 +131,11 @@ def load_dataset(dataset_dir: str, task_table, devices=None, networks=None, task
     report = LoadReport()
     cache = FeatureCache(cache_dir or defaults.cache_dir(dataset_dir))
     records, failed = [], 0
-    chosen = (r for d in sorted(devices, key=slug) for r in store.iter_records(d, report)) if devices \
-        else store.iter_records(report=report)
-    for rec in chosen:  # with ``devices``, only their files are read (in file order, as without)
+    def chosen(traces: bool, report: LoadReport):  # with ``devices``, only their files (in file order, as without)
+        return (r for d in sorted(devices, key=slug) for r in store.iter_records(d, report, traces)) if devices \
+            else store.iter_records(report=report, traces=traces)
+
+    for rec in chosen(False, report):  # labels and ids only: a trace is read again where features are missing
         y = label(rec)
         if y is None:
             failed += 1
@@ -143,9 +145,9 @@ def load_dataset(dataset_dir: str, task_table, devices=None, networks=None, task
             break
     for p in report.problems:
         print(f"dataset: {p}", file=sys.stderr)
-    missing = [r for r, _ in records if cache.get(r["program_hash"]) is None]
+    missing = {r["id"] for r, _ in records if cache.get(r["program_hash"]) is None}
     if missing:
-        _featurize_records(missing, task_table, cache, progress)
+        _featurize_records([r for r in chosen(True, LoadReport()) if r["id"] in missing], task_table, cache, progress)
     ds = Dataset(failed=failed, report=report)
     for rec, y in records:
         f = cache.get(rec["program_hash"])

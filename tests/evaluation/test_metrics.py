@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -76,3 +77,24 @@ def test_noise_floor(tmp_path):
 def test_mape_capped_limits_each_error_to_100_percent():
     m = ev.regression_metrics([1.0, 1.0], [1.5, 101.0])  # 50 % and 10,000 %
     assert m["mape_capped"] == pytest.approx(0.75) and m["mape"] == pytest.approx(50.25)
+
+
+def test_within_task_spearman_matches_scipy_per_task_with_ties_and_constant_tasks():
+    from scipy import stats
+
+    rng = np.random.default_rng(0)
+    tasks = rng.integers(0, 60, 600).astype(str)
+    y = rng.integers(0, 6, 600).astype(float)  # many ties
+    key = np.round(rng.normal(size=600), 1)
+    key[tasks == "7"] = 1.0  # a constant prediction: undefined, counts 0
+    y[tasks == "8"] = 2.0  # a constant latency: the same
+    expected = []
+    for t in np.unique(tasks):
+        i = tasks == t
+        if i.sum() >= 3:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # the constant tasks
+                r = stats.spearmanr(key[i], y[i]).statistic
+            expected.append(r if np.isfinite(r) else 0.0)
+    assert ev.within_task_spearman(y, key, tasks) == pytest.approx(np.mean(expected), abs=1e-12)
+    assert math.isnan(ev.within_task_spearman([1.0, 2.0], [1.0, 2.0], ["a", "a"]))

@@ -82,3 +82,17 @@ def test_quarantined_part_then_seal_overwrites_nothing(tmp_path):
     assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
     assert sorted(r["id"] for r in store.iter_records()) == sorted(
         f"d|t|{k}{x}" for k in (0, 2, 3, 4) for x in "ab")
+
+
+def test_records_read_without_traces_equal_the_full_records_less_their_trace(tmp_path):
+    trace = [[["Annotate", ["b1", "\"SSRSRS\""], ["k\":1,\"seconds\":[9]"], []]], [[0, [1, 2]]]]
+    recs = [
+        {"id": "d|t|0", "trace": trace, "seconds": [1.0], "error": None},  # the collector's key order
+        {"id": "d|t|1", "seconds": [2.0], "trace": trace, "error": None},  # trace after seconds
+        {"id": "d|t|2", "trace": [{"seconds": 1}], "networks": ["n@1"], "seconds": [3.0]},  # keys in the trace
+        {"id": "d|t|3", "seconds": [4.0]},  # no trace
+    ]
+    store = RecordStore(str(tmp_path), seal_every=2)
+    store.append("d", recs)
+    light = list(store.iter_records(traces=False))
+    assert light == [{k: v for k, v in r.items() if k != "trace"} for r in recs]
