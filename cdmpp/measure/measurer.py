@@ -314,6 +314,9 @@ class Measurer:
             r = self.runner.run([inp])[0].result()
         finally:
             timer.cancel()
+            # a kill in flight must end before the next program is sent: until it has, the worker's pipe
+            # is closed but the worker not yet marked dead ("write to closed file" for the next program)
+            timer.join()
         if fired.is_set():
             return None, f"Timeout: runner worker killed after {limit:g} s"
         return r.run_secs, r.error_msg
