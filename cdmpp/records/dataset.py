@@ -181,7 +181,10 @@ def _featurize_records(records: list[dict], task_table, cache: FeatureCache, pro
     featurizer = Featurizer()
     mods: dict[str, object] = {}
     last_flush = time.time()
-    for rec in tqdm(records, desc="featurize", unit="prog", disable=not progress, dynamic_ncols=True):
+    first = {}  # one record per program: its twins on other devices share its features (cache key: the hash)
+    for rec in records:
+        first.setdefault(rec["program_hash"], rec)
+    for rec in tqdm(list(first.values()), desc="featurize", unit="prog", disable=not progress, dynamic_ncols=True):
         workload = _workload_of(rec, task_table, mods)
         if workload is None:
             print(f"dataset: task {rec['task']} of {rec['id']} is not in the task table; skipped", file=sys.stderr)

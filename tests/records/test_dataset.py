@@ -46,3 +46,23 @@ def test_loops_survive_the_feature_cache_and_the_wire(tmp_path):
         back = decode_features(encode_features(f))
         assert (back.loops is None) == (f.loops is None)
         assert f.loops is None or np.array_equal(back.loops, f.loops)
+
+
+def test_twins_are_featurized_once(real, tmp_path, monkeypatch):
+    """Records of one program on several devices share its features, so a fresh cache extracts each once."""
+    from cdmpp.program.features import Featurizer
+    from cdmpp.records.dataset import _featurize_records
+    from cdmpp.records.store import RecordStore
+    from cdmpp.zoo.tasks import TaskTable
+    from tests.data import TASKS
+
+    folder, _ = real
+    records = [r for _, r in zip(range(6), RecordStore(str(folder)).iter_records())]
+    twins = [{**r, "id": r["id"] + "-twin", "device": "other/llvm"} for r in records[:3]]
+    calls = []
+    extract = Featurizer.__call__
+    monkeypatch.setattr(Featurizer, "__call__", lambda self, programs, *a, **k: calls.append(1) or extract(self, programs, *a, **k))
+    cache = FeatureCache(str(tmp_path))
+    _featurize_records(records + twins, TaskTable.load(str(TASKS)), cache, progress=False)
+    hashes = {r["program_hash"] for r in records}
+    assert len(calls) == len(hashes) and all(cache.get(h) is not None for h in hashes)
