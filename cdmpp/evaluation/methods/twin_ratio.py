@@ -187,15 +187,17 @@ class TwinAmdahl(Peer):
     region, paid only when t > 1), with each parallel leaf's ``t`` cut to what its loop extent allows
     (``time_per_work``). So the target latency follows from the source twin's label, both
     devices' thread counts and ``o``; ``o`` is the source device's lower envelope of latency per parallel
-    leaf (1 % quantile over its training programs: no kernel runs faster than its fork/joins). Nothing
+    leaf (``quantile``, 1 %, over its training programs: no kernel runs faster than its fork/joins). Nothing
     is fitted on target shots; the twin-ratio GBT learns the same regime only where shots land in it.
     """
 
     label = "twin-Amdahl"
 
-    def __init__(self, twins: dict, source_threads: int, target_threads: int, floor: float = 0.01):
+    def __init__(self, twins: dict, source_threads: int, target_threads: int, floor: float = 0.01,
+                 quantile: float = 0.01):
         self.twins, self.source_threads, self.target_threads = twins, int(source_threads), int(target_threads)
         self.floor = floor  # the work left after removing fork/joins is at least this share of the label
+        self.quantile = quantile  # of the source's latency per parallel leaf: the fork/join cost ``o``
 
     def fit(self, source_programs: Sequence, val=None, time_budget_s=None) -> "TwinAmdahl":
         """Estimates ``o`` from the source device's programs (labels and features; no target label). A
@@ -205,7 +207,7 @@ class TwinAmdahl(Peer):
             return self
         share = parallel_share(source_programs)
         per_leaf = np.array([p.seconds for p in source_programs])[share[:, 1] > 0] / share[share[:, 1] > 0, 1]
-        self.overhead_ = float(np.quantile(per_leaf, 0.01)) if len(per_leaf) else 0.0
+        self.overhead_ = float(np.quantile(per_leaf, self.quantile)) if len(per_leaf) else 0.0
         return self
 
     def predict(self, programs: Sequence) -> np.ndarray:
