@@ -117,7 +117,7 @@ def cmd_train(args) -> int:
         model = train_checkpoint(args.recipe, args.dataset, args.out, args.task_table, args.devices,
                                  args.max_minutes, args.val, args.seed, args.limit,
                                  device_ids=_csv(args.device_ids) or None,
-                                 exclude_networks=_csv(args.exclude_networks) or None)
+                                 exclude_networks=_csv(args.exclude_networks) or None, val_by=args.val_by)
     except ValueError as e:
         print(f"cdmpp train: {e}", file=sys.stderr)
         return 2
@@ -232,7 +232,10 @@ def add_eval_commands(sub) -> None:
     t.add_argument("--recipe", default="default")
     t.add_argument("--out", default=defaults.MODEL_OUT, help="checkpoint folder")
     t.add_argument("--max-minutes", type=float, help="override the recipe's time budget")
-    t.add_argument("--val", type=float, default=0.1, help="validation fraction per device (default 0.1)")
+    t.add_argument("--val", type=float, default=0.1, help="validation fraction (default 0.1)")
+    t.add_argument("--val-by", choices=("task", "program"), default="task",
+                   help="draw the validation share by task (default: selection for tasks never trained on) or by "
+                        "program hash")
     t.add_argument("--limit", type=int, help="use only the first N records")
     t.add_argument("--device-ids", help="comma-separated devices to train on (default: every device in the data)")
     t.add_argument("--exclude-networks", help="comma-separated networks whose tasks are left out of training (a "

@@ -77,3 +77,14 @@ def test_random_split_keeps_twins_on_one_side(two_devices):
     sp = splits.random_split(two_devices, seed=0)
     side = lambda part: {p.features.program_hash for p in part}  # noqa: E731
     assert not side(sp.train) & side(sp.test) and not side(sp.val) & side(sp.test) and not side(sp.train) & side(sp.val)
+
+
+def test_random_split_by_task_holds_out_whole_tasks(real):
+    """``by="task"``: validation (what ``cdmpp train`` selects on) holds only tasks training never saw."""
+    real = real[1]
+    sp = splits.random_split(real, seed=0, val=0.3, test=0.0, by="task")
+    tasks = lambda part: {p.task for p in part}  # noqa: E731
+    assert sp.val and sp.train and not tasks(sp.train) & tasks(sp.val)
+    assert _ids(sp.train) | _ids(sp.val) == _ids(real.programs)
+    with pytest.raises(ValueError, match="by = 'device'"):
+        splits.random_split(real, by="device")
