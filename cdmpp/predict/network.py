@@ -134,11 +134,15 @@ def _database(programs: list[TaskProgram], target):
 
 
 def measure_network(executable, network: str, device_spec, repeat: int = 15, min_repeat_ms: int = 50,
-                    max_wait_s: float = 600.0) -> dict:
-    """Fastest of ``repeat`` end-to-end runs (zero inputs) on this machine with the device's threads,
-    after waiting up to ``max_wait_s`` for a quiet machine like the collector (``cdmpp.measure.guard.CpuGuard``);
-    ``others_cpu`` says how busy other processes were meanwhile. A device of another chip is refused
+                    max_wait_s: float = 600.0, rounds: int = 3, pause_s: float = 2.0) -> dict:
+    """Fastest of ``rounds`` x ``repeat`` end-to-end runs (zero inputs) on this machine with the device's
+    threads, each round after waiting up to ``max_wait_s`` for a quiet machine like the collector
+    (``cdmpp.measure.guard.CpuGuard``) and ``pause_s`` apart: a VM can stay slow for the whole of one
+    round's second, so one round alone moved a network by half between runs. ``others_cpu`` says how
+    busy other processes were meanwhile. A device of another chip is refused
     (``cdmpp.devices.probe.check_runs_here``)."""
+    import time
+
     import numpy as np
 
     from cdmpp.devices.probe import check_runs_here
@@ -159,8 +163,13 @@ def measure_network(executable, network: str, device_spec, repeat: int = 15, min
               for a in get_network(name).example_inputs(batch)]
     timer = vm.time_evaluator("main", dev, number=1, repeat=repeat, min_repeat_ms=min_repeat_ms)
     guard = CpuGuard()
-    guard.wait_quiet(0.05, max_wait_s)
-    mark = guard.start()
-    secs = list(timer(*inputs).results)
-    return {"seconds": float(min(secs)), "median_s": float(np.median(secs)),
-            "others_cpu": round(guard.others_share(mark), 3)}
+    secs, busy = [], []
+    for r in range(rounds):
+        if r:
+            time.sleep(pause_s)
+        guard.wait_quiet(0.05, max_wait_s)
+        mark = guard.start()
+        secs += list(timer(*inputs).results)
+        busy.append(guard.others_share(mark))
+    return {"seconds": float(min(secs)), "median_s": float(np.median(secs)), "rounds": rounds,
+            "others_cpu": round(float(np.mean(busy)), 3)}

@@ -95,5 +95,7 @@ def test_the_compiled_network_runs_the_chosen_programs(programs, target):
         with pytest.raises(ValueError, match="measure it on its own machine"):
             network.measure_network(executable, NETWORK, spec)
         pytest.skip(f"{DEVICE} is {spec.hardware}; this machine is {local_hardware()}")
-    measured = network.measure_network(executable, NETWORK, spec, repeat=2, min_repeat_ms=1, max_wait_s=0)
+    measured = network.measure_network(executable, NETWORK, spec, repeat=2, min_repeat_ms=1, max_wait_s=0, rounds=2,
+                                       pause_s=0)
     assert np.isfinite(measured["seconds"]) and 0 < measured["seconds"] <= measured["median_s"]
+    assert measured["rounds"] == 2
