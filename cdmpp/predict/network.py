@@ -138,7 +138,7 @@ def measure_network(executable, network: str, device_spec, repeat: int = 15, min
     """Fastest of ``rounds`` x ``repeat`` end-to-end runs (zero inputs) on this machine with the device's
     threads, each round after waiting up to ``max_wait_s`` for a quiet machine like the collector
     (``cdmpp.measure.guard.CpuGuard``) and ``pause_s`` apart: a VM can stay slow for the whole of one
-    round's second, so one round alone moved a network by half between runs. ``others_cpu`` says how
+    round's second, so one round alone can miss the machine's normal speed. ``others_cpu`` says how
     busy other processes were meanwhile. A device of another chip is refused
     (``cdmpp.devices.probe.check_runs_here``)."""
     import time
