@@ -97,20 +97,24 @@ def _split_by_key(programs: list, key: Callable, fractions: Sequence[float], rng
     return [[p for k in part for p in groups[k]] for part in parts]
 
 
+_RANDOM_GROUPS = {  # random_split's ``by``: (group key, random stream name, description)
+    "program": (lambda p: p.features.program_hash, "random", "program hash across devices (twins on one side)"),
+    "task": (lambda p: p.task, "random-task", "task (new tasks only)"),
+}
+
+
 def random_split(ds, seed: int = 0, val: float = 0.1, test: float = 0.2, device: str | None = None,
                  by: str = "program") -> Split:
     """Random split by program hash across devices (twins on one side), or only ``device``'s programs.
     ``by="task"`` draws whole tasks instead, so validation and test hold only tasks training never saw
     (what a model meets on a network it was not trained on)."""
-    if by not in ("program", "task"):
+    if by not in _RANDOM_GROUPS:
         raise ValueError(f"by = {by!r}: expected 'program' or 'task'")
     programs = [p for p in _programs(ds) if device is None or p.device == device]
     if not programs:
         raise ValueError(f"no programs{' on ' + device if device else ''} to split")
-    key = (lambda p: p.features.program_hash) if by == "program" else (lambda p: p.task)
-    rng = _rng(seed, "random" if by == "program" else "random-task")
-    test_, val_, train = _split_by_key(programs, key, [test, val], rng)
-    group = "program hash across devices (twins on one side)" if by == "program" else "task (new tasks only)"
+    key, stream, group = _RANDOM_GROUPS[by]
+    test_, val_, train = _split_by_key(programs, key, [test, val], _rng(seed, stream))
     info = dict(kind="random", seed=seed, by=by, devices=sorted({p.device for p in programs}),
                 description=f"random-new: by {group}: {1 - val - test:.0%} "
                             f"train, {val:.0%} val, {test:.0%} test (seed {seed})")
