@@ -119,8 +119,9 @@ def _method_row(method, test: Sequence, train_seconds: float, name: str | None =
     if method.predicts == "score":
         return _row(name or method.label, test, rank_key=-pred, train_seconds=train_seconds, predict_per_s=tp,
                     note=note, **extra)
-    return _row(name or method.label, test, predicted=pred, lo=lo, hi=hi, train_seconds=train_seconds,
-                predict_per_s=tp, note=note, **extra)
+    order = getattr(method, "predict_order", None)  # seconds for ranking, where a method has its own
+    return _row(name or method.label, test, predicted=pred, lo=lo, hi=hi, rank_key=order(test) if order else None,
+                train_seconds=train_seconds, predict_per_s=tp, note=note, **extra)
 
 
 def _fit(method, train: Sequence, val: Sequence, budget_s: float | None):

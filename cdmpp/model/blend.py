@@ -4,8 +4,8 @@ Their errors differ: the transformer, trained on the MAPE itself, keeps away fro
 over-predictions; the trees rank the programs of one task better. A weighted mean of their log
 predictions, its weight chosen on validation data, keeps some of both. Validation MAPE is flat near
 its minimum while within-task ranking is not, so with ``rank_slack`` the weight is the best-ranking
-one among those whose MAPE is within that relative slack of the lowest: a compiler's search uses the
-ranking, a user the latency.
+one among those whose MAPE is within that relative slack of the lowest. A compiler's search uses the
+ranking, a user the latency: a trained model keeps one weight for each (``TrainedModel.predict(order=...)``).
 """
 
 from __future__ import annotations

@@ -46,7 +46,8 @@ class TrainedModel:
                  program_inputs: dict | None = None, gbt=None):
         self.members = members
         # with TrainConfig.gbt_blend: the pooled GBT on log latency whose prediction is blended into the
-        # members' (``cdmpp.model.blend``, weight ``calibration["gbt_weight"]``); it shares device_specs
+        # members' (``cdmpp.model.blend``; weights ``calibration["gbt_weight"]`` for seconds and
+        # ``calibration["gbt_order_weight"]`` for order); it shares device_specs
         self.gbt = gbt
         if gbt is not None:
             gbt.specs = device_specs
@@ -142,12 +143,14 @@ class TrainedModel:
         half = self.calibration["q"] * (spread + self.calibration["delta"])
         return mu, mu - half, mu + half
 
-    def predict(self, programs, devices: str | Sequence[str], batch_size: int = 256):
+    def predict(self, programs, devices: str | Sequence[str], batch_size: int = 256, order: bool = False):
         """Latency in seconds for each program on its device: ``(mean, lo90, hi90)`` numpy arrays.
 
         ``devices`` is one device name for all programs or one per program. ``mean`` is the inverse
         Box-Cox of the ensemble mean (a median-like point estimate); the bounds are the calibrated
-        interval mapped back through the same monotone inverse.
+        interval mapped back through the same monotone inverse. ``order=True``: blended with the GBT at
+        the weight chosen to order the programs of a task (``calibration["gbt_order_weight"]``), which a
+        compiler's search asks, instead of at the one chosen for seconds (``gbt_weight``).
         """
         mu, lo, hi = self.interval_z(self.predict_z(programs, devices, batch_size))
         inv = self.label_transform.inverse_transform
@@ -157,17 +160,19 @@ class TrainedModel:
             return mean, lo, hi
         if isinstance(programs, PackedPrograms):
             raise ValueError("a model blended with a GBT predicts from ProgramFeatures, not packed programs")
-        factor = self.gbt_factor(list(programs), devices, mean)
+        factor = self.gbt_factor(list(programs), devices, mean, order)
         return mean * factor, lo * factor, hi * factor
 
-    def gbt_factor(self, features: list, devices: str | Sequence[str], mean: np.ndarray) -> np.ndarray:
+    def gbt_factor(self, features: list, devices: str | Sequence[str], mean: np.ndarray,
+                   order: bool = False) -> np.ndarray:
         """What the blend with the GBT multiplies the members' prediction ``mean`` by: (gbt / mean)^(1 - w);
-        the interval moves with it."""
+        the interval moves with it. A checkpoint from before the order had its own weight has one weight."""
         from cdmpp.model.blend import blend
 
         names = [devices] * len(features) if isinstance(devices, str) else list(devices)
         gbt = self.gbt.predict([_OnDevice(f, d) for f, d in zip(features, names)])
-        return blend(mean, gbt, self.calibration["gbt_weight"]) / mean
+        w = self.calibration["gbt_weight"]
+        return blend(mean, gbt, self.calibration.get("gbt_order_weight", w) if order else w) / mean
 
     @torch.inference_mode()
     def embed(self, programs, member: int = 0, batch_size: int = 256) -> np.ndarray:

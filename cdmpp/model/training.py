@@ -61,7 +61,7 @@ class TrainConfig:
     mape_scale: bool = False  # multiply predictions by the factor with the lowest validation MAPE (mape_scale)
     gbt_blend: bool = False  # blend in a pooled GBT on log latency, weight chosen on val (cdmpp.model.blend)
     gbt_minutes: float = 1.0  # the blend's GBT ends this long after max_minutes (early stopping ends it first)
-    blend_rank_slack: float = 0.0  # > 0: the best-ranking blend weight within this relative slack of the best MAPE
+    blend_rank_slack: float = 0.0  # > 0: the order's blend weight ranks best within this relative slack of the best MAPE
     loss: str = "paper"  # "paper": mse_weight·MSE + mape_weight·MAPE | "l1": L1 in label space | "mape": MAPE on seconds
     # optimization: loss = mse_weight·MSE + mape_weight·MAPE (Box-Cox space), Adam, triangular CyclicLR
     lr: float = 1e-4  # CyclicLR base_lr
@@ -344,8 +344,12 @@ def _add_gbt_blend(trained: TrainedModel, train_set, val_set, val_pred: np.ndarr
     gbt.specs = trained.device_specs
     seconds = np.array([s.seconds for s in val_set])
     trained.gbt = gbt
-    trained.calibration["gbt_weight"] = blend_weight(seconds, val_pred, gbt.predict(val_set),
-                                                     [f"{s.device}|{s.task}" for s in val_set], rank_slack)
+    gbt_pred = gbt.predict(val_set)
+    # seconds (what a user asks): the lowest validation MAPE; the order of a task's candidates (what a search
+    # asks, TrainedModel.predict(order=True)): the best-ranking weight within rank_slack of that MAPE
+    trained.calibration["gbt_weight"] = blend_weight(seconds, val_pred, gbt_pred)
+    trained.calibration["gbt_order_weight"] = blend_weight(seconds, val_pred, gbt_pred,
+                                                           [f"{s.device}|{s.task}" for s in val_set], rank_slack)
     return trained.gbt_factor([s.features for s in val_set], [s.device for s in val_set], val_pred)
 
 

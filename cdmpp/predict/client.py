@@ -71,8 +71,9 @@ class Client:
 
     # ---- the Predictor-like API ---------------------------------------------------------------------
     def predict(self, programs: Sequence, device: str, target: str | None = None,
-                workload: Any = None) -> list[Prediction]:
-        """Latency with a 90 % interval per program on ``device``, as ``Predictor.predict`` returns it.
+                workload: Any = None, order: bool = False) -> list[Prediction]:
+        """Latency with a 90 % interval per program on ``device``, as ``Predictor.predict`` returns it
+        (``order`` too).
 
         ``workload``: the unscheduled task shared by the programs (``Workload.as_json()``, or the TVM
         module itself). With it, workload+trace items may leave out their workload, and ``Schedule``s of
@@ -93,6 +94,8 @@ class Client:
                 body["target"] = target
             if workload is not None:
                 body["workload"] = workload
+            if order:
+                body["order"] = True
             try:
                 data = self._request("POST", "/v1/predict", json=body, device=device)
             except ProgramError as e:

@@ -4,7 +4,8 @@ A search asks its cost model to score thousands of candidate schedules per itera
 a few. Scores must be higher-is-better and non-negative: MetaSchedule's evolutionary search clamps them
 at 0 and samples mutation parents in proportion to them. So the score is predicted *throughput*
 relative to a fixed per-task reference (the fastest prediction of the first call for that task),
-``ref / seconds``, like XGBoost's normalized throughput; the order is that of -log(seconds).
+``ref / seconds``, like XGBoost's normalized throughput; the order is that of -log(seconds), the seconds
+being those that order a task's programs best (``TrainedModel.predict(order=True)``).
 
 ``update`` keeps the measured (program, seconds) pairs. With ``correct`` (the default), once a task has
 ``min_correct`` of them, a small boosted-tree model of log(measured / predicted) on their summed per-store
@@ -158,7 +159,7 @@ class CDMPPCostModel(PyCostModel):
         new = [b for b in mine if (b.features.program_hash, device) not in self.predicted_]
         if new:  # each measured program is predicted once per model, not on every refit
             with _torch_threads(1):
-                seconds = model.predict([b.features for b in new], device)[0]
+                seconds = model.predict([b.features for b in new], device, order=True)[0]
             self.predicted_.update(((b.features.program_hash, device), float(s)) for b, s in zip(new, seconds))
         predicted = np.array([self.predicted_[(b.features.program_hash, device)] for b in mine])
         residual = np.log([b.seconds for b in mine]) - np.log(predicted)
@@ -285,7 +286,7 @@ class CDMPPCostModel(PyCostModel):
         """Write the predicted seconds of ``feats[i]`` (None: not featurized) into ``out[i]`` for i in ``idx``."""
         good = [i for i in idx if feats[i] is not None and feats[i].n_leaves > 0]
         if good:
-            out[np.asarray(good)] = model.predict([feats[i] for i in good], device)[0]
+            out[np.asarray(good)] = model.predict([feats[i] for i in good], device, order=True)[0]
 
     def _remote(self, context, candidates, device: str) -> np.ndarray:
         from cdmpp.program.inputs import ProgramError, to_json_value
@@ -297,14 +298,15 @@ class CDMPPCostModel(PyCostModel):
         workload = Workload(context.mod).as_json()
         seconds = np.full(len(candidates), np.nan)
         try:
-            preds = self.client.predict(items, device, target=str(context.target.kind.name), workload=workload)
+            preds = self.client.predict(items, device, target=str(context.target.kind.name), workload=workload,
+                                        order=True)
             seconds[:] = [p.seconds for p in preds]
         except ProgramError as e:  # score the bad candidates 0 and ask again for the rest
             bad = {int(x["index"]) for x in getattr(e, "errors", None) or []}
             keep = [i for i in range(len(items)) if i not in bad]
             if bad and keep:
                 preds = self.client.predict([items[i] for i in keep], device, target=str(context.target.kind.name),
-                                            workload=workload)
+                                            workload=workload, order=True)
                 seconds[keep] = [p.seconds for p in preds]
         return seconds
 

@@ -185,8 +185,10 @@ class Predictor:
         return out
 
     # ---- prediction -----------------------------------------------------------------------------
-    def predict_features(self, features: Sequence, device: str, target_kind: str | None = None) -> list[Prediction]:
-        """Predictions for featurized programs; ``target_kind`` (the programs' target) feeds the OOD flags."""
+    def predict_features(self, features: Sequence, device: str, target_kind: str | None = None,
+                         order: bool = False) -> list[Prediction]:
+        """Predictions for featurized programs; ``target_kind`` (the programs' target) feeds the OOD flags;
+        ``order`` as in ``predict``."""
         if device not in self.model.device_specs.table:
             raise UnknownDeviceError(device, self.devices())
         if not features:
@@ -199,22 +201,25 @@ class Predictor:
             err = ProgramError(f"program {empty[0]}: {NO_COMPUTATION}")
             err.errors = [{"index": i, "reason": NO_COMPUTATION} for i in empty]
             raise err
-        mean, lo, hi = self.model.predict(list(features), device)
+        mean, lo, hi = self.model.predict(list(features), device, order=order)
         flags = self.ood_flags(features, device, target_kind)
         return [Prediction(float(m), float(a), float(b), f) for m, a, b, f in zip(mean, lo, hi, flags)]
 
-    def predict(self, programs: Sequence, device: str, trusted: bool = False, target: str | None = None) -> list[Prediction]:
+    def predict(self, programs: Sequence, device: str, trusted: bool = False, target: str | None = None,
+                order: bool = False) -> list[Prediction]:
         """Latency (seconds) with a 90 % interval and OOD flags for each program on ``device``.
 
         Programs: PrimFunc, IRModule, Schedule, TVMScript text or workload+trace JSON (see
         ``cdmpp.program.inputs``); text and JSON are parsed in a sandbox worker unless ``trusted=True`` (say so
         only for text you wrote or generated yourself). ``target``: "llvm"/"cuda", default the device's.
+        ``order=True``: seconds that order the programs of one task best (a compiler's search; see
+        ``TrainedModel.predict``), not the best estimate of each program's latency.
         Raises ``UnknownDeviceError`` or ``cdmpp.program.inputs.ProgramError``.
         """
         if device not in self.model.device_specs.table:
             raise UnknownDeviceError(device, self.devices())
         kind = target or self.target_kind(device)
-        return self.predict_features(self.featurize(programs, kind, trusted), device, kind)
+        return self.predict_features(self.featurize(programs, kind, trusted), device, kind, order)
 
     def predict_seconds(self, programs: Sequence, device: str, trusted: bool = False) -> np.ndarray:
         return np.array([p.seconds for p in self.predict(programs, device, trusted)])

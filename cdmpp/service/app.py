@@ -195,7 +195,7 @@ def create_app(settings: Settings | None = None, predictor: Predictor | None = N
         deadline = time.monotonic() + settings.timeout_s
         loop = asyncio.get_running_loop()
         job = loop.run_in_executor(request.app.state.executor, engine.predict, req.programs, req.device,
-                                   req.target, req.workload, cancel, deadline)
+                                   req.target, req.workload, cancel, deadline, req.order)
         try:
             preds = await asyncio.wait_for(job, settings.timeout_s)
         except (asyncio.TimeoutError, Cancelled):

@@ -85,8 +85,10 @@ class PredictEngine:
         self._lock = threading.Lock()
 
     def predict(self, programs: Sequence[Any], device: str, target: str | None = None, workload: Any = None,
-                cancel: threading.Event | None = None, deadline: float | None = None) -> list[Prediction]:
-        """Predictions for wire-format items (TVMScript text or workload+trace dicts) on ``device``.
+                cancel: threading.Event | None = None, deadline: float | None = None,
+                order: bool = False) -> list[Prediction]:
+        """Predictions for wire-format items (TVMScript text or workload+trace dicts) on ``device``
+        (``order``: as in ``Predictor.predict``).
 
         A program already predicted on ``device`` is answered from the prediction cache (the model is
         fixed for the life of the server, so the answer cannot change). Raises ``UnknownDeviceError``,
@@ -102,7 +104,7 @@ class PredictEngine:
                                "(options such as -mcpu come from the device, not the request)")
         shared = _digest(_json_bytes(workload)) if workload is not None else b""
         keys = [self._key(kind, item, shared) for item in programs]
-        dev = device.encode()
+        dev = device.encode() + (b"|order" if order else b"")
         out: list = [None] * len(programs)
         todo: list[int] = []
         with self._lock:
@@ -120,7 +122,7 @@ class PredictEngine:
                               kind, workload, cancel, deadline)
         _check(cancel)
         t0 = time.perf_counter()
-        preds = p.predict_features(feats, device, kind)
+        preds = p.predict_features(feats, device, kind, order)
         with self._lock:
             self.stats.model_seconds += time.perf_counter() - t0
             for i, pr in zip(todo, preds):

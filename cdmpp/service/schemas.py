@@ -21,6 +21,8 @@ class PredictRequest(BaseModel):
     target: str | None = Field(None, description='"llvm" or "cuda"; default: the device\'s target kind')
     workload: Any = Field(None, description="a workload shared by every workload+trace item without its own "
                                             "(the candidates of one tuning task share it; saves ~50 KB per item)")
+    order: bool = Field(False, description="true: seconds that order the programs of one task best (a compiler's "
+                                           "search asks this), not the best estimate of each one's latency")
 
 
 class PredictionOut(BaseModel):

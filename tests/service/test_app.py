@@ -150,7 +150,8 @@ def test_timeout_504(predictor, device, sampled):
 
 def test_tvmscript_off_by_default_workload_trace_on(predictor, device, sampled, texts):
     """Over HTTP TVMScript is refused unless the operator allows it (422 naming the flag); the
-    MetaSchedule workload+trace form always works, and TVM objects sent by Client travel in it."""
+    MetaSchedule workload+trace form always works, and TVM objects sent by Client travel in it, for seconds
+    or for order."""
     from cdmpp.predict.client import Client
     from cdmpp.program.inputs import workload_trace_json
     from cdmpp.zoo import workloads
@@ -164,6 +165,10 @@ def test_tvmscript_off_by_default_workload_trace_on(predictor, device, sampled, 
         r = httpx.post(u + "/v1/predict", json={"device": device, "programs": items})
         assert r.status_code == 200 and all(p["in_distribution"] in (True, False) for p in r.json()["predictions"])
         want = [p.seconds for p in predictor.predict(schs, device)]
+        np.testing.assert_allclose([p.seconds for p in Client(u).predict(schs, device)], want, rtol=1e-5)
+        # the seconds that order a task's programs (a search's question) are cached apart from the seconds
+        ordered = [p.seconds for p in predictor.predict(schs, device, order=True)]
+        np.testing.assert_allclose([p.seconds for p in Client(u).predict(schs, device, order=True)], ordered, rtol=1e-5)
         np.testing.assert_allclose([p.seconds for p in Client(u).predict(schs, device)], want, rtol=1e-5)
 
 

@@ -34,6 +34,9 @@ class CDMPP:
     def predict(self, programs: Sequence) -> np.ndarray:
         return self.predict_interval(programs)[0]
 
+    def predict_order(self, programs: Sequence) -> np.ndarray:
+        return self.model_.predict([p.features for p in programs], [p.device for p in programs], order=True)[0]
+
     def embed(self, features: Sequence) -> np.ndarray:
         return self.model_.embed(features)
 

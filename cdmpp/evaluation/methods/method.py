@@ -31,6 +31,9 @@ class Method(Protocol):
     def predict_interval(self, programs: Sequence) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
         """``(prediction, lo90, hi90)``; the bounds are None for a method without intervals."""
 
+    # optional: ``predict_order(programs)``, seconds that order the programs of a task, where a method
+    # answers that apart from the seconds themselves (cdmpp); the ranking metrics use it, else ``predict``'s
+
     def adapt(self, shots: Sequence) -> "Method":
         """A new method adapted with the measured target programs ``shots`` (k-shot transfer)."""
 
