@@ -19,14 +19,19 @@ from cdmpp.zoo.tasks import TaskTable
 
 
 def weights_hash(model) -> str:
-    """Short SHA-256 of every member's weights: a model version that changes exactly when the weights do."""
+    """Short SHA-256 of what a model's answers depend on: every member's weights, the calibration (interval,
+    blend weights) and the blended GBT's trees, so the model version changes whenever an answer can."""
     import hashlib
+    import json
 
     h = hashlib.sha256()
     for m in model.members:
         for key, value in sorted(m.state_dict().items()):
             h.update(key.encode())
             h.update(value.detach().cpu().contiguous().numpy().tobytes())
+    h.update(json.dumps(model.calibration, sort_keys=True, default=str).encode())
+    if model.gbt is not None:
+        h.update(bytes(model.gbt.booster_.save_raw("ubj")))
     return h.hexdigest()[:10]
 
 

@@ -42,3 +42,18 @@ def test_train_checkpoint_leaves_out_excluded_networks(real, tiny_recipe, tmp_pa
     assert nets[0] not in seen and seen
     kept = [p for p in real.programs[:120] if not any(o.split("@")[0] == nets[0] for o in p.networks)]
     assert s["data"]["programs"] == len(kept)
+
+
+def test_model_version_changes_with_anything_an_answer_depends_on(predictor):
+    """The version hash covers the members' weights, the calibration (blend weights, interval) and the GBT's
+    trees: equal for an equal model, different when only a blend weight differs."""
+    import copy
+
+    from cdmpp.workflows import weights_hash
+
+    model = predictor.model
+    same = copy.copy(model)
+    same.calibration = dict(model.calibration)
+    assert weights_hash(same) == weights_hash(model)
+    same.calibration["gbt_weight"] = 1.0 - model.calibration.get("gbt_weight", 0.0)
+    assert weights_hash(same) != weights_hash(model)
