@@ -18,7 +18,6 @@ from cdmpp.evaluation import splits
 from cdmpp.evaluation.metrics import within_task_spearman
 from cdmpp.evaluation.protocol import ProtocolOptions, load_pinned
 from cdmpp.model.blend import blend
-from cdmpp.model.checkpoint import _OnDevice
 from cdmpp.predict import network as net
 from cdmpp.predict.predictor import Predictor
 from cdmpp.zoo.tasks import TaskTable
@@ -30,25 +29,17 @@ predictor = Predictor.load(model_dir)
 model = predictor.model
 
 
-def halves(features, devices) -> tuple[np.ndarray, np.ndarray]:
-    """(transformer, GBT) seconds of each program on its device."""
-    gbt, model.gbt = model.gbt, None
-    try:
-        transformer = model.predict(features, devices)[0]
-    finally:
-        model.gbt = gbt
-    return transformer, gbt.predict([_OnDevice(f, d) for f, d in zip(features, devices)])
-
-
 test = splits.cross_model_split(load_pinned(opts), pool=0.0).test
 y = np.array([p.seconds for p in test])
 tasks = [(p.device, p.task) for p in test]
-transformer, gbt = halves([p.features for p in test], [p.device for p in test])
+transformer, gbt = model.predict_parts([p.features for p in test], [p.device for p in test])
 by_task = defaultdict(list)
 for i, t in enumerate(tasks):
     by_task[t].append(i)
 fastest = np.array([min(ids, key=lambda i: y[i]) for ids in by_task.values()])
-print(f"{model_dir}: chosen w = {model.calibration['gbt_weight']:.1f}; {len(y)} held-out programs, {len(fastest)} tasks")
+w_order = model.calibration.get("gbt_order_weight", model.calibration["gbt_weight"])
+print(f"{model_dir}: w = {model.calibration['gbt_weight']:.1f} for seconds, {w_order:.1f} for order; {len(y)} held-out "
+      f"programs, {len(fastest)} tasks")
 print("| w | MAPE, all | within-task Spearman | MAPE, fastest per task | median log(pred/label), fastest |")
 print("|---:|---:|---:|---:|---:|")
 for w in WEIGHTS:
@@ -69,7 +60,7 @@ for row in result["networks"]:
     feats = predictor.featurize([p.mod for p in programs], trusted=True)
     keep = [i for i, f in enumerate(feats) if f.n_leaves > 0]  # no stores: predicted 0, as cdmpp network does
     weight = np.array([programs[i].weight for i in keep], dtype=np.float64)
-    t, g = halves([feats[i] for i in keep], [device] * len(keep))
+    t, g = model.predict_parts([feats[i] for i in keep], device)
     m = row["measured_seconds"]
     print(f"| {row['network']} | {1e3 * m:.2f} ms | " + " | ".join(
         f"{100 * ((weight * blend(t, g, w)).sum() / m - 1):+.0f} %" for w in WEIGHTS) + " |")

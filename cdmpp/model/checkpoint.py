@@ -152,27 +152,40 @@ class TrainedModel:
         the weight chosen to order the programs of a task (``calibration["gbt_order_weight"]``), which a
         compiler's search asks, instead of at the one chosen for seconds (``gbt_weight``).
         """
-        mu, lo, hi = self.interval_z(self.predict_z(programs, devices, batch_size))
-        inv = self.label_transform.inverse_transform
-        c = self.calibration.get("scale", 1.0)  # validation-chosen MAPE factor (train.mape_scale), 1 if none
-        mean, lo, hi = c * inv(mu), c * inv(lo), c * inv(hi)
+        mean, lo, hi = self._members_seconds(programs, devices, batch_size)
         if self.gbt is None:
             return mean, lo, hi
-        if isinstance(programs, PackedPrograms):
-            raise ValueError("a model blended with a GBT predicts from ProgramFeatures, not packed programs")
-        factor = self.gbt_factor(list(programs), devices, mean, order)
+        factor = self.gbt_factor(programs, devices, mean, order)
         return mean * factor, lo * factor, hi * factor
 
-    def gbt_factor(self, features: list, devices: str | Sequence[str], mean: np.ndarray,
+    def predict_parts(self, programs, devices: str | Sequence[str], batch_size: int = 256):
+        """The two predictions the blend combines, in seconds: the members' and the GBT's (None without one);
+        for studies of the blend weight (``cdmpp.model.blend.blend`` of the two at w gives ``predict``'s)."""
+        mean = self._members_seconds(programs, devices, batch_size)[0]
+        return mean, None if self.gbt is None else self._gbt_seconds(programs, devices)
+
+    def gbt_factor(self, features, devices: str | Sequence[str], mean: np.ndarray,
                    order: bool = False) -> np.ndarray:
         """What the blend with the GBT multiplies the members' prediction ``mean`` by: (gbt / mean)^(1 - w);
         the interval moves with it. A checkpoint from before the order had its own weight has one weight."""
         from cdmpp.model.blend import blend
 
-        names = [devices] * len(features) if isinstance(devices, str) else list(devices)
-        gbt = self.gbt.predict([_OnDevice(f, d) for f, d in zip(features, names)])
         w = self.calibration["gbt_weight"]
+        gbt = self._gbt_seconds(features, devices)
         return blend(mean, gbt, self.calibration.get("gbt_order_weight", w) if order else w) / mean
+
+    def _members_seconds(self, programs, devices: str | Sequence[str], batch_size: int):
+        mu, lo, hi = self.interval_z(self.predict_z(programs, devices, batch_size))
+        inv = self.label_transform.inverse_transform
+        c = self.calibration.get("scale", 1.0)  # validation-chosen MAPE factor (train.mape_scale), 1 if none
+        return c * inv(mu), c * inv(lo), c * inv(hi)
+
+    def _gbt_seconds(self, features, devices: str | Sequence[str]) -> np.ndarray:
+        if isinstance(features, PackedPrograms):
+            raise ValueError("a model blended with a GBT predicts from ProgramFeatures, not packed programs")
+        features = list(features)
+        names = [devices] * len(features) if isinstance(devices, str) else list(devices)
+        return self.gbt.predict([_OnDevice(f, d) for f, d in zip(features, names)])
 
     @torch.inference_mode()
     def embed(self, programs, member: int = 0, batch_size: int = 256) -> np.ndarray:

@@ -297,6 +297,8 @@ def test_the_gbt_blend_is_within_its_slack_of_either_part_on_val_and_survives_a_
     members_only.gbt = None
     alone = members_only.predict(progs, devs)[0]
     gbt = model.gbt.predict(val)
+    for got, want in zip(model.predict_parts(progs, devs), (alone, gbt)):
+        np.testing.assert_allclose(got, want, rtol=1e-6)
     mean, lo, hi = model.predict(progs, devs)
     np.testing.assert_allclose(mean, blend(alone, gbt, w), rtol=1e-5)
     assert w == blend_weight(y, alone, gbt)  # seconds: the lowest MAPE
