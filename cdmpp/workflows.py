@@ -18,7 +18,7 @@ from cdmpp.records.dataset import load_dataset, per_device_counts
 from cdmpp.zoo.tasks import TaskTable
 
 
-def weights_hash(model) -> str:
+def model_hash(model) -> str:
     """Short SHA-256 of what a model's answers depend on: every member's weights, the calibration (interval,
     blend weights) and the blended GBT's trees, so the model version changes whenever an answer can."""
     import hashlib
@@ -36,7 +36,7 @@ def weights_hash(model) -> str:
 
 
 def _version(model) -> str:
-    return f"cdmpp-{_dt.date.today().strftime('%Y%m%d')}-{weights_hash(model)}"
+    return f"cdmpp-{_dt.date.today().strftime('%Y%m%d')}-{model_hash(model)}"
 
 
 def train_checkpoint(recipe: str, dataset: str, out: str, task_table: str = defaults.TASK_TABLE,

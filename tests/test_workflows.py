@@ -49,11 +49,11 @@ def test_model_version_changes_with_anything_an_answer_depends_on(predictor):
     trees: equal for an equal model, different when only a blend weight differs."""
     import copy
 
-    from cdmpp.workflows import weights_hash
+    from cdmpp.workflows import model_hash
 
     model = predictor.model
     same = copy.copy(model)
     same.calibration = dict(model.calibration)
-    assert weights_hash(same) == weights_hash(model)
+    assert model_hash(same) == model_hash(model)
     same.calibration["gbt_weight"] = 1.0 - model.calibration.get("gbt_weight", 0.0)
-    assert weights_hash(same) != weights_hash(model)
+    assert model_hash(same) != model_hash(model)

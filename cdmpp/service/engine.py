@@ -81,7 +81,7 @@ class PredictEngine:
         self.cache_size = cache_size
         self.stats = EngineStats()
         self._cache = LRU(cache_size)  # item digest -> ProgramFeatures
-        self._preds = LRU(cache_size)  # (digest, device) -> Prediction
+        self._preds = LRU(cache_size)  # (digest, device, order) -> Prediction
         self._lock = threading.Lock()
 
     def predict(self, programs: Sequence[Any], device: str, target: str | None = None, workload: Any = None,
@@ -104,12 +104,12 @@ class PredictEngine:
                                "(options such as -mcpu come from the device, not the request)")
         shared = _digest(_json_bytes(workload)) if workload is not None else b""
         keys = [self._key(kind, item, shared) for item in programs]
-        dev = device.encode() + (b"|order" if order else b"")
+        dev = device.encode()
         out: list = [None] * len(programs)
         todo: list[int] = []
         with self._lock:
             for i, k in enumerate(keys):
-                hit = self._preds.get((k, dev))
+                hit = self._preds.get((k, dev, order))
                 if hit is None:
                     todo.append(i)
                 else:
@@ -127,7 +127,7 @@ class PredictEngine:
             self.stats.model_seconds += time.perf_counter() - t0
             for i, pr in zip(todo, preds):
                 out[i] = pr
-                self._preds.put((keys[i], dev), pr)
+                self._preds.put((keys[i], dev, order), pr)
         return out
 
     def features(self, programs: Sequence[Any], keys: list[bytes], indices: list[int], total: int, kind: str,

@@ -277,7 +277,7 @@ def test_the_gbt_blend_ends_gbt_minutes_after_the_transformers_deadline(monkeypa
     assert ends and ends[0] <= start + 60.0 * (0.04 + 0.25) + 0.3
 
 
-def test_the_gbt_blend_is_within_its_slack_of_either_part_on_val_and_survives_a_checkpoint(tmp_path):
+def test_the_gbt_blend_weights_for_seconds_and_order_are_chosen_on_val_and_survive_a_checkpoint(tmp_path):
     """With ``gbt_blend`` the model's prediction is exp(w log members + (1 - w) log GBT), w chosen on the
     validation split among weights that include 0 and 1 (for seconds, the lowest MAPE, so its validation
     MAPE is at most either part's; for order, the best-ranking one within ``blend_rank_slack`` of it)."""
