@@ -336,7 +336,7 @@ def _add_gbt_blend(trained: TrainedModel, train_set, val_set, val_pred: np.ndarr
     """Fit the pooled GBT on log latency (early stopping on val), choose the blend weight on val; return
     the factor the blend multiplies the members' validation predictions by."""
     from cdmpp.model.pooled_gbt import PooledGBT
-    from cdmpp.model.blend import blend_weight
+    from cdmpp.model.blend import blend, blend_weight
 
     # as many threads as the transformer had: 2 for `cdmpp train` here, 1 per job in the protocol
     gbt = PooledGBT(trained.device_specs.table, nthread=torch.get_num_threads(), random_state=seed, target="latency")
@@ -350,7 +350,7 @@ def _add_gbt_blend(trained: TrainedModel, train_set, val_set, val_pred: np.ndarr
     trained.calibration["gbt_weight"] = blend_weight(seconds, val_pred, gbt_pred)
     trained.calibration["gbt_order_weight"] = blend_weight(seconds, val_pred, gbt_pred,
                                                            [f"{s.device}|{s.task}" for s in val_set], rank_slack)
-    return trained.gbt_factor([s.features for s in val_set], [s.device for s in val_set], val_pred)
+    return blend(val_pred, gbt_pred, trained.calibration["gbt_weight"]) / val_pred  # gbt_factor, GBT not rerun
 
 
 def _model_with(config: TrainConfig, train: _Split, dev_matrix: torch.Tensor, state: dict | None = None) -> CDMPPModel:
