@@ -136,19 +136,6 @@ def _finite(obj):
     return obj
 
 
-def twin_priors(sp, device_table: dict) -> list:
-    """The seen setting's physics on the twin's label, cdmpp + twin's first prior first: Amdahl's law for
-    the thread counts, the ratio of the two devices' roofline bounds. None with several source devices."""
-    from cdmpp.evaluation.methods.twin_ratio import TwinAmdahl, TwinRoofline
-
-    source, target = sp.info["source_devices"], sp.info["target_device"]
-    if len(source) != 1:
-        return []
-    s_spec, t_spec = device_table[source[0]], device_table[target]
-    amdahl = TwinAmdahl(sp.twins, s_spec["cores"], t_spec["cores"])
-    return [amdahl.fit([p for p in sp.train if p.device == source[0]]), TwinRoofline(sp.twins, s_spec, t_spec)]
-
-
 def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | None = None) -> None:
     """Every setting of ``opts`` for one seed (split seed = model seed), rows appended to ``opts.runs``."""
     import torch
@@ -201,6 +188,15 @@ def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | Non
         gbt = PooledGBT(device_table, nthread=opts.threads, random_state=seed, target=target,
                         loss=loss).fit(split.train, split.val)
         return gbt, round(time.monotonic() - t, 1)
+
+    def twin_priors(sp, source: list, target: str) -> list:
+        """The seen setting's physics on the twin's label, cdmpp + twin's first prior first: Amdahl's law for
+        the thread counts, the ratio of the two devices' roofline bounds. None with several source devices."""
+        if len(source) != 1:
+            return []
+        s_spec, t_spec = device_table[source[0]], device_table[target]
+        amdahl = TwinAmdahl(sp.twins, s_spec["cores"], t_spec["cores"])
+        return [amdahl.fit([p for p in sp.train if p.device == source[0]]), TwinRoofline(sp.twins, s_spec, t_spec)]
 
     # more GBT variants: method -> (PooledGBT target, loss, row name)
     gbt_variants = {m: t for m, t in (("pooled-gbt-roofline", ("roofline", "l2", "pooled GBT, roofline target")),
@@ -259,7 +255,8 @@ def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | Non
                 test = sp.test
                 n = dict(programs=len(test), n_train=len(sp.train), **key)
                 suffix = "" if not k else f" k={k_name} ({sampler})"
-                priors = twin_priors(sp, device_table) if programs == "seen" else []
+                source = sp.info["source_devices"]
+                priors = twin_priors(sp, source, target) if programs == "seen" else []
                 if model is not None:
                     m = model.adapt(sp.shots) if k else model
                     mean, lo, hi = m.predict_interval(test)
@@ -268,7 +265,7 @@ def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | Non
                             **({"finetune_check": check} if check else {}), **n)
                     if programs == "seen":  # the physics priors x a GBT of the log ratio on pooled + cdmpp embedding
                         tr = TwinRatio(sp.twins, nthread=opts.threads, random_state=seed, prior=priors,
-                                       embed=lambda ps: m.embed([p.features for p in ps])).fit(sp.shots, weights=sp.shot_weights)
+                                       embed=lambda ps: m.embed([p.features for p in ps])).fit(sp.shots)
                         out.row(setting, opts.label + " + twin" + suffix, _metrics(test, tr.predict(test)),
                                 train_seconds=cdmpp_secs, **n)
                 if gbt is not None:
@@ -288,15 +285,13 @@ def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | Non
                     extra = {"overhead_s": physics.overhead_} if isinstance(physics, TwinAmdahl) else {}
                     out.row(setting, physics.label + suffix, _metrics(test, physics.predict(test)), train_seconds=0.0,
                             **extra, **n)
-                    tr = TwinRatio(sp.twins, nthread=opts.threads, random_state=seed, prior=physics).fit(
-                        sp.shots, weights=sp.shot_weights)
+                    tr = TwinRatio(sp.twins, nthread=opts.threads, random_state=seed, prior=physics).fit(sp.shots)
                     out.row(setting, physics.label + " x ratio GBT" + suffix, _metrics(test, tr.predict(test)),
                             train_seconds=0.0, **n)
                 if programs == "seen" and {"pooled-gbt", "twins"} & set(opts.methods):
-                    tr = TwinRatio(sp.twins, nthread=opts.threads, random_state=seed).fit(sp.shots, weights=sp.shot_weights)
+                    tr = TwinRatio(sp.twins, nthread=opts.threads, random_state=seed).fit(sp.shots)
                     out.row(setting, "twin-ratio" + suffix, _metrics(test, tr.predict(test)), train_seconds=0.0, **n)
-                    tr = TwinRatio(sp.twins, nthread=opts.threads, random_state=seed, inputs="physics").fit(
-                        sp.shots, weights=sp.shot_weights)
+                    tr = TwinRatio(sp.twins, nthread=opts.threads, random_state=seed, inputs="physics").fit(sp.shots)
                     out.row(setting, "twin-ratio, physics inputs" + suffix, _metrics(test, tr.predict(test)),
                             train_seconds=0.0, **n)
 

@@ -50,7 +50,6 @@ class Split:
     test: list
     target_pool: list = field(default_factory=list)  # Unlabeled: features of the target domain, no labels
     shots: list = field(default_factory=list)  # labeled target programs chosen for k-shot fine-tuning
-    shot_weights: list = field(default_factory=list)  # how many pool programs each shot stands for (sampler's weights_)
     info: dict = field(default_factory=dict)
     twins: dict = field(default_factory=dict)  # program hash -> source-device latency (seen-programs setting)
 
@@ -174,19 +173,16 @@ def model_free_embedding(reference: Sequence, programs: Sequence) -> np.ndarray:
 
 
 def choose_shots(pool: Sequence, k: int, sampler: str = "kmeans", seed: int = 0,
-                 embedding: np.ndarray | None = None, return_weights: bool = False):
-    """Indices of ``k`` distinct programs of ``pool`` to measure (``embedding``: one row per program);
-    with ``return_weights`` also how many pool programs each stands for (the sampler's ``weights_``)."""
+                 embedding: np.ndarray | None = None) -> np.ndarray:
+    """Indices of ``k`` distinct programs of ``pool`` to measure (``embedding``: one row per program)."""
     from cdmpp.model.sampling import sampler as make_sampler
 
     if k <= 0:
-        none = np.zeros(0, dtype=np.int64)
-        return (none, np.zeros(0)) if return_weights else none
+        return np.zeros(0, dtype=np.int64)
     if embedding is None:
         raise ValueError("choose_shots needs an embedding of the pool (model.embed or model_free_embedding)")
-    chosen = make_sampler(sampler, k, random_state=seed).fit(embedding)
-    idx = np.asarray(chosen.indices_, dtype=np.int64)
-    return (idx, np.asarray(chosen.weights_, dtype=np.float64)) if return_weights else idx
+    idx = make_sampler(sampler, k, random_state=seed).fit_select(embedding)
+    return np.asarray(idx, dtype=np.int64)
 
 
 def cross_device_split(ds, target_device: str, k: int = 0, sampler: str = "kmeans", seed: int = 0,
@@ -228,12 +224,10 @@ def cross_device_split(ds, target_device: str, k: int = 0, sampler: str = "kmean
     val_, train = _split_by_key(source, lambda p: p.features.program_hash, [val], _rng(seed, "cross-device", target_device))
     if k > 0:
         emb = embed([p.features for p in pool]) if embed is not None else model_free_embedding(train, pool)
-        idx, weights = choose_shots(pool, k, sampler, seed, emb, return_weights=True)
-        weight_of = dict(zip(idx.tolist(), weights.tolist()))
+        chosen = set(choose_shots(pool, k, sampler, seed, emb).tolist())
     else:
-        weight_of = {}
-    shots = [p for i, p in enumerate(pool) if i in weight_of]
-    shot_weights = [weight_of[i] for i in sorted(weight_of)]
+        chosen = set()
+    shots = [p for i, p in enumerate(pool) if i in chosen]
     info = dict(kind="cross-device", programs=programs, seed=seed, target_device=target_device,
                 source_devices=sorted({p.device for p in source}), k=len(shots), sampler=sampler if k else None,
                 n_pool=len(pool), n_target=len(target), selector=("model embeddings" if embed is not None else
@@ -242,7 +236,7 @@ def cross_device_split(ds, target_device: str, k: int = 0, sampler: str = "kmean
                             f"{len(test_)} {target_device} programs ({'each with its twin measured on the source' if programs == 'seen' else 'none of them on any source device in training'}); "
                             f"k = {len(shots)} shots from the other {len(pool)}{', ' + sampler if k else ', zero-shot'}")
     return _finish(Split("cross-device", train, val_, test_, [Unlabeled(p.features, p.device, p.task) for p in pool],
-                         shots=shots, shot_weights=shot_weights, info=info, twins=twins))
+                         shots, info, twins))
 
 
 def subsample_train(split: Split, fraction: float, seed: int = 0) -> Split:

@@ -17,10 +17,7 @@ class KMeansSampler:
     """Pick ``k`` distinct rows of ``X``: for each KMeans centroid, the nearest row not yet picked.
 
     Centroids are visited from the largest cluster to the smallest, so when two centroids compete for
-    one row the one representing more programs wins. ``indices_`` holds the picks in that order and
-    ``weights_`` how many rows each stands for (its centroid's cluster size): covering the space
-    over-represents its sparse corners, so an estimate over all rows from the picks' labels (a mean
-    ratio, a fit) should weight them so.
+    one row the one representing more programs wins. ``indices_`` holds the picks in that order.
     """
 
     def __init__(self, k: int, random_state: int | None = 0, n_init: int = 4):
@@ -35,7 +32,6 @@ class KMeansSampler:
             self.indices_ = np.arange(n)
             self.cluster_centers_ = X.copy()
             self.labels_ = np.arange(n)
-            self.weights_ = np.ones(n)
             return self
         km = KMeans(n_clusters=self.k, random_state=self.random_state, n_init=self.n_init).fit(X)
         self.cluster_centers_ = km.cluster_centers_
@@ -44,14 +40,12 @@ class KMeansSampler:
         sizes = np.bincount(km.labels_, minlength=self.k)
         taken = np.zeros(n, dtype=bool)
         picks = []
-        order = np.argsort(-sizes, kind="stable")
-        for c in order:
+        for c in np.argsort(-sizes, kind="stable"):
             d = np.where(taken, np.inf, d2[c])
             i = int(np.argmin(d))
             taken[i] = True
             picks.append(i)
         self.indices_ = np.asarray(picks, dtype=np.int64)
-        self.weights_ = sizes[order].astype(np.float64)
         return self
 
     def fit_select(self, X) -> np.ndarray:
@@ -59,8 +53,7 @@ class KMeansSampler:
 
 
 class RandomSampler:
-    """Pick ``k`` distinct rows uniformly at random: the baseline for KMeansSampler. Each pick stands
-    for as many rows as any other (``weights_`` all 1)."""
+    """Pick ``k`` distinct rows uniformly at random: the baseline for KMeansSampler."""
 
     def __init__(self, k: int, random_state: int | None = 0):
         self.k = k
@@ -70,7 +63,6 @@ class RandomSampler:
         n = len(X)
         rng = np.random.default_rng(self.random_state)
         self.indices_ = rng.choice(n, size=min(self.k, n), replace=False).astype(np.int64)
-        self.weights_ = np.ones(len(self.indices_))
         return self
 
     def fit_select(self, X) -> np.ndarray:

@@ -161,21 +161,6 @@ def test_twin_ratio_corrects_its_prior_not_the_twin():
     assert not np.allclose(TwinRatio(twins).fit(shots[:3]).predict(programs), model.predict(programs))
 
 
-def test_twin_ratio_weights_each_shot_by_the_programs_it_stands_for():
-    """Three shots standing for 10 programs each, 1.1x their twin, and four outliers standing for one
-    each, 3x: weighted, the ratio is the many programs' 1.1; unweighted, the outliers' 3."""
-    from cdmpp.evaluation.methods.twin_ratio import TwinRatio
-
-    twins = {str(i): 1e-3 for i in range(7)}
-    ratio = [1.1] * 3 + [3.0] * 4
-    shots = [_amdahl_program(1e9, 1e8, r * 1e-3, str(i)) for i, r in enumerate(ratio)]
-    weighted = TwinRatio(twins).fit(shots, weights=[10, 10, 10, 1, 1, 1, 1])
-    assert np.allclose(weighted.predict(shots), 1.1e-3)
-    assert np.allclose(TwinRatio(twins).fit(shots).predict(shots), 3e-3)
-    with pytest.raises(ValueError, match="3 weights for 7 shots"):
-        TwinRatio(twins).fit(shots, weights=[1, 1, 1])
-
-
 def test_twin_ratio_picks_among_priors_by_cross_validation():
     """Two priors, the shots exactly the second one's prediction: the cross-validation takes the second as
     the base; without shots the first one is the base."""
@@ -224,7 +209,7 @@ def test_twin_ratio_boosts_only_where_cross_validation_says_it_helps():
     model = TwinRatio({})
 
     def best(r):
-        errors = model._cv_mape(x, r, np.ones(len(r)))
+        errors = model._cv_mape(x, r)
         return min(errors, key=errors.get)
 
     assert best(rng.normal(scale=0.05, size=64)) == 0

@@ -22,14 +22,3 @@ def test_kmeans_sampler_picks_distinct_nearest_and_is_deterministic():
     r = RandomSampler(5, random_state=3).fit(X)
     assert len(set(r.indices_.tolist())) == 5
     assert np.array_equal(r.indices_, RandomSampler(5, random_state=3).fit(X).indices_)
-
-
-def test_each_pick_stands_for_its_cluster():
-    """A dense cluster of 150 rows and two sparse ones of 10: one pick each, weighted 150, 10 and 10, so
-    a mean over the picks can stand for the whole; random picks weigh the same."""
-    rng = np.random.default_rng(1)
-    X = np.concatenate([c + rng.normal(scale=0.3, size=(n, 2)) for c, n in (((0, 0), 150), ((20, 0), 10), ((0, 20), 10))])
-    s = KMeansSampler(3, random_state=0).fit(X)
-    assert s.weights_.tolist() == [150, 10, 10] and s.indices_[0] < 150  # largest cluster first
-    assert np.array_equal(RandomSampler(4).fit(X).weights_, np.ones(4))
-    assert np.array_equal(KMeansSampler(500).fit(X).weights_, np.ones(len(X)))

@@ -32,16 +32,6 @@ def physics_features(programs: Sequence, twins: dict | None = None) -> np.ndarra
 ROUND_CHOICES = (0, 10, 30, 100)  # the ratio GBT's rounds that cross-validation on the shots picks from
 
 
-def weighted_median(values: np.ndarray, weights: np.ndarray) -> float:
-    """The value below which half the weight lies; equal weights give ``np.median``."""
-    order = np.argsort(values, kind="stable")
-    v, cum = values[order], np.cumsum(weights[order])
-    i = int(np.searchsorted(cum, cum[-1] / 2))
-    if i + 1 < len(v) and np.isclose(cum[i], cum[-1] / 2):  # the half falls between two values
-        return float((v[i] + v[i + 1]) / 2)
-    return float(v[i])
-
-
 class TwinRatio(Peer):
     """Seen programs: target latency = source twin's label × exp(GBT of the log ratio on k target shots).
 
@@ -86,19 +76,14 @@ class TwinRatio(Peer):
             parts.append(self.embed(programs))
         return np.hstack(parts)
 
-    def fit(self, shots: Sequence, val=None, time_budget_s=None, weights=None) -> "TwinRatio":
-        """Fits the ratio on target shots (the twins' labels are the source knowledge). ``weights``: how
-        many target programs each shot stands for (``Split.shot_weights``): KMeans shots cover the
-        space's sparse corners, so unweighted they would pull the ratio toward rare programs."""
+    def fit(self, shots: Sequence, val=None, time_budget_s=None) -> "TwinRatio":
+        """Fits the ratio on target shots (the twins' labels are the source knowledge)."""
         self.model_ = None
         self.base_ = 0.0
         self.rounds_ = 0
         self.base_kind_ = 0 if self.priors else "twin"
         if not shots:
             return self
-        w = np.ones(len(shots)) if weights is None or not len(weights) else np.asarray(weights, dtype=np.float64)
-        if len(w) != len(shots):
-            raise ValueError(f"{len(w)} weights for {len(shots)} shots")
         y = np.log([p.seconds for p in shots])
         kinds = [*range(len(self.priors)), "twin"]
         ratios = {kind: y - np.log(self._base(shots, kind)) for kind in kinds}
@@ -107,12 +92,12 @@ class TwinRatio(Peer):
             if self.rounds is not None:
                 self.rounds_ = self.rounds
             else:  # (base, rounds) with the lowest cross-validated MAPE; earlier priors and fewer rounds win ties
-                errors = {(kind, n): e for kind in kinds for n, e in self._cv_mape(x, ratios[kind], w).items()}
+                errors = {(kind, n): e for kind in kinds for n, e in self._cv_mape(x, ratios[kind]).items()}
                 self.base_kind_, self.rounds_ = min(errors, key=errors.get)
         r = ratios[self.base_kind_]
-        self.base_ = weighted_median(r, w)
+        self.base_ = float(np.median(r))
         if self.rounds_:
-            self.model_ = self._booster(self.rounds_, self.base_).fit(x, r, sample_weight=w)
+            self.model_ = self._booster(self.rounds_, self.base_).fit(x, r)
         return self
 
     def _booster(self, rounds: int, base: float):
@@ -122,20 +107,19 @@ class TwinRatio(Peer):
                                 min_child_weight=2, tree_method="hist", n_jobs=self.nthread,
                                 random_state=self.random_state, base_score=base)
 
-    def _cv_mape(self, x: np.ndarray, r: np.ndarray, w: np.ndarray, folds: int = 4) -> dict[int, float]:
-        """Weighted MAPE over ``folds``-fold cross-validation on the shots for each of ``ROUND_CHOICES``
-        (a prediction's APE is |exp(predicted - true log ratio) - 1|)."""
+    def _cv_mape(self, x: np.ndarray, r: np.ndarray, folds: int = 4) -> dict[int, float]:
+        """MAPE over ``folds``-fold cross-validation on the shots for each of ``ROUND_CHOICES`` (a
+        prediction's APE is |exp(predicted - true log ratio) - 1|)."""
         fold = np.random.default_rng(self.random_state).permutation(len(r)) % folds
         ape: dict[int, list] = {n: [] for n in ROUND_CHOICES}
         for f in range(folds):
             train, held = fold != f, fold == f
-            base = weighted_median(r[train], w[train])
+            base = float(np.median(r[train]))
             ape[0].append(np.abs(np.expm1(base - r[held])))
-            booster = self._booster(max(ROUND_CHOICES), base).fit(x[train], r[train], sample_weight=w[train])
+            booster = self._booster(max(ROUND_CHOICES), base).fit(x[train], r[train])
             for n in ROUND_CHOICES[1:]:
                 ape[n].append(np.abs(np.expm1(booster.predict(x[held], iteration_range=(0, n)) - r[held])))
-        held_w = np.concatenate([w[fold == f] for f in range(folds)])
-        return {n: float(np.average(np.concatenate(a), weights=held_w)) for n, a in ape.items()}
+        return {n: float(np.concatenate(a).mean()) for n, a in ape.items()}
 
     def predict(self, programs: Sequence) -> np.ndarray:
         r = self.model_.predict(self._x(programs)).astype(np.float64) if self.model_ is not None else self.base_
