@@ -16,8 +16,8 @@ label × a small GBT of the log ratio on pooled features, fitted on the shots), 
 ``twin-roofline`` (the twin's label × the ratio of the program's roofline bounds on the two devices),
 each ``x ratio GBT`` (the prior's prediction × the ratio GBT, so the shots fit what the physics leaves
 over) and ``cdmpp + twin`` (the ratio GBT with the k-shot-tuned cdmpp model's program embedding as extra
-inputs, its base picked among the two priors and the bare twin label by cross-validation on the shots;
-twin-Amdahl without shots). A model trained on one source device cannot learn the device ratio from data
+inputs, its base and correction picked among the two priors and the bare twin label by cross-validation on
+the shots under the one-standard-error rule; twin-Amdahl without shots). A model trained on one source device cannot learn the device ratio from data
 (its device input never varies), which is why the twin's label and the shots carry this setting.
 
 Each scored row is appended to ``runs`` (JSON lines, so a long run keeps what it finished);
@@ -136,6 +136,19 @@ def _finite(obj):
     return obj
 
 
+def twin_priors(sp, device_table: dict) -> list:
+    """The seen setting's physics on the twin's label, cdmpp + twin's first prior first: Amdahl's law for
+    the thread counts, the ratio of the two devices' roofline bounds. None with several source devices."""
+    from cdmpp.evaluation.methods.twin_ratio import TwinAmdahl, TwinRoofline
+
+    source, target = sp.info["source_devices"], sp.info["target_device"]
+    if len(source) != 1:
+        return []
+    s_spec, t_spec = device_table[source[0]], device_table[target]
+    amdahl = TwinAmdahl(sp.twins, s_spec["cores"], t_spec["cores"])
+    return [amdahl.fit([p for p in sp.train if p.device == source[0]]), TwinRoofline(sp.twins, s_spec, t_spec)]
+
+
 def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | None = None) -> None:
     """Every setting of ``opts`` for one seed (split seed = model seed), rows appended to ``opts.runs``."""
     import torch
@@ -188,15 +201,6 @@ def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | Non
         gbt = PooledGBT(device_table, nthread=opts.threads, random_state=seed, target=target,
                         loss=loss).fit(split.train, split.val)
         return gbt, round(time.monotonic() - t, 1)
-
-    def twin_priors(sp, source: list, target: str) -> list:
-        """The seen setting's physics on the twin's label, cdmpp + twin's first prior first: Amdahl's law for
-        the thread counts, the ratio of the two devices' roofline bounds. None with several source devices."""
-        if len(source) != 1:
-            return []
-        s_spec, t_spec = device_table[source[0]], device_table[target]
-        amdahl = TwinAmdahl(sp.twins, s_spec["cores"], t_spec["cores"])
-        return [amdahl.fit([p for p in sp.train if p.device == source[0]]), TwinRoofline(sp.twins, s_spec, t_spec)]
 
     # more GBT variants: method -> (PooledGBT target, loss, row name)
     gbt_variants = {m: t for m, t in (("pooled-gbt-roofline", ("roofline", "l2", "pooled GBT, roofline target")),
@@ -255,8 +259,7 @@ def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | Non
                 test = sp.test
                 n = dict(programs=len(test), n_train=len(sp.train), **key)
                 suffix = "" if not k else f" k={k_name} ({sampler})"
-                source = sp.info["source_devices"]
-                priors = twin_priors(sp, source, target) if programs == "seen" else []
+                priors = twin_priors(sp, device_table) if programs == "seen" else []
                 if model is not None:
                     m = model.adapt(sp.shots) if k else model
                     mean, lo, hi = m.predict_interval(test)

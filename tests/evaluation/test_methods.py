@@ -200,20 +200,32 @@ def test_twin_ratio_corrects_the_twin_when_the_shots_say_it_beats_the_prior():
 
 
 def test_twin_ratio_boosts_only_where_cross_validation_says_it_helps():
-    """Shots whose log ratio is noise get the median ratio alone (0 rounds); a ratio that a column
-    explains gets trees."""
+    """Shots whose log ratio is noise leave the base uncorrected; a ratio that a column explains gets trees."""
     from cdmpp.evaluation.methods.twin_ratio import TwinRatio
 
     rng = np.random.default_rng(0)
     x = rng.normal(size=(64, 20))
     model = TwinRatio({})
 
-    def best(r):
-        errors = model._cv_mape(x, r)
-        return min(errors, key=errors.get)
+    def rounds(r):
+        return model._select(x, {"twin": r})[1]
 
-    assert best(rng.normal(scale=0.05, size=64)) == 0
-    assert best(0.7 * np.sign(x[:, 3]) + rng.normal(scale=0.01, size=64)) > 0
+    assert rounds(rng.normal(scale=0.05, size=64)) is None
+    assert rounds(0.7 * np.sign(x[:, 3]) + rng.normal(scale=0.01, size=64)) > 0
+
+
+def test_twin_ratio_takes_a_correction_only_beyond_one_standard_error():
+    """A correction whose cross-validated gain hangs on four shots (the base uncorrected is 1.0 worse on
+    them, 0.05 better on the other 60) keeps the base as is; the same mean gain on every shot takes it."""
+    from cdmpp.evaluation.methods.twin_ratio import TwinRatio
+
+    model = TwinRatio({})
+    as_is = np.r_[np.full(4, 1.1), np.full(60, 0.1)]  # each shot's held-out APE
+    lucky = np.r_[np.full(4, 0.1), np.full(60, 0.15)]
+    steady = as_is - (as_is - lucky).mean()
+    for candidate, expected in ((lucky, None), (steady, 0)):
+        model._cv_ape = lambda x, r, c=candidate: {None: as_is, 0: c}
+        assert model._select(np.zeros((64, 1)), {"twin": np.zeros(64)}) == ("twin", expected)
 
 
 def test_pooled_features_are_each_programs_sum_max_and_log_sum_exp():

@@ -29,16 +29,21 @@ def physics_features(programs: Sequence, twins: dict | None = None) -> np.ndarra
     return np.hstack(cols).astype(np.float32)
 
 
-ROUND_CHOICES = (0, 10, 30, 100)  # the ratio GBT's rounds that cross-validation on the shots picks from
+# what cross-validation on the shots picks from: no correction (None), the shots' median ratio (0 rounds),
+# or the ratio GBT's rounds
+ROUND_CHOICES = (None, 0, 10, 30, 100)
 
 
 class TwinRatio(Peer):
     """Seen programs: target latency = source twin's label × exp(GBT of the log ratio on k target shots).
 
     With no shots the ratio is 1 (the twin's label as is). The GBT is small (depth 3) and starts from
-    the shots' median log ratio; its number of rounds (0: that median alone) is chosen by cross-validation
-    on the shots (``rounds=None``), since a few dozen shots overfit hundreds of input columns and a prior
-    that is already right needs no correction.
+    the shots' median log ratio; its number of rounds (0: that median alone; None: no correction) is
+    chosen by cross-validation on the shots (``rounds=None``), since a few dozen shots overfit hundreds of
+    input columns and a prior that is already right needs no correction. The one-standard-error rule
+    keeps the first base uncorrected unless a choice beats it by more than the standard error of the
+    difference: KMeans shots cover the pool's sparse corners, so a few dozen of them can make a
+    correction look better on the shots than it is on the programs they were drawn from.
     ``inputs``: "pooled" (the pooled leaf features), "physics" (``physics_features`` with the twin's
     latency: a dozen numbers instead of ~500, which k shots can fit) or "both". ``prior``: a fitted
     predictor (``TwinAmdahl``, ``TwinRoofline``, ...) or a list of them, that may replace the twin's label as
@@ -91,14 +96,22 @@ class TwinRatio(Peer):
             x = self._x(shots)
             if self.rounds is not None:
                 self.rounds_ = self.rounds
-            else:  # (base, rounds) with the lowest cross-validated MAPE; earlier priors and fewer rounds win ties
-                errors = {(kind, n): e for kind in kinds for n, e in self._cv_mape(x, ratios[kind]).items()}
-                self.base_kind_, self.rounds_ = min(errors, key=errors.get)
+            else:
+                self.base_kind_, self.rounds_ = self._select(x, ratios)
         r = ratios[self.base_kind_]
-        self.base_ = float(np.median(r))
+        self.base_ = 0.0 if self.rounds_ is None else float(np.median(r))
         if self.rounds_:
             self.model_ = self._booster(self.rounds_, self.base_).fit(x, r)
         return self
+
+    def _select(self, x: np.ndarray, ratios: dict) -> tuple:
+        """(base, rounds) by cross-validated MAPE on the shots, under the one-standard-error rule against
+        the first base uncorrected; earlier bases and fewer rounds win ties."""
+        ape = {(kind, n): a for kind, r in ratios.items() for n, a in self._cv_ape(x, r).items()}
+        best = min(ape, key=lambda c: ape[c].mean())
+        simplest = (next(iter(ratios)), None)
+        gain = ape[simplest] - ape[best]
+        return best if gain.mean() > gain.std() / np.sqrt(len(gain)) else simplest
 
     def _booster(self, rounds: int, base: float):
         import xgboost as xgb
@@ -107,19 +120,20 @@ class TwinRatio(Peer):
                                 min_child_weight=2, tree_method="hist", n_jobs=self.nthread,
                                 random_state=self.random_state, base_score=base)
 
-    def _cv_mape(self, x: np.ndarray, r: np.ndarray, folds: int = 4) -> dict[int, float]:
-        """MAPE over ``folds``-fold cross-validation on the shots for each of ``ROUND_CHOICES`` (a
-        prediction's APE is |exp(predicted - true log ratio) - 1|)."""
+    def _cv_ape(self, x: np.ndarray, r: np.ndarray, folds: int = 4) -> dict:
+        """Each shot's APE when held out of ``folds``-fold cross-validation, for each of ``ROUND_CHOICES``
+        (|exp(predicted - true log ratio) - 1|; the shots in one order for every choice)."""
         fold = np.random.default_rng(self.random_state).permutation(len(r)) % folds
-        ape: dict[int, list] = {n: [] for n in ROUND_CHOICES}
+        ape: dict = {n: [] for n in ROUND_CHOICES}
         for f in range(folds):
             train, held = fold != f, fold == f
             base = float(np.median(r[train]))
+            ape[None].append(np.abs(np.expm1(-r[held])))
             ape[0].append(np.abs(np.expm1(base - r[held])))
-            booster = self._booster(max(ROUND_CHOICES), base).fit(x[train], r[train])
-            for n in ROUND_CHOICES[1:]:
+            booster = self._booster(max(ROUND_CHOICES[2:]), base).fit(x[train], r[train])
+            for n in ROUND_CHOICES[2:]:
                 ape[n].append(np.abs(np.expm1(booster.predict(x[held], iteration_range=(0, n)) - r[held])))
-        return {n: float(np.concatenate(a).mean()) for n, a in ape.items()}
+        return {n: np.concatenate(a) for n, a in ape.items()}
 
     def predict(self, programs: Sequence) -> np.ndarray:
         r = self.model_.predict(self._x(programs)).astype(np.float64) if self.model_ is not None else self.base_
@@ -132,6 +146,8 @@ class TwinRatio(Peer):
         base = "the twin's label" if self.base_kind_ == "twin" else self.priors[self.base_kind_].describe()
         if self.model_ is not None:
             return base + f" x a GBT of the log ratio ({self.rounds_} rounds)"
+        if self.rounds_ is None:
+            return base
         return base + f" x {np.exp(self.base_):.3f} (median ratio of the shots)"
 
 
