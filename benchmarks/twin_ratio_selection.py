@@ -1,7 +1,7 @@
 """Cross-device-seen: how ``TwinRatio`` chooses its correction on the shots (reports/study-issue19.md,
 round 22). The protocol's split, shots chosen without a model (KMeans and random on mean-pooled normalized
-leaves), seeds 0-2 (or those given), k = 64 and 5 %; the bases of ``cdmpp + twin`` (Amdahl's law, the roofline ratio, the
-twin's label) without cdmpp's embedding. Rules: the lowest cross-validated MAPE among corrections
+leaves), seeds 0-2 (or those given), k = 64 and 5 %; the bases of ``cdmpp + twin`` (Amdahl's law, the
+roofline ratio, the twin's label) without cdmpp's embedding. Rules: the lowest cross-validated MAPE among corrections
 (before round 22), and the same with "no correction" as a choice under the one-standard-error rule (now).
 
 ``.venv/bin/python benchmarks/twin_ratio_selection.py [SEEDS]`` (default 0,1,2); a few minutes, run alone."""
@@ -21,7 +21,7 @@ target = opts.target_device
 specs = DeviceTable(opts.devices).spec_table()
 
 
-def lowest_cv_mape(tr: TwinRatio, shots) -> np.ndarray:
+def lowest_cv_mape(tr: TwinRatio, shots) -> TwinRatio:
     """The rule before round 22: every (base, rounds) but "no correction", lowest mean wins."""
     y = np.log([p.seconds for p in shots])
     x = tr._x(shots)

@@ -17,8 +17,9 @@ label × a small GBT of the log ratio on pooled features, fitted on the shots), 
 each ``x ratio GBT`` (the prior's prediction × the ratio GBT, so the shots fit what the physics leaves
 over) and ``cdmpp + twin`` (the ratio GBT with the k-shot-tuned cdmpp model's program embedding as extra
 inputs, its base and correction picked among the two priors and the bare twin label by cross-validation on
-the shots under the one-standard-error rule; twin-Amdahl without shots). A model trained on one source device cannot learn the device ratio from data
-(its device input never varies), which is why the twin's label and the shots carry this setting.
+the shots under the one-standard-error rule; twin-Amdahl without shots). A model trained on one source
+device cannot learn the device ratio from data (its device input never varies), which is why the twin's
+label and the shots carry this setting.
 
 Each scored row is appended to ``runs`` (JSON lines, so a long run keeps what it finished);
 ``pooled GBT, val-scaled`` multiplies the GBT by the factor with the lowest validation MAPE (what
@@ -156,7 +157,7 @@ def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | Non
     from cdmpp.evaluation.harness import recipe_config
     from cdmpp.evaluation.methods.cdmpp_model import CDMPP
     from cdmpp.model.pooled_gbt import PooledGBT
-    from cdmpp.evaluation.methods.twin_ratio import TwinAmdahl, TwinRatio, TwinRoofline
+    from cdmpp.evaluation.methods.twin_ratio import TwinAmdahl, TwinRatio
     from cdmpp.model.training import mape_scale
 
     torch.set_num_threads(max(1, opts.threads))
