@@ -14,10 +14,10 @@ from collections import defaultdict
 
 import numpy as np
 
-from cdmpp.evaluation import splits
 from cdmpp.evaluation.protocol import ProtocolOptions, load_pinned
 from cdmpp.predict.predictor import Predictor
 from cdmpp.program.features import FEATURE_NAMES
+from cdmpp.workflows import training_split
 
 parser = argparse.ArgumentParser()
 parser.add_argument("model")
@@ -26,10 +26,7 @@ parser.add_argument("--exclude-networks", default="", help="as the model was tra
 parser.add_argument("--train-sample", type=int, default=20000)
 args = parser.parse_args()
 
-ds = load_pinned(ProtocolOptions())
-excluded = {n for n in args.exclude_networks.split(",") if n}
-ds.programs = [p for p in ds.programs if not any(o.split("@")[0] in excluded for o in p.networks)]
-split = splits.random_split(ds, 0, val=0.1, test=0.0, by="task")
+split = training_split(load_pinned(ProtocolOptions()), exclude_networks=[n for n in args.exclude_networks.split(",") if n])
 model = Predictor.load(args.model).model
 
 

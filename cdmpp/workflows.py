@@ -51,14 +51,11 @@ def train_checkpoint(recipe: str, dataset: str, out: str, task_table: str = defa
     ``exclude_networks``: leave out every program of a task that occurs in one of them (as cross-model
     does), so benchmarks on those networks test a model that never saw them."""
     ds = load_dataset(dataset, TaskTable.load(task_table), devices=device_ids, limit=limit, progress=progress)
-    if exclude_networks:
-        excluded = set(exclude_networks)
-        ds.programs = [p for p in ds.programs if not any(o.split("@")[0] in excluded for o in p.networks)]
+    split = training_split(ds, seed, val, val_by, exclude_networks)
     table = DeviceTable(devices)
     missing = sorted(set(ds.devices()) - set(table.ids()))
     if missing:
         raise ValueError(f"devices {missing} have no spec in {devices}")
-    split = splits.random_split(ds, seed, val=val, test=0.0, by=val_by)
     over = {"max_minutes": max_minutes} if max_minutes else {}
     config = dataclasses.replace(TrainConfig.recipe(recipe), seed=seed, progress=progress, **over)
     model = fit(config, split.train, split.val, device_table=table.spec_table())
@@ -68,6 +65,15 @@ def train_checkpoint(recipe: str, dataset: str, out: str, task_table: str = defa
                          devices={s.id: s.to_dict() for s in table})
     model.save(out)
     return model
+
+
+def training_split(ds, seed: int = 0, val: float = 0.1, val_by: str = "task", exclude_networks=None):
+    """The train/validation split ``train_checkpoint`` fits and selects on (``ds`` loses the programs of
+    ``exclude_networks``), so a study of a checkpoint can score the validation tasks it was chosen on."""
+    if exclude_networks:
+        excluded = set(exclude_networks)
+        ds.programs = [p for p in ds.programs if not any(o.split("@")[0] in excluded for o in p.networks)]
+    return splits.random_split(ds, seed, val=val, test=0.0, by=val_by)
 
 
 def sample_ids(k: int, pool: str, device: str, model_path: str | None = None, sampler: str = "kmeans",
