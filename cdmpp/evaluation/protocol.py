@@ -15,8 +15,8 @@ label × a small GBT of the log ratio on pooled features, fitted on the shots), 
 (Amdahl's law from the two devices' thread counts and the program's parallel share; no shots),
 ``twin-roofline`` (the twin's label × the ratio of the program's roofline bounds on the two devices),
 each ``x ratio GBT`` (the prior's prediction × the ratio GBT, so the shots fit what the physics leaves
-over) and ``cdmpp + twin`` (the ratio GBT with the k-shot-tuned cdmpp model's program embedding as extra
-inputs, its base and correction picked among the two priors and the bare twin label by cross-validation on
+over) and ``cdmpp + twin`` (the ratio GBT on pooled and physics features, what the priors predict and the
+k-shot-tuned cdmpp model's program embedding, its base and correction picked among the two priors and the bare twin label by cross-validation on
 the shots under the one-standard-error rule; twin-Amdahl without shots). A model trained on one source
 device cannot learn the device ratio from data (its device input never varies), which is why the twin's
 label and the shots carry this setting.
@@ -267,8 +267,8 @@ def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | Non
                     check = m.model_.summary.get("finetune", {}).get("check") if k else None  # checked_finetune's
                     out.row(setting, opts.label + suffix, _metrics(test, mean, lo, hi), train_seconds=cdmpp_secs,
                             **({"finetune_check": check} if check else {}), **n)
-                    if programs == "seen":  # the physics priors x a GBT of the log ratio on pooled + cdmpp embedding
-                        tr = TwinRatio(sp.twins, nthread=opts.threads, random_state=seed, prior=priors,
+                    if programs == "seen":  # the physics priors x a GBT of the log ratio on pooled, physics + embedding
+                        tr = TwinRatio(sp.twins, nthread=opts.threads, random_state=seed, prior=priors, inputs="both",
                                        embed=lambda ps: m.embed([p.features for p in ps])).fit(sp.shots)
                         out.row(setting, opts.label + " + twin" + suffix, _metrics(test, tr.predict(test)),
                                 train_seconds=cdmpp_secs, **n)

@@ -107,7 +107,8 @@ def _amdahl_program(ops_parallel: float, ops_serial: float, seconds: float, h: s
     rows[:, FEATURE_NAMES.index("float_mad")] = np.log2([ops_parallel + 1, ops_serial + 1])
     rows[0, FEATURE_NAMES.index("parallel_num")] = 1
     rows[0, FEATURE_NAMES.index("parallel_prod")] = np.log2(extent + 1)
-    return SimpleNamespace(features=SimpleNamespace(leaf_features=rows, program_hash=h), seconds=seconds)
+    return SimpleNamespace(features=SimpleNamespace(leaf_features=rows, positions=np.arange(2), n_leaves=2,
+                                                   program_hash=h), seconds=seconds)
 
 
 def test_twin_amdahl_follows_amdahls_law():
@@ -159,6 +160,24 @@ def test_twin_ratio_corrects_its_prior_not_the_twin():
     model = TwinRatio(twins, prior=amdahl).fit(shots[:3])
     assert np.allclose(model.predict(programs), 1.1 * amdahl.predict(programs), rtol=1e-6)
     assert not np.allclose(TwinRatio(twins).fit(shots[:3]).predict(programs), model.predict(programs))
+
+
+def test_twin_ratio_physics_inputs_carry_what_the_priors_predict():
+    """With physics inputs the ratio GBT also reads each prior's log ratio to the twin's label and the
+    parallel share, so it can follow Amdahl's law where the law holds whichever base it corrects."""
+    from cdmpp.evaluation.methods.twin_ratio import TwinAmdahl, TwinRatio, parallel_share, physics_features
+
+    programs = [_amdahl_program(1e9 * (i + 1), 1e8 * (i % 3), 1e-3, str(i)) for i in range(4)]
+    twins = {str(i): 7e-4 * (i + 1) for i in range(4)}
+    amdahl = TwinAmdahl(twins, source_threads=2, target_threads=1)
+    amdahl.overhead_ = 0.0
+    x = TwinRatio(twins, prior=amdahl, inputs="physics")._x(programs)
+    bare = physics_features(programs, twins)
+    assert x.shape == (4, bare.shape[1] + 3)
+    assert np.allclose(x[:, :bare.shape[1]], bare)
+    assert np.allclose(x[:, -3], np.log(amdahl.predict(programs) / np.array(list(twins.values()))), atol=1e-6)
+    assert np.allclose(x[:, -2:], parallel_share(programs), atol=1e-6)
+    assert TwinRatio(twins, inputs="physics")._x(programs).shape == bare.shape  # no prior: nothing to add
 
 
 def test_twin_ratio_picks_among_priors_by_cross_validation():

@@ -45,7 +45,8 @@ class TwinRatio(Peer):
     difference: KMeans shots cover the pool's sparse corners, so a few dozen of them can make a
     correction look better on the shots than it is on the programs they were drawn from.
     ``inputs``: "pooled" (the pooled leaf features), "physics" (``physics_features`` with the twin's
-    latency: a dozen numbers instead of ~500, which k shots can fit) or "both". ``prior``: a fitted
+    latency: a dozen numbers instead of ~500, which k shots can fit; with priors, also what they predict)
+    or "both". ``prior``: a fitted
     predictor (``TwinAmdahl``, ``TwinRoofline``, ...) or a list of them, that may replace the twin's label as
     what the ratio corrects, so the shots fit only what the physics leaves over; the same cross-validation
     picks which base to correct (a few shots cannot correct a bare twin label as well as physics does; many
@@ -77,9 +78,19 @@ class TwinRatio(Peer):
             parts.append(pooled_features(programs))
         if self.inputs in ("physics", "both"):
             parts.append(physics_features(programs, self.twins))
+            if self.priors:
+                parts.append(self._prior_inputs(programs))
         if self.embed is not None:
             parts.append(self.embed(programs))
         return np.hstack(parts)
+
+    def _prior_inputs(self, programs) -> np.ndarray:
+        """Each prior's log ratio to the twin's label, and the parallel share Amdahl's law reads: the GBT
+        can then lean on a prior where it holds (most programs) and leave it where it does not (programs
+        of a few microseconds, whose source label is mostly fork/join cost), whichever base it corrects."""
+        twin = np.log(self._base(programs, "twin"))
+        ratios = [np.log(self._base(programs, i)) - twin for i in range(len(self.priors))]
+        return np.column_stack([*ratios, parallel_share(programs)]).astype(np.float32)
 
     def fit(self, shots: Sequence, val=None, time_budget_s=None) -> "TwinRatio":
         """Fits the ratio on target shots (the twins' labels are the source knowledge)."""
