@@ -102,7 +102,7 @@ def sample_ids(k: int, pool: str, device: str, model_path: str | None = None, sa
 
 
 def finetune_checkpoint(model_path: str, dataset: str, device: str, ids: Sequence[str], out: str,
-                        steps: int = 100, task_table: str = defaults.TASK_TABLE,
+                        steps: int | None = None, task_table: str = defaults.TASK_TABLE,
                         devices: str = defaults.DEVICES, scope: str | None = None):
     """Fine-tune a checkpoint with the programs ``ids`` (from ``sample_ids``) as measured on ``device``;
     ``scope`` ("head" or "all") overrides the checkpoint's recipe.

@@ -259,7 +259,8 @@ def add_eval_commands(sub) -> None:
     ft.add_argument("--device", required=True)
     ft.add_argument("--ids", required=True, help="file of record ids (from `cdmpp sample`)")
     ft.add_argument("--out", required=True, help="new checkpoint folder")
-    ft.add_argument("--steps", type=int, default=100)
+    ft.add_argument("--steps", type=int, default=None,
+                    help="Adam steps (default: about 20 passes over the shots, at most 100)")
     ft.add_argument("--scope", choices=["head", "all"], default="head",
                     help="weights to tune: decoder + device encoder (head, default; better on the cross-device "
                          "report) or all")

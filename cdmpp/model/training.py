@@ -560,8 +560,15 @@ def _with_devices(trained: TrainedModel, device_table) -> TrainedModel:
     return new
 
 
+def finetune_steps(k: int, batch_size: int, passes: int = 20, most: int = 100) -> int:
+    """Adam steps for a fine-tune on ``k`` shots: about ``passes`` passes over them, at most ``most``.
+    A hundred steps on 16 or 64 shots are a hundred passes, which fits them and leaves the device worse
+    than twenty do; a few thousand shots want the hundred (reports/study-issue19.md, round 23)."""
+    return int(min(most, max(1, math.ceil(passes * k / max(1, min(batch_size, k))))))
+
+
 def checked_finetune(trained: TrainedModel, labeled_set: Sequence[LabeledProgram], config: TrainConfig | None = None,
-                     steps: int = 100, *, device_table: dict[str, dict[str, float]] | None = None,
+                     steps: int | None = None, *, device_table: dict[str, dict[str, float]] | None = None,
                      folds: int = 4) -> TrainedModel:
     """``finetune``, kept only where cross-validation on the shots says it helps.
 
@@ -569,9 +576,11 @@ def checked_finetune(trained: TrainedModel, labeled_set: Sequence[LabeledProgram
     ``folds`` folds fine-tunes on the other shots and predicts its own; when those held-out shots come out
     worse (MAPE) than from the model as it was, the model as it was is returned. Sets of fewer than
     ``2 * folds`` shots are fine-tuned unchecked: there is nothing to hold out. ``summary["finetune"]``
-    says what the check found.
+    says what the check found. ``steps``: by default ``finetune_steps`` of the number of shots.
     """
     labeled_set = list(labeled_set)
+    config = config or TrainConfig.from_dict(trained.config)
+    steps = finetune_steps(len(labeled_set), config.batch_size) if steps is None else steps
     if len(labeled_set) < 2 * folds:
         return finetune(trained, labeled_set, config, steps, device_table=device_table)
     base = _with_devices(trained, device_table)

@@ -327,3 +327,12 @@ def test_the_gbt_blend_weights_for_seconds_and_order_are_chosen_on_val_and_survi
     tuned = finetune(model, shots, steps=5, device_table={"cpu-c": {**DEVICES["cpu-a"], "clock_ghz": 0.5}})
     assert tuned.gbt.booster_.num_boosted_rounds() > rounds == model.gbt.booster_.num_boosted_rounds()
     assert np.all(np.isfinite(tuned.predict([s.features for s in shots], "cpu-c")[0]))
+
+
+def test_finetune_steps_are_about_twenty_passes_over_the_shots():
+    """A handful of shots gets twenty passes (not a hundred, which overfits them); thousands get the cap."""
+    from cdmpp.model.training import finetune_steps
+
+    assert finetune_steps(16, 256) == 20 and finetune_steps(64, 256) == 20
+    assert finetune_steps(300, 256) == 24
+    assert finetune_steps(2568, 256) == 100
