@@ -46,11 +46,11 @@ class TwinRatio(Peer):
     correction look better on the shots than it is on the programs they were drawn from.
     ``inputs``: "pooled" (the pooled leaf features), "physics" (``physics_features`` with the twin's
     latency: a dozen numbers instead of ~500, which k shots can fit; with priors, also what they predict)
-    or "both". ``prior``: a fitted
-    predictor (``TwinAmdahl``, ``TwinRoofline``, ...) or a list of them, that may replace the twin's label as
-    what the ratio corrects, so the shots fit only what the physics leaves over; the same cross-validation
-    picks which base to correct (a few shots cannot correct a bare twin label as well as physics does; many
-    can do better; which physics fits depends on the two devices). Without shots the first prior is the base.
+    or "both". ``prior``: a fitted predictor (``TwinAmdahl``, ``TwinRoofline``, ...) or a list of them, that
+    may replace the twin's label as what the ratio corrects, so the shots fit only what the physics leaves
+    over; the same cross-validation picks which base to correct (a few shots cannot correct a bare twin
+    label as well as physics does; many can do better; which physics fits depends on the two devices).
+    Without shots the first prior is the base.
     """
 
     label = "twin-ratio"
