@@ -15,10 +15,8 @@ k = int(sys.argv[1]) if len(sys.argv) > 1 else 16
 embed = lambda feats: model.embed(feats)
 def pred(m, ps): return m.predict([p.features for p in ps], [p.device for p in ps])[0]
 test = None
-_choose = splits.choose_shots
 for sampler, seed in [("kmeans", 0), ("kmeans", 1), ("kmeans", 2), ("random", 0), ("random", 1), ("random", 2)]:
-    splits.choose_shots = lambda pool, k, sampler, _s, emb, draw=seed: _choose(pool, k, sampler, draw, emb)
-    sp = splits.cross_device_split(ds, target, k, sampler, 0, embed=embed, programs="new")
+    sp = splits.cross_device_split(ds, target, k, sampler, 0, embed=embed, programs="new", draw=seed)
     if test is None:
         test = sp.test; y = np.array([p.seconds for p in test]); base = pred(model, test)
         print(f"k=0: {100*np.mean(np.abs(base-y)/y):.1f}", flush=True)

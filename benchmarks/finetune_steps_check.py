@@ -9,11 +9,9 @@ torch.set_num_threads(2)
 opts = P.ProtocolOptions(); ds = P.load_pinned(opts); target = opts.target_device
 table = DeviceTable(opts.devices).spec_table()
 model = TrainedModel.load("runs/models/xd-seed0"); cfg = TrainConfig.from_dict(model.config)
-_choose = splits.choose_shots
 for k in (16, 64):
     for sampler, seed in [("kmeans", 0), ("kmeans", 1), ("kmeans", 2), ("random", 0), ("random", 1), ("random", 2)]:
-        splits.choose_shots = lambda pool, k, sampler, _s, emb, draw=seed: _choose(pool, k, sampler, draw, emb)
-        sp = splits.cross_device_split(ds, target, k, sampler, 0, embed=model.embed, programs="new")
+        sp = splits.cross_device_split(ds, target, k, sampler, 0, embed=model.embed, programs="new", draw=seed)
         out = []
         for steps in (20, 100):
             c = checked_finetune(model, sp.shots, cfg, steps, device_table=table).summary["finetune"]["check"]

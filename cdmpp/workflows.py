@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import datetime as _dt
 import sys
 from typing import Sequence
@@ -126,8 +127,9 @@ def finetune_checkpoint(model_path: str, dataset: str, device: str, ids: Sequenc
     new = checked_finetune(trained, shots, config, steps=steps, device_table=extra)
     check = new.summary.get("finetune", {}).get("check")
     if check and not check["kept"]:
-        print(f"finetune: not kept: held-out shots {100 * check['held_out_mape']:.1f} % MAPE after fine-tuning, "
-              f"{100 * check['unadapted_mape']:.1f} % before; {out} is the model as it was, with {device}",
+        print(f"finetune: not kept: held-out shots off by a factor {math.exp(check['held_out_log_error']):.2f} "
+              f"(geometric mean) after fine-tuning, {math.exp(check['unadapted_log_error']):.2f} before; {out} is "
+              f"the model as it was, with {device}",
               file=sys.stderr)
     known = dict(new.summary.get("devices", {}))
     if device in table:

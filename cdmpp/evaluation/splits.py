@@ -187,7 +187,7 @@ def choose_shots(pool: Sequence, k: int, sampler: str = "kmeans", seed: int = 0,
 
 def cross_device_split(ds, target_device: str, k: int = 0, sampler: str = "kmeans", seed: int = 0,
                        val: float = 0.1, embed: Callable[[list], np.ndarray] | None = None,
-                       programs: str = "new", test: float = 0.5) -> Split:
+                       programs: str = "new", test: float = 0.5, draw: int | None = None) -> Split:
     """Source = every other device (train/val, by program hash); target = ``target_device``.
 
     The target's programs are cut by hash into a test share ``test`` and a pool. ``k`` shots are
@@ -197,7 +197,8 @@ def cross_device_split(ds, target_device: str, k: int = 0, sampler: str = "kmean
     hash of a test program are left out of training. ``"seen"``: source training is untouched, the test
     keeps only programs whose twin is on a source device, ``twins`` maps their hash to the source label,
     and shots come from pool programs that have a twin too (so a twin-ratio fit can use them).
-    ``k = 0``: zero-shot. The split of the target (and so the test set) depends only on ``seed``.
+    ``k = 0``: zero-shot. The split of the target (and so the test set) depends only on ``seed``; the
+    shots on ``draw`` (default ``seed``), so other shot draws can be tried on the same split.
     """
     if programs not in ("new", "seen"):
         raise ValueError(f"programs = {programs!r}: expected 'new' or 'seen'")
@@ -224,7 +225,7 @@ def cross_device_split(ds, target_device: str, k: int = 0, sampler: str = "kmean
     val_, train = _split_by_key(source, lambda p: p.features.program_hash, [val], _rng(seed, "cross-device", target_device))
     if k > 0:
         emb = embed([p.features for p in pool]) if embed is not None else model_free_embedding(train, pool)
-        chosen = set(choose_shots(pool, k, sampler, seed, emb).tolist())
+        chosen = set(choose_shots(pool, k, sampler, seed if draw is None else draw, emb).tolist())
     else:
         chosen = set()
     shots = [p for i, p in enumerate(pool) if i in chosen]

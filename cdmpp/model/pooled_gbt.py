@@ -156,16 +156,24 @@ class PooledGBT:
     def predict_interval(self, programs: Sequence):
         return self.predict(programs), None, None
 
-    def adapt(self, shots: Sequence, rounds: int = 50) -> "PooledGBT":
-        """k-shot: ``rounds`` more shallow trees on the measured target programs, on top of the source model."""
+    def adapt(self, shots: Sequence, rounds: int | None = None) -> "PooledGBT":
+        """k-shot: ``rounds`` more shallow trees on the measured target programs, on top of the source model;
+        by default ``adapt_rounds`` of the number of shots."""
         import xgboost as xgb
 
+        rounds = adapt_rounds(len(shots)) if rounds is None else rounds
         new = copy.copy(self)
         params = dict(eta=self.learning_rate, max_depth=3, nthread=self.nthread, seed=self.random_state,
                       tree_method="hist")
         new.booster_ = xgb.train(params, xgb.DMatrix(self.inputs(shots), label=self._target(shots)), rounds,
                                  xgb_model=self.booster_.copy())
         return new
+
+
+def adapt_rounds(k: int, most: int = 50) -> int:
+    """Trees ``PooledGBT.adapt`` adds for ``k`` shots: half a tree per shot, at most ``most``. Fifty depth-3
+    trees on 16 shots fit them and carry their noise to the whole device (reports/study-issue19.md, round 24)."""
+    return int(min(most, max(1, k // 2)))
 
 
 def _mape_objective(target: np.ndarray, predicted: np.ndarray):

@@ -68,6 +68,8 @@ def test_cross_device_k_shot_picks_k_distinct_programs_excluded_from_test(two_de
     assert not zero.shots and _ids(zero.test) == _ids(sp.test)  # the test half depends on the seed only
     again = splits.cross_device_split(two_devices, FAKE_DEVICE, k=8, sampler=sampler)
     assert _ids(again.shots) == _ids(sp.shots)
+    other = splits.cross_device_split(two_devices, FAKE_DEVICE, k=8, sampler=sampler, draw=7)
+    assert _ids(other.test) == _ids(sp.test) and _ids(other.shots) != _ids(sp.shots)  # another draw: other shots only
     seen = splits.cross_device_split(two_devices, FAKE_DEVICE, k=0, programs="seen")
     assert all(seen.twins[p.features.program_hash] > 0 for p in seen.test)
     assert _ids(seen.test) <= _ids(sp.test)
