@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 import datetime as _dt
+import math
 import sys
 from typing import Sequence
 
