@@ -21,6 +21,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from cdmpp.model.network import CDMPPModel, PackedPrograms, length_sorted_batches
+from cdmpp.model import physics
 from cdmpp.model.transforms import BoxCox, DeviceSpecs, FeatureNormalizer
 
 FORMAT_VERSION = 1
@@ -43,8 +44,12 @@ class TrainedModel:
     def __init__(self, members: list[CDMPPModel], feature_normalizer: FeatureNormalizer, label_transform: BoxCox,
                  device_specs: DeviceSpecs, config: dict, calibration: dict | None = None,
                  featurizer_version: str = "unknown", summary: dict | None = None,
-                 program_inputs: dict | None = None, gbt=None):
+                 program_inputs: dict | None = None, gbt=None, anchors: dict | None = None):
         self.members = members
+        # {trained CPU device: fork/join seconds of one parallel region there}: a CPU device the model never
+        # trained on is predicted on the nearest of these and moved by Amdahl's law (``anchor_of``); None
+        # in a checkpoint from before, which predicts every device directly
+        self.anchors = anchors
         # with TrainConfig.gbt_blend: the pooled GBT on log latency whose prediction is blended into the
         # members' (``cdmpp.model.blend``; weights ``calibration["gbt_weight"]`` for seconds and
         # ``calibration["gbt_order_weight"]`` for order); it shares device_specs
@@ -146,17 +151,41 @@ class TrainedModel:
     def predict(self, programs, devices: str | Sequence[str], batch_size: int = 256, order: bool = False):
         """Latency in seconds for each program on its device: ``(mean, lo90, hi90)`` numpy arrays.
 
-        ``devices`` is one device name for all programs or one per program. ``mean`` is the inverse
+        ``devices`` is one device name for all programs or one per program; a CPU device the model never
+        trained on is predicted on its anchor and moved there by Amdahl's law (``anchor_of``). ``mean`` is the inverse
         Box-Cox of the ensemble mean (a median-like point estimate); the bounds are the calibrated
         interval mapped back through the same monotone inverse. ``order=True``: blended with the GBT at
         the weight chosen to order the programs of a task (``calibration["gbt_order_weight"]``), which a
         compiler's search asks, instead of at the one chosen for seconds (``gbt_weight``).
         """
-        mean, lo, hi = self._members_seconds(programs, devices, batch_size)
-        if self.gbt is None:
-            return mean, lo, hi
-        factor = self.gbt_factor(programs, devices, mean, order)
-        return mean * factor, lo * factor, hi * factor
+        programs = programs if isinstance(programs, PackedPrograms) else list(programs)
+        names = [devices] if isinstance(devices, str) else list(devices)
+        anchor = {d: self.anchor_of(d) or d for d in set(names)}
+        on = anchor[devices] if isinstance(devices, str) else [anchor[d] for d in names]
+        mean, lo, hi = self._members_seconds(programs, on, batch_size)
+        if self.gbt is not None:
+            factor = self.gbt_factor(programs, on, mean, order)
+            mean, lo, hi = mean * factor, lo * factor, hi * factor
+        if any(a != d for d, a in anchor.items()):
+            if isinstance(programs, PackedPrograms):
+                raise ValueError("a device the model never trained on is predicted from ProgramFeatures, not packed programs")
+            names = [devices] * len(mean) if isinstance(devices, str) else names
+            factor = physics.move(mean, programs, [anchor[d] for d in names], names, self.device_specs.table,
+                                  self.anchors) / mean
+            mean, lo, hi = mean * factor, lo * factor, hi * factor
+        return mean, lo, hi
+
+    def anchor_of(self, device: str) -> str | None:
+        """The trained device ``predict`` predicts ``device`` on before moving it there by Amdahl's law
+        (``cdmpp.model.physics.anchor_device``); None: ``device`` is predicted directly."""
+        if not self.anchors:
+            return None
+        return physics.anchor_device(device, list(self.anchors), self.device_specs.table)
+
+    def on_anchors(self, labeled: Sequence) -> list:
+        """Labelled programs, those of a device predicted through an anchor moved to it by Amdahl's law run
+        backwards (``physics.on_anchors``): what a fine-tune learns, so that ``predict`` moves it forward again."""
+        return physics.on_anchors(labeled, self.anchor_of, self.device_specs.table, self.anchors or {})
 
     def predict_parts(self, programs, devices: str | Sequence[str], batch_size: int = 256):
         """The two predictions the blend combines, in seconds: the members' and the GBT's (None without one);
@@ -228,7 +257,7 @@ class TrainedModel:
                     feature_normalizer=self.feature_normalizer.to_dict(),
                     label_transform=self.label_transform.to_dict(), device_specs=self.device_specs.to_dict(),
                     calibration=self.calibration, featurizer_version=self.featurizer_version, summary=self.summary,
-                    program_inputs=self.program_inputs)
+                    program_inputs=self.program_inputs, anchors=self.anchors)
         gbt_file = directory / "gbt.ubj.gz"  # XGBoost's binary JSON, gzipped: a third of the text JSON's size
         if self.gbt is not None:
             gbt_file.write_bytes(gzip.compress(bytes(self.gbt.booster_.save_raw("ubj")), compresslevel=6))
@@ -266,7 +295,7 @@ class TrainedModel:
         return cls(members, FeatureNormalizer.from_dict(meta["feature_normalizer"]),
                    BoxCox.from_dict(meta["label_transform"]), DeviceSpecs.from_dict(meta["device_specs"]),
                    meta["config"], meta["calibration"], meta["featurizer_version"], meta["summary"],
-                   meta.get("program_inputs"), gbt)
+                   meta.get("program_inputs"), gbt, meta.get("anchors"))
 
 
 class _OnDevice(NamedTuple):

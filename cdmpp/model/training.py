@@ -34,6 +34,7 @@ from cdmpp import defaults
 from cdmpp.model.adaptation import discrepancy
 from cdmpp.model.checkpoint import TrainedModel, current_featurizer_version
 from cdmpp.model.network import CDMPPModel, PackedPrograms, bucketed_batches, length_sorted_batches
+from cdmpp.model.physics import fork_join_by_device
 from cdmpp.model.transforms import BoxCox, DeviceSpecs, FeatureNormalizer
 
 if TYPE_CHECKING:
@@ -61,6 +62,9 @@ class TrainConfig:
     mape_scale: bool = False  # multiply predictions by the factor with the lowest validation MAPE (mape_scale)
     gbt_blend: bool = False  # blend in a pooled GBT on log latency, weight chosen on val (cdmpp.model.blend)
     gbt_minutes: float = 1.0  # the blend's GBT ends this long after max_minutes (early stopping ends it first)
+    # a CPU device without training labels is predicted on the nearest trained CPU device and moved there by
+    # Amdahl's law (cdmpp.model.physics; TrainedModel.anchors), not through its spec vector
+    amdahl_transfer: bool = False
     blend_rank_slack: float = 0.0  # > 0: the order's blend weight ranks best within this relative slack of the best MAPE
     loss: str = "paper"  # "paper": mse_weight·MSE + mape_weight·MAPE | "l1": L1 in label space | "mape": MAPE on seconds
     # optimization: loss = mse_weight·MSE + mape_weight·MAPE (Box-Cox space), Adam, triangular CyclicLR
@@ -328,6 +332,8 @@ def fit(config: TrainConfig, train_set: Sequence[LabeledProgram], val_set: Seque
         train_seconds=round(time.monotonic() - start, 1), members=histories,
         val=dict(mape=float(rel.mean()), within_10=float((rel <= 0.10).mean()), within_25=float((rel <= 0.25).mean()),
                  interval_coverage=float(((val.seconds >= lo_s) & (val.seconds <= hi_s)).mean())))
+    if config.amdahl_transfer:
+        trained.anchors = fork_join_by_device(train_set, specs.table)
     return trained
 
 
@@ -513,11 +519,13 @@ def finetune(trained: TrainedModel, labeled_set: Sequence[LabeledProgram], confi
 
     Each member takes ``steps`` Adam steps at ``config.finetune_lr`` on (mini)batches of the labeled
     set, in the same loss as training. Normalizers, Box-Cox and calibration stay as trained: with k
-    samples there is nothing to refit them on. ``device_table`` adds specs of new devices.
+    samples there is nothing to refit them on. ``device_table`` adds specs of new devices. Shots of a device
+    predicted through an anchor are learned on the anchor (``TrainedModel.on_anchors``).
     """
     config = config or TrainConfig.from_dict(trained.config)
     new = _with_devices(trained, device_table)
-    labeled_set = list(labeled_set)
+    devices = sorted({s.device for s in labeled_set})
+    labeled_set = new.on_anchors(labeled_set)
     dev_matrix, dev_index = new.device_specs.matrix([s.device for s in labeled_set])
     data = _prepare(labeled_set, new, dev_index)
     dev_matrix, z_all = torch.from_numpy(dev_matrix), torch.from_numpy(data.z)
@@ -545,8 +553,7 @@ def finetune(trained: TrainedModel, labeled_set: Sequence[LabeledProgram], confi
     if new.gbt is not None:  # the blended GBT learns the shots too (shallow trees on top), or it drags k-shot back
         new.gbt = new.gbt.adapt(labeled_set)
     new.summary = {**new.summary, "finetune": dict(n=len(labeled_set), steps=steps, lr=config.finetune_lr,
-                                                   scope=config.finetune_scope,
-                                                   devices=sorted({s.device for s in labeled_set}))}
+                                                   scope=config.finetune_scope, devices=devices)}
     return new
 
 
@@ -596,11 +603,13 @@ def checked_finetune(trained: TrainedModel, labeled_set: Sequence[LabeledProgram
                           device_table=device_table)
         adapted[held] = fitted.predict([labeled_set[i].features for i in held], [labeled_set[i].device for i in held])[0]
     unadapted = base.predict([s.features for s in labeled_set], [s.device for s in labeled_set])[0]
+    gain = np.abs(np.log(unadapted / seconds)) - np.abs(np.log(adapted / seconds))
     check = {"folds": folds, "held_out_log_error": float(np.mean(np.abs(np.log(adapted / seconds)))),
              "unadapted_log_error": float(np.mean(np.abs(np.log(unadapted / seconds)))),
+             "gain_se": float(gain.std() / np.sqrt(len(gain))),
              "held_out_mape": float(np.mean(np.abs(adapted / seconds - 1))),
              "unadapted_mape": float(np.mean(np.abs(unadapted / seconds - 1)))}
-    check["kept"] = check["held_out_log_error"] <= check["unadapted_log_error"]
+    check["kept"] = bool(gain.mean() > check["gain_se"])
     new = finetune(trained, labeled_set, config, steps, device_table=device_table) if check["kept"] else base
     new.summary = {**new.summary, "finetune": {**new.summary.get("finetune", {}), "n": len(labeled_set), "check": check}}
     return new

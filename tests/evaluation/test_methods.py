@@ -282,3 +282,32 @@ def test_twin_roofline_moves_a_program_with_the_bound_that_limits_it():
     model = TwinRoofline({"compute": 0.1, "memory": 0.05}, source, target).fit()
     assert np.allclose(model.predict(progs), [0.1 * 200 / 1000, 0.05 * 30 / 60], rtol=1e-5)
     assert model.adapt(progs) is model
+
+
+def test_amdahl_transfer_predicts_a_peer_on_the_anchor_and_moves_it():
+    """A peer trained on 2 threads answers for 1 thread as cdmpp does: its 2-thread prediction through
+    Amdahl's law; its shots reach it moved back to 2 threads."""
+    from cdmpp.evaluation.methods.method import Peer
+    from cdmpp.evaluation.methods.twin_ratio import AmdahlTransfer
+    from cdmpp.model.physics import amdahl_seconds
+    from cdmpp.records.dataset import LabeledProgram
+
+    two, one = "chip-2t/llvm-avx512", "chip-1t/llvm-avx512"
+    table = {two: {"cores": 2}, one: {"cores": 1}}
+
+    class Constant(Peer):  # SYNTHETIC: 1 ms on 2 threads, 10 ms anywhere else
+        def predict(self, programs):
+            return np.array([1e-3 if p.device == two else 1e-2 for p in programs])
+
+        def adapt(self, shots):
+            self.shots = shots
+            return self
+
+    programs = [LabeledProgram(_amdahl_program(3e9, 1e9, 0.0, str(i), extent=e).features, one, 4e-3)
+                for i, e in enumerate((4, 3, 1))]
+    moved = AmdahlTransfer(Constant(), {two: 1e-6}, table)
+    feats = [p.features for p in programs]
+    np.testing.assert_allclose(moved.predict(programs), amdahl_seconds([1e-3] * 3, feats, 2, 1, 1e-6))
+    adapted = moved.adapt(programs)
+    assert [s.device for s in adapted.peer.shots] == [two] * 3
+    np.testing.assert_allclose([s.seconds for s in adapted.peer.shots], amdahl_seconds([4e-3] * 3, feats, 1, 2, 1e-6))

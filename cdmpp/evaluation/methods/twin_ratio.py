@@ -4,13 +4,14 @@ log target/source ratio, fitted on the k measured target programs."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 from typing import Sequence
 
 import numpy as np
 
 from cdmpp.model.pooled_gbt import pooled_features, program_rows, program_work, roofline_seconds
 from cdmpp.evaluation.methods.method import Peer
-from cdmpp.program.features import FEATURE_NAMES
+from cdmpp.model import physics
 
 
 def physics_features(programs: Sequence, twins: dict | None = None) -> np.ndarray:
@@ -163,59 +164,20 @@ class TwinRatio(Peer):
 
 
 def parallel_share(programs: Sequence) -> np.ndarray:
-    """``[n, 2]`` per program: the share of its operations (TVM's per-store float and int op counts) in
-    leaves under a parallel loop, and the number of such leaves."""
-    out = np.zeros((len(programs), 2))
-    for i, p in enumerate(programs):
-        ops, _, par = _leaf_parallelism(p)
-        if len(ops):
-            out[i] = (ops * par).sum() / ops.sum(), par.sum()
-    return out
+    """``physics.parallel_share`` of labelled programs."""
+    return physics.parallel_share([p.features for p in programs])
 
 
 def time_per_work(programs: Sequence, threads: int) -> np.ndarray:
-    """Per program, its run time on ``threads`` threads as a share of its 1-thread time (Amdahl's law
-    per leaf). A parallel loop of extent e runs in ceil(e / threads) rounds, so it is sped up
-    e / ceil(e / threads), not ``threads`` times (extent 3 on 2 threads: 1.5x); a leaf whose extent
-    is not known is taken as evenly split."""
-    return np.array([_time_share(_leaf_parallelism(p), threads) for p in programs])
-
-
-def _time_share(leaves: tuple[np.ndarray, np.ndarray, np.ndarray], threads: int) -> float:
-    """``time_per_work`` of one program's ``_leaf_parallelism``."""
-    ops, extent, par = leaves
-    if not len(ops):
-        return 1.0
-    e = np.maximum(np.round(extent), 1.0)
-    speedup = np.where(extent >= 1.0, e / np.ceil(e / threads), float(threads))
-    return float((ops / np.where(par, speedup, 1.0)).sum() / ops.sum())
-
-
-def _leaf_parallelism(p) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per leaf of ``p``: its operations (+ a tiny floor, so an op-free leaf still counts), the extent
-    product of its parallel loops, and whether it is under one."""
-    r = np.asarray(p.features.leaf_features, dtype=np.float64)
-    if not len(r):
-        return np.zeros(0), np.zeros(0), np.zeros(0, bool)
-    ops = (np.exp2(r[:, _OP_COLUMNS]) - 1.0).sum(axis=1) + 1e-9
-    return ops, np.exp2(r[:, _PARALLEL_PROD]) - 1.0, r[:, _PARALLEL_NUM] > 0
-
-
-_OP_COLUMNS = slice(FEATURE_NAMES.index("float_mad"), FEATURE_NAMES.index("int_other_func") + 1)  # log2(x + 1)
-_PARALLEL_NUM = FEATURE_NAMES.index("parallel_num")  # parallel loops around the store
-_PARALLEL_PROD = FEATURE_NAMES.index("parallel_prod")  # log2(1 + their extent product)
+    """Per program, its run time on ``threads`` threads as a share of its 1-thread time (``physics.time_share``)."""
+    return np.array([physics.time_share(physics.leaf_parallelism(p.features), threads) for p in programs])
 
 
 class TwinAmdahl(Peer):
-    """Seen programs on another thread count of the same CPU: Amdahl's law applied to the twin's label.
-
-    With W the program's work, f the share of its operations under a parallel loop and n its leaves under
-    one, a run on t threads takes ``W (1 - f + f / t) + o n`` (``o``: the fork/join cost of a parallel
-    region, paid only when t > 1), with each parallel leaf's ``t`` cut to what its loop extent allows
-    (``time_per_work``). So the target latency follows from the source twin's label, both
-    devices' thread counts and ``o``; ``o`` is the source device's lower envelope of latency per parallel
-    leaf (``quantile``, 1 %, over its training programs: no kernel runs faster than its fork/joins). Nothing
-    is fitted on target shots; the twin-ratio GBT learns the same regime only where shots land in it.
+    """Seen programs on another thread count of the same CPU: Amdahl's law (``physics.amdahl_seconds``)
+    applied to the twin's label, with the fork/join cost ``o`` of a parallel region taken as the source
+    device's lower envelope of latency per parallel leaf (``quantile``, 1 %, over its training programs).
+    Nothing is fitted on target shots; the twin-ratio GBT learns the same regime only where shots land in it.
     """
 
     label = "twin-Amdahl"
@@ -232,24 +194,14 @@ class TwinAmdahl(Peer):
         if self.source_threads == 1:
             self.overhead_ = 0.0
             return self
-        share = parallel_share(source_programs)
-        per_leaf = np.array([p.seconds for p in source_programs])[share[:, 1] > 0] / share[share[:, 1] > 0, 1]
-        self.overhead_ = float(np.quantile(per_leaf, self.quantile)) if len(per_leaf) else 0.0
+        self.overhead_ = physics.fork_join_seconds([p.seconds for p in source_programs],
+                                                   [p.features for p in source_programs], self.quantile)
         return self
 
     def predict(self, programs: Sequence) -> np.ndarray:
-        leaves = [_leaf_parallelism(p) for p in programs]  # read once, used for both thread counts
-        n = np.array([float(par.sum()) for _, _, par in leaves])
-        src = np.array([self.twins[p.features.program_hash] for p in programs])
-
-        def fork_join(threads):
-            return self.overhead_ * n if threads > 1 else 0.0
-
-        def share(threads):
-            return np.array([_time_share(leaf, threads) for leaf in leaves])
-
-        work = np.maximum(src - fork_join(self.source_threads), self.floor * src) / share(self.source_threads)
-        return work * share(self.target_threads) + fork_join(self.target_threads)
+        src = [self.twins[p.features.program_hash] for p in programs]
+        return physics.amdahl_seconds(src, [p.features for p in programs], self.source_threads,
+                                      self.target_threads, self.overhead_, self.floor)
 
     def adapt(self, shots: Sequence) -> "TwinAmdahl":
         return self  # nothing is fitted on target programs
@@ -294,3 +246,35 @@ class TwinRoofline(Peer):
         s, t = self.source_spec, self.target_spec
         return (f"the twin's label x the ratio of roofline bounds ({s['peak_gflops']:.0f} -> {t['peak_gflops']:.0f} "
                 f"GFLOP/s, {s['mem_bw_gbs']:.0f} -> {t['mem_bw_gbs']:.0f} GB/s)")
+
+
+class AmdahlTransfer(Peer):
+    """A peer trained on source devices, reaching a CPU device it never trained on as cdmpp does
+    (``TrainedModel.predict``): predicted on the nearest trained device (``physics.anchor_device``) and moved
+    by Amdahl's law, its shots learned on that device. Beside cdmpp, so that what the law gains is not
+    taken for what the model gains. ``fork_join``: {trained CPU device: seconds} (``physics.fork_join_by_device``)."""
+
+    def __init__(self, peer, fork_join: dict[str, float], device_table: dict):
+        self.peer, self.fork_join, self.device_table = peer, fork_join, device_table
+        self.label = peer.label + ", Amdahl transfer"
+
+    def fit(self, train: Sequence, val=None, time_budget_s=None) -> "AmdahlTransfer":
+        self.peer.fit(train, val, time_budget_s)
+        return self
+
+    def _anchor(self, device: str) -> str | None:
+        return physics.anchor_device(device, list(self.fork_join), self.device_table)
+
+    def predict(self, programs: Sequence) -> np.ndarray:
+        on = [self._anchor(p.device) or p.device for p in programs]
+        seconds = self.peer.predict([dataclasses.replace(p, device=a) for p, a in zip(programs, on)])
+        return physics.move(seconds, [p.features for p in programs], on, [p.device for p in programs],
+                            self.device_table, self.fork_join)
+
+    def adapt(self, shots: Sequence) -> "AmdahlTransfer":
+        new = copy.copy(self)
+        new.peer = self.peer.adapt(physics.on_anchors(shots, self._anchor, self.device_table, self.fork_join))
+        return new
+
+    def describe(self) -> str:
+        return f"{self.peer.describe()}; predicted through {sorted(self.fork_join)} and Amdahl's law"

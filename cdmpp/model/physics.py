@@ -1,0 +1,151 @@
+"""Amdahl's law per leaf: how a CPU program's latency moves from one thread count to another.
+
+A model trained on one thread count cannot learn what another does to a program (its device input never
+varies), so a device it never trained on is predicted through the nearest one it did (its *anchor*,
+``anchor_device``) and moved there by this law (``TrainedModel.predict``); the seen-programs baseline
+``TwinAmdahl`` moves a measured twin's label the same way. Only the program's features and the two
+thread counts enter, plus the fork/join cost of a parallel region on the anchor (``fork_join_seconds``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from typing import Sequence
+
+import numpy as np
+
+from cdmpp.program.features import FEATURE_NAMES
+
+_OP_COLUMNS = slice(FEATURE_NAMES.index("float_mad"), FEATURE_NAMES.index("int_other_func") + 1)  # log2(x + 1)
+_PARALLEL_NUM = FEATURE_NAMES.index("parallel_num")  # parallel loops around the store
+_PARALLEL_PROD = FEATURE_NAMES.index("parallel_prod")  # log2(1 + their extent product)
+
+
+def leaf_parallelism(features) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per leaf of a program's ``ProgramFeatures``: its operations (+ a tiny floor, so an op-free leaf
+    still counts), the extent product of its parallel loops, and whether it is under one."""
+    r = np.asarray(features.leaf_features, dtype=np.float64)
+    if not len(r):
+        return np.zeros(0), np.zeros(0), np.zeros(0, bool)
+    ops = (np.exp2(r[:, _OP_COLUMNS]) - 1.0).sum(axis=1) + 1e-9
+    return ops, np.exp2(r[:, _PARALLEL_PROD]) - 1.0, r[:, _PARALLEL_NUM] > 0
+
+
+def time_share(leaves: tuple[np.ndarray, np.ndarray, np.ndarray], threads: int) -> float:
+    """A program's run time on ``threads`` threads as a share of its 1-thread time, from its
+    ``leaf_parallelism``. A parallel loop of extent e runs in ceil(e / threads) rounds, so it is sped up
+    e / ceil(e / threads), not ``threads`` times (extent 3 on 2 threads: 1.5x); a leaf whose extent is
+    not known is taken as evenly split."""
+    ops, extent, par = leaves
+    if not len(ops):
+        return 1.0
+    e = np.maximum(np.round(extent), 1.0)
+    speedup = np.where(extent >= 1.0, e / np.ceil(e / threads), float(threads))
+    return float((ops / np.where(par, speedup, 1.0)).sum() / ops.sum())
+
+
+def parallel_share(features: Sequence) -> np.ndarray:
+    """``[n, 2]`` per program: the share of its operations (TVM's per-store float and int op counts) in
+    leaves under a parallel loop, and the number of such leaves."""
+    out = np.zeros((len(features), 2))
+    for i, f in enumerate(features):
+        ops, _, par = leaf_parallelism(f)
+        if len(ops):
+            out[i] = (ops * par).sum() / ops.sum(), par.sum()
+    return out
+
+
+def fork_join_seconds(seconds: Sequence[float], features: Sequence, quantile: float = 0.01) -> float:
+    """The fork/join cost of one parallel region on a multi-threaded device: the ``quantile`` of its
+    programs' latency per parallel leaf (no kernel runs faster than its fork/joins). 0 without any."""
+    n = parallel_share(features)[:, 1]
+    per_leaf = np.asarray(seconds, dtype=np.float64)[n > 0] / n[n > 0]
+    return float(np.quantile(per_leaf, quantile)) if len(per_leaf) else 0.0
+
+
+def amdahl_seconds(seconds: Sequence[float], features: Sequence, from_threads: int, to_threads: int,
+                   fork_join_s: float = 0.0, floor: float = 0.01) -> np.ndarray:
+    """Latencies measured (or predicted) on ``from_threads`` threads, moved to ``to_threads`` threads of the
+    same kind of core: ``W (1 - f + f / t) + o n`` with W the work, f each leaf's parallel share (cut to
+    what its loop extent allows, ``time_share``), n the parallel leaves and ``o`` the fork/join cost,
+    paid only when t > 1. The work left after removing fork/joins is at least ``floor`` of the latency."""
+    seconds = np.asarray(seconds, dtype=np.float64)
+    if from_threads == to_threads:
+        return seconds.copy()
+    leaves = [leaf_parallelism(f) for f in features]
+    n = np.array([float(par.sum()) for _, _, par in leaves])
+
+    def fork_join(threads):
+        return fork_join_s * n if threads > 1 else 0.0
+
+    def share(threads):
+        return np.array([time_share(leaf, threads) for leaf in leaves])
+
+    work = np.maximum(seconds - fork_join(from_threads), floor * seconds) / share(from_threads)
+    return work * share(to_threads) + fork_join(to_threads)
+
+
+def _parts(device: str) -> tuple[str, str, str]:
+    """(hardware, target kind, ISA) of a device id ``<hardware>-<n>t/<kind>-<isa>``."""
+    head, _, tail = device.rpartition("/")
+    kind, _, isa = tail.partition("-")
+    return re.sub(r"-\d+t$", "", head), kind, isa
+
+
+def anchor_device(device: str, trained: Sequence[str], table: dict) -> str | None:
+    """The trained device a prediction for ``device`` is made on and moved from by ``amdahl_seconds``:
+    None when ``device`` was trained on, is not a CPU (``llvm``) device, or no trained CPU device exists.
+    Otherwise the trained CPU device of the same ISA, then the same hardware, then the closest thread count.
+    The law was the best prior between chips as well (reports/study-issue19.md, round 14)."""
+    if device in trained:
+        return None
+    hardware, kind, isa = _parts(device)
+    cpus = [d for d in trained if _parts(d)[1] == "llvm"]
+    if kind != "llvm" or not cpus:
+        return None
+    cores = float(table[device]["cores"])
+
+    def distance(d):
+        h, _, i = _parts(d)
+        return i != isa, h != hardware, abs(math.log(float(table[d]["cores"]) / cores)), d
+
+    return min(cpus, key=distance)
+
+
+def fork_join_by_device(samples: Sequence, table: dict) -> dict[str, float]:
+    """Per CPU device of labelled ``samples``: its ``fork_join_seconds`` (0 on one thread, which forks nothing).
+    What ``TrainedModel.anchors`` keeps, so a device never trained on can be reached from these."""
+    out = {}
+    for d in sorted({s.device for s in samples}):
+        if _parts(d)[1] != "llvm":
+            continue
+        on = [s for s in samples if s.device == d]
+        multi = float(table[d]["cores"]) > 1
+        out[d] = fork_join_seconds([s.seconds for s in on], [s.features for s in on]) if multi else 0.0
+    return out
+
+
+def move(seconds: Sequence[float], features: Sequence, from_devices: Sequence[str], to_devices: Sequence[str],
+         table: dict, fork_join: dict[str, float]) -> np.ndarray:
+    """Each latency on its ``from_devices`` entry moved to its ``to_devices`` entry by ``amdahl_seconds``
+    (unchanged where the two are the same); the fork/join cost is the anchor's, whichever side it is on."""
+    seconds = np.asarray(seconds, dtype=np.float64)
+    out = seconds.copy()
+    for src, dst in set(zip(from_devices, to_devices)) - {(d, d) for d in to_devices}:
+        idx = np.flatnonzero([(a, b) == (src, dst) for a, b in zip(from_devices, to_devices)])
+        out[idx] = amdahl_seconds(seconds[idx], [features[i] for i in idx], int(table[src]["cores"]),
+                                  int(table[dst]["cores"]), fork_join.get(src, fork_join.get(dst, 0.0)))
+    return out
+
+
+def on_anchors(labeled: Sequence, anchor_of, table: dict, fork_join: dict[str, float]) -> list:
+    """Labelled programs (``LabeledProgram``), those of a device with an anchor (``anchor_of(device)``)
+    moved to it by Amdahl's law run backwards: what a model predicting through the anchor learns from."""
+    labeled = list(labeled)
+    anchors = [anchor_of(s.device) or s.device for s in labeled]
+    seconds = move([s.seconds for s in labeled], [s.features for s in labeled], [s.device for s in labeled],
+                   anchors, table, fork_join)
+    return [s if a == s.device else dataclasses.replace(s, device=a, seconds=float(x))
+            for s, a, x in zip(labeled, anchors, seconds)]

@@ -1,0 +1,80 @@
+"""Amdahl's law between thread counts, and a model that reaches a device it never trained on through it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cdmpp.model.physics import amdahl_seconds, anchor_device
+from cdmpp.program.features import FEATURE_NAMES, N_FEATURES
+from cdmpp.records.dataset import LabeledProgram
+from tests.model.synthetic import FakeProgram, quick_config
+
+SPEC = dict(clock_ghz=2.6, simd_width_bits=512, l1d_kb=32, l2_kb=1024, l3_kb=32768, mem_bw_gbs=30, peak_gflops=200)
+TABLE = {"chip-2t/llvm-avx512": {**SPEC, "cores": 2}, "chip-1t/llvm-avx512": {**SPEC, "cores": 1},
+         "chip-8t/llvm-avx512": {**SPEC, "cores": 8}, "chip-2t/llvm-avx2": {**SPEC, "cores": 2},
+         "other-1t/llvm-avx512": {**SPEC, "cores": 1}, "gpu/cuda-sm90": {**SPEC, "cores": 132}}
+
+
+def parallel_program(rng) -> FakeProgram:
+    """SYNTHETIC: two leaves, one under a parallel loop of extent 4 or 3, op counts at random."""
+    rows = np.zeros((2, N_FEATURES), np.float32)
+    rows[:, FEATURE_NAMES.index("float_mad")] = rng.uniform(5, 25, 2)
+    rows[0, FEATURE_NAMES.index("parallel_num")] = 1
+    rows[0, FEATURE_NAMES.index("parallel_prod")] = np.log2(rng.choice([3, 4]) + 1)
+    return FakeProgram(rows, np.arange(2))
+
+
+def test_amdahl_seconds_runs_both_ways():
+    """2 -> 1 thread and back gives the label again; a loop of extent 3 on 2 threads runs in 2 rounds."""
+    rng = np.random.default_rng(0)
+    feats = [parallel_program(rng) for _ in range(20)]
+    two = rng.uniform(1e-5, 1e-2, 20)
+    one = amdahl_seconds(two, feats, 2, 1, fork_join_s=1e-6)
+    assert np.all(one > two - 1e-6)
+    np.testing.assert_allclose(amdahl_seconds(one, feats, 1, 2, fork_join_s=1e-6), two, rtol=1e-9)
+    serial_free = FakeProgram(feats[0].leaf_features[:1], np.arange(1))
+    serial_free.leaf_features[0, FEATURE_NAMES.index("parallel_prod")] = np.log2(4)
+    assert amdahl_seconds([1.0], [serial_free], 1, 2)[0] == pytest.approx(2 / 3)
+
+
+def test_anchor_device_prefers_the_isa_then_the_chip_then_the_thread_count():
+    trained = ["chip-2t/llvm-avx512", "chip-2t/llvm-avx2", "other-1t/llvm-avx512"]
+    assert anchor_device("chip-2t/llvm-avx512", trained, TABLE) is None  # trained on: predicted directly
+    assert anchor_device("chip-1t/llvm-avx512", trained, TABLE) == "chip-2t/llvm-avx512"
+    assert anchor_device("chip-8t/llvm-avx512", trained, TABLE) == "chip-2t/llvm-avx512"
+    assert anchor_device("chip-1t/llvm-avx512", ["chip-2t/llvm-avx2", "chip-8t/llvm-avx512"], TABLE) == "chip-8t/llvm-avx512"
+    assert anchor_device("gpu/cuda-sm90", trained, TABLE) is None  # the law is about CPU threads
+    assert anchor_device("chip-1t/llvm-avx512", ["gpu/cuda-sm90"], TABLE) is None
+
+
+def test_a_device_never_trained_on_is_predicted_on_its_anchor_and_moved_by_amdahls_law(tmp_path):
+    from cdmpp.model.checkpoint import TrainedModel
+    from cdmpp.model.training import finetune, fit
+
+    rng = np.random.default_rng(1)
+    two, one = "chip-2t/llvm-avx512", "chip-1t/llvm-avx512"
+    train = []
+    for _ in range(300):  # SYNTHETIC: 2-thread latency = 1e-9 s per operation of the first leaf, halved, + the second's
+        p = parallel_program(rng)
+        ops = np.exp2(p.leaf_features[:, FEATURE_NAMES.index("float_mad")]) - 1
+        train.append(LabeledProgram(p, two, float(1e-9 * (ops[0] / 2 + ops[1]) + 2e-6)))
+    model = fit(quick_config(epochs=3, ensemble=1, amdahl_transfer=True), train[:250], train[250:], device_table=TABLE)
+    assert set(model.anchors) == {two} and model.anchors[two] > 0
+    feats = [s.features for s in train[:40]]
+    on_two = model.predict(feats, two)[0]
+    mean, lo, hi = model.predict(feats, one)
+    np.testing.assert_allclose(mean, amdahl_seconds(on_two, feats, 2, 1, model.anchors[two]), rtol=1e-6)
+    assert np.all((lo <= mean) & (mean <= hi))
+    np.testing.assert_allclose(model.predict(feats, [one] * 20 + [two] * 20)[0], [*mean[:20], *on_two[20:]], rtol=1e-6)
+    model.save(tmp_path / "m")
+    assert TrainedModel.load(tmp_path / "m").anchors == model.anchors
+
+    shots = [LabeledProgram(s.features, one, 3 * s.seconds) for s in train[:16]]  # SYNTHETIC: 1-thread labels
+    learned = model.on_anchors(shots)
+    assert {s.device for s in learned} == {two}
+    np.testing.assert_allclose([s.seconds for s in learned],
+                               amdahl_seconds([s.seconds for s in shots], [s.features for s in shots], 1, 2,
+                                              model.anchors[two]), rtol=1e-9)
+    tuned = finetune(model, shots, steps=5)
+    assert tuned.summary["finetune"]["devices"] == [one] and tuned.anchors == model.anchors
