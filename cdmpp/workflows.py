@@ -128,7 +128,8 @@ def finetune_checkpoint(model_path: str, dataset: str, device: str, ids: Sequenc
     check = new.summary.get("finetune", {}).get("check")
     if check and not check["kept"]:
         print(f"finetune: not kept: held-out shots off by a factor {math.exp(check['held_out_log_error']):.2f} "
-              f"(geometric mean) after fine-tuning, {math.exp(check['unadapted_log_error']):.2f} before; {out} is "
+              f"(geometric mean) after fine-tuning, {math.exp(check['unadapted_log_error']):.2f} before (kept only when "
+              f"better by more than the standard error, {check['gain_se']:.3f} in log); {out} is "
               f"the model as it was, with {device}",
               file=sys.stderr)
     known = dict(new.summary.get("devices", {}))

@@ -19,7 +19,9 @@ over) and ``cdmpp + twin`` (the ratio GBT on pooled and physics features, what t
 k-shot-tuned cdmpp model's program embedding, its base and correction picked among the two priors and the
 bare twin label by cross-validation on the shots under the one-standard-error rule; twin-Amdahl without
 shots). A model trained on one source device cannot learn the device ratio from data (its device input
-never varies), which is why the twin's label and the shots carry this setting.
+never varies), which is why the twin's label and the shots carry this setting, and why cdmpp (recipe
+``amdahl_transfer``) and each GBT peer's ``, Amdahl transfer`` row predict the target on the source device
+and move the prediction by Amdahl's law (``cdmpp.model.physics``).
 
 Each scored row is appended to ``runs`` (JSON lines, so a long run keeps what it finished);
 ``pooled GBT, val-scaled`` multiplies the GBT by the factor with the lowest validation MAPE (what
