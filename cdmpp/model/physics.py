@@ -96,16 +96,18 @@ def _parts(device: str) -> tuple[str, str, str]:
 
 def anchor_device(device: str, trained: Sequence[str], table: dict) -> str | None:
     """The trained device a prediction for ``device`` is made on and moved from by ``amdahl_seconds``:
-    None when ``device`` was trained on, is not a CPU (``llvm``) device, or no trained CPU device exists.
-    Otherwise the trained CPU device of the same ISA, then the same hardware, then the closest thread count.
-    The law was the best prior between chips as well (reports/study-issue19.md, round 14)."""
+    None (predicted directly) when ``device`` was trained on, is not a CPU (``llvm``) device, or runs a
+    thread count some trained CPU device ran: then its other specs (a slower chip) move the prediction as
+    the model learned, which did better than the law alone on a Zen 3 chip at 1 thread. Otherwise the
+    trained CPU device of the same ISA, then the same hardware, then the closest thread count
+    (reports/study-issue19.md, round 25)."""
     if device in trained:
         return None
     hardware, kind, isa = _parts(device)
     cpus = [d for d in trained if _parts(d)[1] == "llvm"]
-    if kind != "llvm" or not cpus:
-        return None
     cores = float(table[device]["cores"])
+    if kind != "llvm" or not cpus or any(float(table[d]["cores"]) == cores for d in cpus):
+        return None
 
     def distance(d):
         h, _, i = _parts(d)

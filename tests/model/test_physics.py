@@ -13,7 +13,8 @@ from tests.model.synthetic import FakeProgram, quick_config
 SPEC = dict(clock_ghz=2.6, simd_width_bits=512, l1d_kb=32, l2_kb=1024, l3_kb=32768, mem_bw_gbs=30, peak_gflops=200)
 TABLE = {"chip-2t/llvm-avx512": {**SPEC, "cores": 2}, "chip-1t/llvm-avx512": {**SPEC, "cores": 1},
          "chip-8t/llvm-avx512": {**SPEC, "cores": 8}, "chip-2t/llvm-avx2": {**SPEC, "cores": 2},
-         "other-1t/llvm-avx512": {**SPEC, "cores": 1}, "gpu/cuda-sm90": {**SPEC, "cores": 132}}
+         "other-1t/llvm-avx512": {**SPEC, "cores": 1}, "other-8t/llvm-avx512": {**SPEC, "cores": 8},
+         "gpu/cuda-sm90": {**SPEC, "cores": 132}}
 
 
 def parallel_program(rng) -> FakeProgram:
@@ -39,13 +40,15 @@ def test_amdahl_seconds_runs_both_ways():
 
 
 def test_anchor_device_prefers_the_isa_then_the_chip_then_the_thread_count():
-    trained = ["chip-2t/llvm-avx512", "chip-2t/llvm-avx2", "other-1t/llvm-avx512"]
+    trained = ["chip-2t/llvm-avx512", "chip-2t/llvm-avx2", "other-8t/llvm-avx512"]
     assert anchor_device("chip-2t/llvm-avx512", trained, TABLE) is None  # trained on: predicted directly
     assert anchor_device("chip-1t/llvm-avx512", trained, TABLE) == "chip-2t/llvm-avx512"
-    assert anchor_device("chip-8t/llvm-avx512", trained, TABLE) == "chip-2t/llvm-avx512"
     assert anchor_device("chip-1t/llvm-avx512", ["chip-2t/llvm-avx2", "chip-8t/llvm-avx512"], TABLE) == "chip-8t/llvm-avx512"
+    assert anchor_device("other-1t/llvm-avx512", ["chip-2t/llvm-avx512", "chip-8t/llvm-avx512"], TABLE) == "chip-2t/llvm-avx512"
     assert anchor_device("gpu/cuda-sm90", trained, TABLE) is None  # the law is about CPU threads
     assert anchor_device("chip-1t/llvm-avx512", ["gpu/cuda-sm90"], TABLE) is None
+    # a thread count the model trained on: the chip's other specs move it, not the law
+    assert anchor_device("other-1t/llvm-avx512", ["chip-2t/llvm-avx512", "chip-1t/llvm-avx512"], TABLE) is None
 
 
 def test_a_device_never_trained_on_is_predicted_on_its_anchor_and_moved_by_amdahls_law(tmp_path):
