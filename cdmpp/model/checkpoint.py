@@ -46,9 +46,9 @@ class TrainedModel:
                  featurizer_version: str = "unknown", summary: dict | None = None,
                  program_inputs: dict | None = None, gbt=None, anchors: dict | None = None):
         self.members = members
-        # {trained CPU device: fork/join seconds of one parallel region there}: a CPU device the model never
-        # trained on is predicted on the nearest of these and moved by Amdahl's law (``anchor_of``); None
-        # in a checkpoint from before, which predicts every device directly
+        # {trained CPU device: fork/join seconds of one parallel region there}: a CPU device running a thread
+        # count the model never trained on is predicted on the nearest of these and moved by Amdahl's law
+        # (``anchor_of``); None in a checkpoint from before, which predicts every device directly
         self.anchors = anchors
         # with TrainConfig.gbt_blend: the pooled GBT on log latency whose prediction is blended into the
         # members' (``cdmpp.model.blend``; weights ``calibration["gbt_weight"]`` for seconds and
@@ -151,8 +151,9 @@ class TrainedModel:
     def predict(self, programs, devices: str | Sequence[str], batch_size: int = 256, order: bool = False):
         """Latency in seconds for each program on its device: ``(mean, lo90, hi90)`` numpy arrays.
 
-        ``devices`` is one device name for all programs or one per program; a CPU device the model never
-        trained on is predicted on its anchor and moved there by Amdahl's law (``anchor_of``). ``mean`` is the inverse
+        ``devices`` is one device name for all programs or one per program; a CPU device running a thread
+        count the model never trained on is predicted on its anchor and moved by Amdahl's law (``anchor_of``).
+        ``mean`` is the inverse
         Box-Cox of the ensemble mean (a median-like point estimate); the bounds are the calibrated
         interval mapped back through the same monotone inverse. ``order=True``: blended with the GBT at
         the weight chosen to order the programs of a task (``calibration["gbt_order_weight"]``), which a

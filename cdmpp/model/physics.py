@@ -1,10 +1,11 @@
 """Amdahl's law per leaf: how a CPU program's latency moves from one thread count to another.
 
 A model trained on one thread count cannot learn what another does to a program (its device input never
-varies), so a device it never trained on is predicted through the nearest one it did (its *anchor*,
-``anchor_device``) and moved there by this law (``TrainedModel.predict``); the seen-programs baseline
-``TwinAmdahl`` moves a measured twin's label the same way. Only the program's features and the two
-thread counts enter, plus the fork/join cost of a parallel region on the anchor (``fork_join_seconds``).
+varies), so a device running a thread count it never trained on is predicted through the nearest device it
+did train on (its *anchor*, ``anchor_device``) and moved there by this law (``TrainedModel.predict``); the
+seen-programs baseline ``TwinAmdahl`` moves a measured twin's label the same way. Only the program's
+features and the two thread counts enter, plus the fork/join cost of a parallel region on the anchor
+(``fork_join_seconds``).
 """
 
 from __future__ import annotations
@@ -105,9 +106,10 @@ def anchor_device(device: str, trained: Sequence[str], table: dict) -> str | Non
         return None
     hardware, kind, isa = _parts(device)
     cpus = [d for d in trained if _parts(d)[1] == "llvm"]
-    cores = float(table[device]["cores"])
-    if kind != "llvm" or not cpus or any(float(table[d]["cores"]) == cores for d in cpus):
+    cores = table[device].get("cores")
+    if kind != "llvm" or not cpus or not cores or any(float(table[d]["cores"]) == float(cores) for d in cpus):
         return None
+    cores = float(cores)
 
     def distance(d):
         h, _, i = _parts(d)

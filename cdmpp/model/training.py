@@ -62,8 +62,8 @@ class TrainConfig:
     mape_scale: bool = False  # multiply predictions by the factor with the lowest validation MAPE (mape_scale)
     gbt_blend: bool = False  # blend in a pooled GBT on log latency, weight chosen on val (cdmpp.model.blend)
     gbt_minutes: float = 1.0  # the blend's GBT ends this long after max_minutes (early stopping ends it first)
-    # a CPU device without training labels is predicted on the nearest trained CPU device and moved there by
-    # Amdahl's law (cdmpp.model.physics; TrainedModel.anchors), not through its spec vector
+    # a CPU device running a thread count without training labels is predicted on the nearest trained CPU
+    # device and moved there by Amdahl's law (cdmpp.model.physics; TrainedModel.anchors), not by its spec vector
     amdahl_transfer: bool = False
     blend_rank_slack: float = 0.0  # > 0: the order's blend weight ranks best within this relative slack of the best MAPE
     loss: str = "paper"  # "paper": mse_weight·MSE + mape_weight·MAPE | "l1": L1 in label space | "mape": MAPE on seconds

@@ -249,7 +249,7 @@ class TwinRoofline(Peer):
 
 
 class AmdahlTransfer(Peer):
-    """A peer trained on source devices, reaching a CPU device it never trained on as cdmpp does
+    """A peer trained on source devices, reaching a CPU thread count it never trained on as cdmpp does
     (``TrainedModel.predict``): predicted on the nearest trained device (``physics.anchor_device``) and moved
     by Amdahl's law, its shots learned on that device. Beside cdmpp, so that what the law gains is not
     taken for what the model gains. ``fork_join``: {trained CPU device: seconds} (``physics.fork_join_by_device``)."""
