@@ -251,9 +251,10 @@ def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | Non
         gbt_scale = mape_scale(gbt.predict(base.val), _seconds(base.val))
     peers = train_peers(base)
     others = [(name, train_gbt(base, target_kind, loss)) for target_kind, loss, name in gbt_variants.values()]
-    fork_join = fork_join_by_device(base.train, device_table)  # the GBTs also through cdmpp's Amdahl transfer
-    others += [(name + ", Amdahl transfer", (AmdahlTransfer(g, fork_join, device_table), secs))
-               for name, (g, secs) in others]
+    if others:  # the GBTs also through cdmpp's Amdahl transfer
+        fork_join = fork_join_by_device(base.train, device_table)
+        others += [(name + ", Amdahl transfer", (AmdahlTransfer(g, fork_join, device_table), secs))
+                   for name, (g, secs) in others]
     n_target = base.info["n_target"]
     embed = model.embed if model is not None else None
     for k_name in opts.ks:
