@@ -196,9 +196,29 @@ def test_twin_ratio_picks_among_priors_by_cross_validation():
     model = TwinRatio(twins, prior=[first, second])
     model._x = lambda ps: np.random.default_rng(len(ps)).normal(size=(len(ps), 5))
     model.fit(shots)
-    assert model.base_kind_ == 1 and model.describe().startswith("second")
+    assert [m[:3] for m in model.members_] == [(1, None, 1.0)] and model.describe().startswith("second")
     assert np.allclose(model.predict(programs), second.predict(programs))
     assert np.allclose(TwinRatio(twins, prior=[first, second]).fit([]).predict(programs), first.predict(programs))
+
+
+def test_twin_ratio_averages_bases_whose_errors_cancel():
+    """Two priors wrong by the same factor in opposite directions, program by program, which no input
+    explains: neither corrected base comes close, their geometric mean at equal weights is exact."""
+    from types import SimpleNamespace
+
+    from cdmpp.evaluation.methods.twin_ratio import TwinRatio
+
+    truth = np.array([1e-3 * (1 + i % 7) for i in range(32)])
+    off = np.exp(0.5 * (-1.0) ** np.arange(32))
+    programs = [_amdahl_program(1e9, 1e8, s, str(i)) for i, s in enumerate(truth)]
+    twins = {str(i): 1.7 * s for i, s in enumerate(truth)}
+    up = SimpleNamespace(predict=lambda ps: np.array([truth[int(p.features.program_hash)] * off[int(p.features.program_hash)] for p in ps]))
+    down = SimpleNamespace(predict=lambda ps: np.array([truth[int(p.features.program_hash)] / off[int(p.features.program_hash)] for p in ps]))
+    model = TwinRatio(twins, prior=[up, down], bags=1)
+    model._x = lambda ps: np.random.default_rng(len(ps)).normal(size=(len(ps), 5))
+    model.fit(programs)
+    assert sorted((m[0], m[2]) for m in model.members_) == [(0, 0.5), (1, 0.5)]
+    assert np.allclose(model.predict(programs), truth, rtol=1e-6)
 
 
 def test_twin_ratio_corrects_the_twin_when_the_shots_say_it_beats_the_prior():
@@ -214,7 +234,7 @@ def test_twin_ratio_corrects_the_twin_when_the_shots_say_it_beats_the_prior():
     model = TwinRatio(twins, prior=amdahl)
     model._x = lambda ps: np.random.default_rng(len(ps)).normal(size=(len(ps), 5))
     model.fit(shots)
-    assert model.base_kind_ == "twin" and model.rounds_ == 0
+    assert [m[:3] for m in model.members_] == [("twin", 0, 1.0)]
     assert np.allclose(model.predict(programs), [1.3 * twins[str(i)] for i in range(32)])
 
 
@@ -227,7 +247,8 @@ def test_twin_ratio_boosts_only_where_cross_validation_says_it_helps():
     model = TwinRatio({})
 
     def rounds(r):
-        return model._select(x, {"twin": r})[1]
+        [(base, n, weight)] = model._select(x, {"twin": r}, 0)
+        return n
 
     assert rounds(rng.normal(scale=0.05, size=64)) is None
     assert rounds(0.7 * np.sign(x[:, 3]) + rng.normal(scale=0.01, size=64)) > 0
@@ -242,9 +263,9 @@ def test_twin_ratio_takes_a_correction_only_beyond_one_standard_error():
     as_is = np.r_[np.full(4, 1.1), np.full(60, 0.1)]  # each shot's held-out APE
     lucky = np.r_[np.full(4, 0.1), np.full(60, 0.15)]
     steady = as_is - (as_is - lucky).mean()
-    for candidate, expected in ((lucky, None), (steady, 0)):
-        model._cv_ape = lambda x, r, c=candidate: {None: as_is, 0: c}
-        assert model._select(np.zeros((64, 1)), {"twin": np.zeros(64)}) == ("twin", expected)
+    for candidate, expected in ((lucky, None), (steady, 0)):  # held-out log errors with those APEs (over-predictions)
+        model._cv_log_ratio = lambda x, r, state, c=candidate: {None: np.log1p(as_is), 0: np.log1p(c)}
+        assert model._select(np.zeros((64, 1)), {"twin": np.zeros(64)}, 0) == [("twin", expected, 1.0)]
 
 
 def test_pooled_features_are_each_programs_sum_max_and_log_sum_exp():

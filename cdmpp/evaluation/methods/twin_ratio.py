@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import itertools
 from typing import Sequence
 
 import numpy as np
@@ -30,9 +31,11 @@ def physics_features(programs: Sequence, twins: dict | None = None) -> np.ndarra
     return np.hstack(cols).astype(np.float32)
 
 
-# what cross-validation on the shots picks from: no correction (None), the shots' median ratio (0 rounds),
-# or the ratio GBT's rounds
+# what cross-validation on the shots picks from, for each base: no correction (None), the shots' median
+# ratio (0 rounds), or the ratio GBT's rounds
 ROUND_CHOICES = (None, 0, 10, 30, 100)
+# the step of the weights ``TwinRatio`` averages its bases' corrections with
+WEIGHT_STEP = 0.1
 
 
 class TwinRatio(Peer):
@@ -41,34 +44,37 @@ class TwinRatio(Peer):
     With no shots the ratio is 1 (the twin's label as is). The GBT is small (depth 3) and starts from
     the shots' median log ratio; its number of rounds (0: that median alone; None: no correction) is
     chosen by cross-validation on the shots (``rounds=None``), since a few dozen shots overfit hundreds of
-    input columns and a prior that is already right needs no correction. The one-standard-error rule
-    keeps the first base uncorrected unless a choice beats it by more than the standard error of the
-    difference: KMeans shots cover the pool's sparse corners, so a few dozen of them can make a
-    correction look better on the shots than it is on the programs they were drawn from.
-    ``inputs``: "pooled" (the pooled leaf features), "physics" (``physics_features`` with the twin's
-    latency: a dozen numbers instead of ~500, which k shots can fit; with priors, also what they predict)
-    or "both". ``prior``: a fitted predictor (``TwinAmdahl``, ``TwinRoofline``, ...) or a list of them, that
-    may replace the twin's label as what the ratio corrects, so the shots fit only what the physics leaves
-    over; the same cross-validation picks which base to correct (a few shots cannot correct a bare twin
-    label as well as physics does; many can do better; which physics fits depends on the two devices).
-    Without shots the first prior is the base.
+    input columns and a prior that is already right needs no correction. ``inputs``: "pooled" (the pooled
+    leaf features), "physics" (``physics_features`` with the twin's latency: a dozen numbers instead of
+    ~500, which k shots can fit; with priors, also what they predict) or "both". ``prior``: a fitted
+    predictor (``TwinAmdahl``, ``TwinRoofline``, ...) or a list of them, that may replace the twin's label
+    as what the ratio corrects, so the shots fit only what the physics leaves over (a few shots cannot
+    correct a bare twin label as well as physics does; many can do better; which physics fits depends on
+    the two devices). Without shots the first prior is the base.
+
+    With priors there are several bases to correct. Each gets the rounds its cross-validation prefers,
+    and the prediction is a weighted geometric mean of the corrected bases, the weights (step
+    ``WEIGHT_STEP``) those with the lowest MAPE of the held-out predictions: their errors differ, so a
+    mean beats the best of them. The one-standard-error rule then keeps the first base uncorrected unless
+    the mean beats it by more than the standard error of the difference: KMeans shots cover the pool's
+    sparse corners, so a few dozen of them can make a correction look better on the shots than it is on
+    the programs they were drawn from. ``bags``: so many fits, each with its own folds and subsamples
+    (``random_state`` + i), averaged in log space.
     """
 
     label = "twin-ratio"
 
     def __init__(self, twins: dict, nthread: int = 1, random_state: int = 0, rounds: int | None = None, embed=None,
-                 inputs: str = "pooled", prior=None):
+                 inputs: str = "pooled", prior=None, bags: int = 3):
         self.twins, self.nthread, self.random_state, self.rounds = twins, nthread, random_state, rounds
         self.priors = list(prior) if isinstance(prior, (list, tuple)) else [] if prior is None else [prior]
         self.embed = embed  # optional programs -> [n, d] extra inputs (e.g. a cdmpp model's embeddings)
         if inputs not in ("pooled", "physics", "both"):
             raise ValueError(f"inputs = {inputs!r}: expected pooled, physics or both")
-        self.inputs = inputs
+        self.inputs, self.bags = inputs, bags
 
-    def _base(self, programs, kind: int | str | None = None) -> np.ndarray:
-        """What the ratio multiplies: the twin's label (``kind`` "twin") or prior ``kind``'s prediction (its
-        index); by default the one ``fit`` chose."""
-        kind = self.base_kind_ if kind is None else kind
+    def _base(self, programs, kind: int | str) -> np.ndarray:
+        """What the ratio multiplies: the twin's label (``kind`` "twin") or prior ``kind``'s prediction (its index)."""
         if kind != "twin":
             return np.asarray(self.priors[kind].predict(programs), dtype=np.float64)
         return np.array([self.twins[p.features.program_hash] for p in programs])
@@ -94,73 +100,113 @@ class TwinRatio(Peer):
         return np.column_stack([*ratios, parallel_share(programs)]).astype(np.float32)
 
     def fit(self, shots: Sequence, val=None, time_budget_s=None) -> "TwinRatio":
-        """Fits the ratio on target shots (the twins' labels are the source knowledge)."""
-        self.model_ = None
-        self.base_ = 0.0
-        self.rounds_ = 0
-        self.base_kind_ = 0 if self.priors else "twin"
+        """Fits the ratio on target shots (the twins' labels are the source knowledge). ``members_``: (base,
+        rounds, weight, median log ratio, booster) of every corrected base the prediction averages."""
+        first = 0 if self.priors else "twin"
         if not shots:
+            self.members_ = [(first, None, 1.0, 0.0, None)]
             return self
         y = np.log([p.seconds for p in shots])
         kinds = [*range(len(self.priors)), "twin"]
         ratios = {kind: y - np.log(self._base(shots, kind)) for kind in kinds}
-        if len(shots) >= 8:
-            x = self._x(shots)
-            if self.rounds is not None:
-                self.rounds_ = self.rounds
+        x = self._x(shots) if len(shots) >= 8 else None
+        members: list = []
+        for bag in range(self.bags):
+            state = self.random_state + bag
+            if x is None:
+                chosen = [(first, 0, 1.0)]
+            elif self.rounds is not None:
+                chosen = [(first, self.rounds, 1.0)]
             else:
-                self.base_kind_, self.rounds_ = self._select(x, ratios)
-        r = ratios[self.base_kind_]
-        self.base_ = 0.0 if self.rounds_ is None else float(np.median(r))
-        if self.rounds_:
-            self.model_ = self._booster(self.rounds_, self.base_).fit(x, r)
+                chosen = self._select(x, ratios, state)
+            for kind, rounds, weight in chosen:
+                r = ratios[kind]
+                base = 0.0 if rounds is None else float(np.median(r))
+                booster = self._booster(rounds, base, state).fit(x, r) if rounds else None
+                members.append((kind, rounds, weight / self.bags, base, booster))
+        self.members_ = _merge_fixed(members)
         return self
 
-    def _select(self, x: np.ndarray, ratios: dict) -> tuple:
-        """(base, rounds) by cross-validated MAPE on the shots, under the one-standard-error rule against
-        the first base uncorrected; earlier bases and fewer rounds win ties."""
-        ape = {(kind, n): a for kind, r in ratios.items() for n, a in self._cv_ape(x, r).items()}
-        best = min(ape, key=lambda c: ape[c].mean())
-        simplest = (next(iter(ratios)), None)
-        gain = ape[simplest] - ape[best]
-        return best if gain.mean() > gain.std() / np.sqrt(len(gain)) else simplest
+    def _select(self, x: np.ndarray, ratios: dict, state: int) -> list:
+        """[(base, rounds, weight)]: each base with its best rounds by cross-validated MAPE on the shots, and
+        the weights of their geometric mean with the lowest held-out MAPE; under the one-standard-error rule
+        against the first base uncorrected. Earlier bases, fewer rounds and the first weights win ties."""
+        err = {(kind, n): held - r for kind, r in ratios.items() for n, held in self._cv_log_ratio(x, r, state).items()}
+        mape = {c: _ape(e).mean() for c, e in err.items()}
+        best = {kind: min((c for c in err if c[0] == kind), key=mape.get) for kind in ratios}
+        errors = np.array([err[best[kind]] for kind in ratios])
+        weights = min(_simplex(len(ratios), WEIGHT_STEP), key=lambda w: _ape(w @ errors).mean())
+        first = next(iter(ratios))
+        gain = _ape(err[(first, None)]) - _ape(weights @ errors)
+        if not gain.mean() > gain.std() / np.sqrt(len(gain)):
+            return [(first, None, 1.0)]
+        return [(kind, best[kind][1], float(w)) for kind, w in zip(ratios, weights) if w > 0]
 
-    def _booster(self, rounds: int, base: float):
+    def _booster(self, rounds: int, base: float, state: int):
         import xgboost as xgb
 
         return xgb.XGBRegressor(n_estimators=rounds, learning_rate=0.1, max_depth=3, subsample=0.8,
                                 min_child_weight=2, tree_method="hist", n_jobs=self.nthread,
-                                random_state=self.random_state, base_score=base)
+                                random_state=state, base_score=base)
 
-    def _cv_ape(self, x: np.ndarray, r: np.ndarray, folds: int = 4) -> dict:
-        """Each shot's APE when held out of ``folds``-fold cross-validation, for each of ``ROUND_CHOICES``
-        (|exp(predicted - true log ratio) - 1|; the shots in one order for every choice)."""
-        fold = np.random.default_rng(self.random_state).permutation(len(r)) % folds
-        ape: dict = {n: [] for n in ROUND_CHOICES}
+    def _cv_log_ratio(self, x: np.ndarray, r: np.ndarray, state: int, folds: int = 4) -> dict:
+        """Each shot's log ratio as predicted with it held out of ``folds``-fold cross-validation, for each
+        of ``ROUND_CHOICES`` (the same folds for every choice and every base of one ``state``)."""
+        fold = np.random.default_rng(state).permutation(len(r)) % folds
+        out = {n: np.zeros(len(r)) for n in ROUND_CHOICES}
         for f in range(folds):
             train, held = fold != f, fold == f
             base = float(np.median(r[train]))
-            ape[None].append(np.abs(np.expm1(-r[held])))
-            ape[0].append(np.abs(np.expm1(base - r[held])))
-            booster = self._booster(max(ROUND_CHOICES[2:]), base).fit(x[train], r[train])
+            out[0][held] = base
+            booster = self._booster(max(ROUND_CHOICES[2:]), base, state).fit(x[train], r[train])
             for n in ROUND_CHOICES[2:]:
-                ape[n].append(np.abs(np.expm1(booster.predict(x[held], iteration_range=(0, n)) - r[held])))
-        return {n: np.concatenate(a) for n, a in ape.items()}
+                out[n][held] = booster.predict(x[held], iteration_range=(0, n))
+        return out
 
     def predict(self, programs: Sequence) -> np.ndarray:
-        r = self.model_.predict(self._x(programs)).astype(np.float64) if self.model_ is not None else self.base_
-        return self._base(programs) * np.exp(r)
+        x = self._x(programs) if any(m[4] is not None for m in self.members_) else None
+        log = np.zeros(len(programs))
+        for kind, rounds, weight, base, booster in self.members_:
+            r = booster.predict(x).astype(np.float64) if booster is not None else base
+            log += weight * (np.log(self._base(programs, kind)) + r)
+        return np.exp(log)
 
     def adapt(self, shots: Sequence) -> "TwinRatio":
         return copy.copy(self).fit(shots)
 
     def describe(self) -> str:
-        base = "the twin's label" if self.base_kind_ == "twin" else self.priors[self.base_kind_].describe()
-        if self.model_ is not None:
-            return base + f" x a GBT of the log ratio ({self.rounds_} rounds)"
-        if self.rounds_ is None:
-            return base
-        return base + f" x {np.exp(self.base_):.3f} (median ratio of the shots)"
+        parts = []
+        for kind, rounds, weight, base, booster in self.members_:
+            name = "the twin's label" if kind == "twin" else self.priors[kind].describe()
+            fix = (f" x a GBT of the log ratio ({rounds} rounds)" if booster is not None else
+                   "" if rounds is None else f" x {np.exp(base):.3f} (median ratio of the shots)")
+            parts.append(name + fix if len(self.members_) == 1 else f"{weight:.2f} of ({name + fix})")
+        return "; ".join(parts) if len(parts) == 1 else "geometric mean: " + "; ".join(parts)
+
+
+def _ape(log_error: np.ndarray) -> np.ndarray:
+    return np.abs(np.expm1(log_error))
+
+
+def _simplex(n: int, step: float) -> list[np.ndarray]:
+    """Every weight vector of ``n`` non-negative multiples of ``step`` summing to 1, the first base's
+    largest weights first."""
+    m = round(1 / step)
+    heads = [h for h in itertools.product(range(m, -1, -1), repeat=n - 1) if sum(h) <= m]
+    return [np.array([*h, m - sum(h)]) / m for h in heads]
+
+
+def _merge_fixed(members: list) -> list:
+    """Members without a booster that repeat (the same base and rounds in several bags) as one, their weights summed."""
+    merged: list = []
+    for m in members:
+        same = next((i for i, o in enumerate(merged) if o[4] is None and m[4] is None and o[:2] == m[:2]), None)
+        if same is None:
+            merged.append(m)
+        else:
+            o = merged[same]
+            merged[same] = (o[0], o[1], o[2] + m[2], o[3], None)
+    return merged
 
 
 def parallel_share(programs: Sequence) -> np.ndarray:
