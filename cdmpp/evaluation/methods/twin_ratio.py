@@ -55,8 +55,8 @@ class TwinRatio(Peer):
     With priors there are several bases to correct. Each gets the rounds its cross-validation prefers,
     and the prediction is a weighted geometric mean of the corrected bases, the weights (step
     ``WEIGHT_STEP``) those with the lowest MAPE of the held-out predictions: their errors differ, so a
-    mean beats the best of them. The one-standard-error rule then keeps the first base uncorrected unless
-    the mean beats it by more than the standard error of the difference: KMeans shots cover the pool's
+    mean beats the best of them. The one-standard-error rule keeps the first base uncorrected unless the
+    best single correction beats it by more than the standard error of the difference: KMeans shots cover the pool's
     sparse corners, so a few dozen of them can make a correction look better on the shots than it is on
     the programs they were drawn from. ``bags``: so many fits, each with its own folds and subsamples
     (``random_state`` + i), averaged in log space.
@@ -128,18 +128,20 @@ class TwinRatio(Peer):
         return self
 
     def _select(self, x: np.ndarray, ratios: dict, state: int) -> list:
-        """[(base, rounds, weight)]: each base with its best rounds by cross-validated MAPE on the shots, and
-        the weights of their geometric mean with the lowest held-out MAPE; under the one-standard-error rule
-        against the first base uncorrected. Earlier bases, fewer rounds and the first weights win ties."""
+        """[(base, rounds, weight)]: the first base uncorrected unless the best correction by cross-validated
+        MAPE on the shots beats it by more than one standard error; then each base with its best rounds, and
+        the weights of their geometric mean with the lowest held-out MAPE. The rule judges one correction,
+        not the mean: weights chosen on the same held-out errors would flatter the mean, and a dozen shots
+        would let it through. Earlier bases, fewer rounds and the first weights win ties."""
         err = {(kind, n): held - r for kind, r in ratios.items() for n, held in self._cv_log_ratio(x, r, state).items()}
         mape = {c: _ape(e).mean() for c, e in err.items()}
         best = {kind: min((c for c in err if c[0] == kind), key=mape.get) for kind in ratios}
-        errors = np.array([err[best[kind]] for kind in ratios])
-        weights = min(_simplex(len(ratios), WEIGHT_STEP), key=lambda w: _ape(w @ errors).mean())
         first = next(iter(ratios))
-        gain = _ape(err[(first, None)]) - _ape(weights @ errors)
+        gain = _ape(err[(first, None)]) - _ape(err[min(err, key=mape.get)])
         if not gain.mean() > gain.std() / np.sqrt(len(gain)):
             return [(first, None, 1.0)]
+        errors = np.array([err[best[kind]] for kind in ratios])
+        weights = min(_simplex(len(ratios), WEIGHT_STEP), key=lambda w: _ape(w @ errors).mean())
         return [(kind, best[kind][1], float(w)) for kind, w in zip(ratios, weights) if w > 0]
 
     def _booster(self, rounds: int, base: float, state: int):
