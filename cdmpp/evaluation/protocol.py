@@ -16,9 +16,9 @@ label × a small GBT of the log ratio on pooled features, fitted on the shots), 
 ``twin-roofline`` (the twin's label × the ratio of the program's roofline bounds on the two devices),
 each ``x ratio GBT`` (the prior's prediction × the ratio GBT, so the shots fit what the physics leaves
 over) and ``cdmpp + twin`` (the ratio GBT on pooled and physics features, what the priors predict and the
-k-shot-tuned cdmpp model's program embedding, its base and correction picked among the two priors and the
-bare twin label by cross-validation on the shots under the one-standard-error rule; twin-Amdahl without
-shots). A model trained on one source device cannot learn the device ratio from data (its device input
+k-shot-tuned cdmpp model's program embedding; a correction only if cross-validation on the shots finds
+one beating twin-Amdahl by a standard error, then a weighted geometric mean of the two priors and the
+bare twin label, each corrected; twin-Amdahl without shots). A model trained on one source device cannot learn the device ratio from data (its device input
 never varies), which is why the twin's label and the shots carry this setting, and why cdmpp (recipe
 ``amdahl_transfer``) and each GBT peer's ``, Amdahl transfer`` row predict the target on the source device
 and move the prediction by Amdahl's law (``cdmpp.model.physics``).

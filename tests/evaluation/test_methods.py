@@ -196,7 +196,7 @@ def test_twin_ratio_picks_among_priors_by_cross_validation():
     model = TwinRatio(twins, prior=[first, second])
     model._x = lambda ps: np.random.default_rng(len(ps)).normal(size=(len(ps), 5))
     model.fit(shots)
-    assert [m[:3] for m in model.members_] == [(1, None, 1.0)] and model.describe().startswith("second")
+    assert [(m.base, m.rounds, m.weight) for m in model.members_] == [(1, None, 1.0)] and model.describe().startswith("second")
     assert np.allclose(model.predict(programs), second.predict(programs))
     assert np.allclose(TwinRatio(twins, prior=[first, second]).fit([]).predict(programs), first.predict(programs))
 
@@ -217,7 +217,7 @@ def test_twin_ratio_averages_bases_whose_errors_cancel():
     model = TwinRatio(twins, prior=[up, down], bags=1)
     model._x = lambda ps: np.random.default_rng(len(ps)).normal(size=(len(ps), 5))
     model.fit(programs)
-    assert sorted((m[0], m[2]) for m in model.members_) == [(0, 0.5), (1, 0.5)]
+    assert sorted((m.base, m.weight) for m in model.members_) == [(0, 0.5), (1, 0.5)]
     assert np.allclose(model.predict(programs), truth, rtol=1e-6)
 
 
@@ -234,7 +234,7 @@ def test_twin_ratio_corrects_the_twin_when_the_shots_say_it_beats_the_prior():
     model = TwinRatio(twins, prior=amdahl)
     model._x = lambda ps: np.random.default_rng(len(ps)).normal(size=(len(ps), 5))
     model.fit(shots)
-    assert [m[:3] for m in model.members_] == [("twin", 0, 1.0)]
+    assert [(m.base, m.rounds, m.weight) for m in model.members_] == [("twin", 0, 1.0)]
     assert np.allclose(model.predict(programs), [1.3 * twins[str(i)] for i in range(32)])
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import itertools
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
 
@@ -36,6 +36,17 @@ def physics_features(programs: Sequence, twins: dict | None = None) -> np.ndarra
 ROUND_CHOICES = (None, 0, 10, 30, 100)
 # the step of the weights ``TwinRatio`` averages its bases' corrections with
 WEIGHT_STEP = 0.1
+
+
+class Corrected(NamedTuple):
+    """One base of a fitted ``TwinRatio``: its log prediction (log base + ``shift``, or + the booster's
+    prediction) enters the mean with ``weight``."""
+
+    base: int | str  # a prior's index, or "twin"
+    rounds: int | None  # None: uncorrected; 0: shifted by the shots' median log ratio
+    weight: float
+    shift: float
+    booster: object | None
 
 
 class TwinRatio(Peer):
@@ -100,11 +111,11 @@ class TwinRatio(Peer):
         return np.column_stack([*ratios, parallel_share(programs)]).astype(np.float32)
 
     def fit(self, shots: Sequence, val=None, time_budget_s=None) -> "TwinRatio":
-        """Fits the ratio on target shots (the twins' labels are the source knowledge). ``members_``: (base,
-        rounds, weight, median log ratio, booster) of every corrected base the prediction averages."""
+        """Fits the ratio on target shots (the twins' labels are the source knowledge). ``members_``: the
+        ``Corrected`` bases the prediction averages."""
         first = 0 if self.priors else "twin"
         if not shots:
-            self.members_ = [(first, None, 1.0, 0.0, None)]
+            self.members_ = [Corrected(first, None, 1.0, 0.0, None)]
             return self
         y = np.log([p.seconds for p in shots])
         kinds = [*range(len(self.priors)), "twin"]
@@ -121,9 +132,9 @@ class TwinRatio(Peer):
                 chosen = self._select(x, ratios, state)
             for kind, rounds, weight in chosen:
                 r = ratios[kind]
-                base = 0.0 if rounds is None else float(np.median(r))
-                booster = self._booster(rounds, base, state).fit(x, r) if rounds else None
-                members.append((kind, rounds, weight / self.bags, base, booster))
+                shift = 0.0 if rounds is None else float(np.median(r))
+                booster = self._booster(rounds, shift, state).fit(x, r) if rounds else None
+                members.append(Corrected(kind, rounds, weight / self.bags, shift, booster))
         self.members_ = _merge_fixed(members)
         return self
 
@@ -166,11 +177,11 @@ class TwinRatio(Peer):
         return out
 
     def predict(self, programs: Sequence) -> np.ndarray:
-        x = self._x(programs) if any(m[4] is not None for m in self.members_) else None
+        x = self._x(programs) if any(m.booster is not None for m in self.members_) else None
         log = np.zeros(len(programs))
-        for kind, rounds, weight, base, booster in self.members_:
-            r = booster.predict(x).astype(np.float64) if booster is not None else base
-            log += weight * (np.log(self._base(programs, kind)) + r)
+        for m in self.members_:
+            r = m.booster.predict(x).astype(np.float64) if m.booster is not None else m.shift
+            log += m.weight * (np.log(self._base(programs, m.base)) + r)
         return np.exp(log)
 
     def adapt(self, shots: Sequence) -> "TwinRatio":
@@ -178,11 +189,11 @@ class TwinRatio(Peer):
 
     def describe(self) -> str:
         parts = []
-        for kind, rounds, weight, base, booster in self.members_:
-            name = "the twin's label" if kind == "twin" else self.priors[kind].describe()
-            fix = (f" x a GBT of the log ratio ({rounds} rounds)" if booster is not None else
-                   "" if rounds is None else f" x {np.exp(base):.3f} (median ratio of the shots)")
-            parts.append(name + fix if len(self.members_) == 1 else f"{weight:.2f} of ({name + fix})")
+        for m in self.members_:
+            name = "the twin's label" if m.base == "twin" else self.priors[m.base].describe()
+            fix = (f" x a GBT of the log ratio ({m.rounds} rounds)" if m.booster is not None else
+                   "" if m.rounds is None else f" x {np.exp(m.shift):.3f} (median ratio of the shots)")
+            parts.append(name + fix if len(self.members_) == 1 else f"{m.weight:.2f} of ({name + fix})")
         return "; ".join(parts) if len(parts) == 1 else "geometric mean: " + "; ".join(parts)
 
 
@@ -198,16 +209,16 @@ def _simplex(n: int, step: float) -> list[np.ndarray]:
     return [np.array([*h, m - sum(h)]) / m for h in heads]
 
 
-def _merge_fixed(members: list) -> list:
+def _merge_fixed(members: list[Corrected]) -> list[Corrected]:
     """Members without a booster that repeat (the same base and rounds in several bags) as one, their weights summed."""
-    merged: list = []
+    merged: list[Corrected] = []
     for m in members:
-        same = next((i for i, o in enumerate(merged) if o[4] is None and m[4] is None and o[:2] == m[:2]), None)
+        same = next((i for i, o in enumerate(merged)
+                     if o.booster is None and m.booster is None and (o.base, o.rounds) == (m.base, m.rounds)), None)
         if same is None:
             merged.append(m)
         else:
-            o = merged[same]
-            merged[same] = (o[0], o[1], o[2] + m[2], o[3], None)
+            merged[same] = merged[same]._replace(weight=merged[same].weight + m.weight)
     return merged
 
 
