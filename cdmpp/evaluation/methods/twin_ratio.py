@@ -178,10 +178,11 @@ class TwinRatio(Peer):
 
     def predict(self, programs: Sequence) -> np.ndarray:
         x = self._x(programs) if any(m.booster is not None for m in self.members_) else None
+        bases = {kind: np.log(self._base(programs, kind)) for kind in {m.base for m in self.members_}}
         log = np.zeros(len(programs))
         for m in self.members_:
             r = m.booster.predict(x).astype(np.float64) if m.booster is not None else m.shift
-            log += m.weight * (np.log(self._base(programs, m.base)) + r)
+            log += m.weight * (bases[m.base] + r)
         return np.exp(log)
 
     def adapt(self, shots: Sequence) -> "TwinRatio":
