@@ -110,9 +110,10 @@ def _seconds(programs) -> np.ndarray:
     return np.array([p.seconds for p in programs])
 
 
-def _metrics(test, predicted, lo=None, hi=None) -> dict:
-    m = ev.evaluate([p.seconds for p in test], [(p.device, p.task) for p in test], predicted, lo, hi)
-    return m
+def _metrics(test, predicted, lo=None, hi=None, rank_key=None) -> dict:
+    """The metrics of ``predicted`` on ``test``; the ranking ones of ``rank_key`` where a method orders a
+    task's programs by another prediction than its seconds (cdmpp's order weight)."""
+    return ev.evaluate([p.seconds for p in test], [(p.device, p.task) for p in test], predicted, lo, hi, rank_key)
 
 
 class _Writer:
@@ -219,8 +220,8 @@ def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | Non
                 n["train_fraction"] = fraction
             if "cdmpp" in opts.methods:
                 model, secs = train_cdmpp(split, split.target_pool or None)
-                mean, lo, hi = model.predict_interval(split.test)
-                out.row(setting, opts.label, _metrics(split.test, mean, lo, hi), k=None, train_seconds=secs,
+                mean, lo, hi, order = model.predict_interval_and_order(split.test)
+                out.row(setting, opts.label, _metrics(split.test, mean, lo, hi, order), k=None, train_seconds=secs,
                         val_mape=model.model_.summary["val"]["mape"],
                         epochs=sum(len(r.get("history", [])) for r in model.model_.summary["members"]), **n)
             if "pooled-gbt" in opts.methods:
@@ -270,10 +271,12 @@ def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | Non
                 priors = twin_priors(sp, device_table) if programs == "seen" else []
                 if model is not None:
                     m = model.adapt(sp.shots) if k else model
-                    mean, lo, hi = m.predict_interval(test)
-                    check = m.model_.summary.get("finetune", {}).get("check") if k else None  # checked_finetune's
-                    out.row(setting, opts.label + suffix, _metrics(test, mean, lo, hi), train_seconds=cdmpp_secs,
-                            **({"finetune_check": check} if check else {}), **n)
+                    mean, lo, hi, order = m.predict_interval_and_order(test)
+                    tuned = m.model_.summary.get("finetune", {}) if k else {}  # checked_finetune's findings
+                    found = {name: tuned[key] for name, key in (("finetune_check", "check"), ("order_weight", "order_weight"))
+                             if key in tuned}
+                    out.row(setting, opts.label + suffix, _metrics(test, mean, lo, hi, order), train_seconds=cdmpp_secs,
+                            **found, **n)
                     if programs == "seen":  # the physics priors x a GBT of the log ratio on pooled, physics + embedding
                         tr = TwinRatio(sp.twins, nthread=opts.threads, random_state=seed, prior=priors, inputs="both",
                                        embed=lambda ps: m.embed([p.features for p in ps])).fit(sp.shots)

@@ -17,11 +17,21 @@ import numpy as np
 from cdmpp.evaluation.metrics import within_task_spearman
 
 WEIGHTS = np.linspace(0.0, 1.0, 11)
+RANKED = 3  # programs a task needs for within_task_spearman to rank it (its min_group)
 
 
 def blend(a: np.ndarray, b: np.ndarray, w: float) -> np.ndarray:
     """exp(w log a + (1 - w) log b)."""
     return np.exp(w * np.log(a) + (1.0 - w) * np.log(b))
+
+
+def ranked_tasks(tasks: Sequence) -> int:
+    """How many tasks hold enough programs for ``within_task_spearman`` to rank them: the evidence behind
+    an order weight."""
+    counts: dict = {}
+    for t in tasks:
+        counts[t] = counts.get(t, 0) + 1
+    return sum(n >= RANKED for n in counts.values())
 
 
 def blend_weight(seconds: np.ndarray, a: np.ndarray, b: np.ndarray, tasks: Sequence[str] | None = None,

@@ -159,22 +159,40 @@ class TrainedModel:
         the weight chosen to order the programs of a task (``calibration["gbt_order_weight"]``), which a
         compiler's search asks, instead of at the one chosen for seconds (``gbt_weight``).
         """
+        return self.predict_orders(programs, devices, batch_size, (order,))[0]
+
+    def predict_orders(self, programs, devices: str | Sequence[str], batch_size: int = 256,
+                       orders: Sequence[bool] = (False, True)) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """``predict``'s ``(mean, lo90, hi90)`` for each ``order`` of ``orders``, the members run once: the
+        seconds and the order of the same programs cost one pass of the transformer, not two."""
         programs = programs if isinstance(programs, PackedPrograms) else list(programs)
+        on, move = self._through_anchors(programs, devices)
+        members = self._members_seconds(programs, on, batch_size)
+        out = []
+        for order in orders:
+            mean, lo, hi = members
+            if self.gbt is not None:
+                factor = self.gbt_factor(programs, on, mean, order)
+                mean, lo, hi = mean * factor, lo * factor, hi * factor
+            if move is not None:
+                factor = move(mean) / mean
+                mean, lo, hi = mean * factor, lo * factor, hi * factor
+            out.append((mean, lo, hi))
+        return out
+
+    def _through_anchors(self, programs, devices: str | Sequence[str]):
+        """The devices the programs are predicted on (each one's anchor, or itself) and the function moving
+        seconds predicted there to ``devices`` by Amdahl's law (None where no device has an anchor)."""
         names = [devices] if isinstance(devices, str) else list(devices)
         anchor = {d: self.anchor_of(d) or d for d in set(names)}
         on = anchor[devices] if isinstance(devices, str) else [anchor[d] for d in names]
-        mean, lo, hi = self._members_seconds(programs, on, batch_size)
-        if self.gbt is not None:
-            factor = self.gbt_factor(programs, on, mean, order)
-            mean, lo, hi = mean * factor, lo * factor, hi * factor
-        if any(a != d for d, a in anchor.items()):
-            if isinstance(programs, PackedPrograms):
-                raise ValueError("a device the model never trained on is predicted from ProgramFeatures, not packed programs")
-            names = [devices] * len(mean) if isinstance(devices, str) else names
-            factor = physics.move(mean, programs, [anchor[d] for d in names], names, self.device_specs.table,
-                                  self.anchors) / mean
-            mean, lo, hi = mean * factor, lo * factor, hi * factor
-        return mean, lo, hi
+        if all(a == d for d, a in anchor.items()):
+            return on, None
+        if isinstance(programs, PackedPrograms):
+            raise ValueError("a device the model never trained on is predicted from ProgramFeatures, not packed programs")
+        names = [devices] * len(programs) if isinstance(devices, str) else names
+        return on, lambda seconds: physics.move(seconds, programs, [anchor[d] for d in names], names,
+                                                self.device_specs.table, self.anchors)
 
     def anchor_of(self, device: str) -> str | None:
         """The trained device ``predict`` predicts ``device`` on before moving it there by Amdahl's law
@@ -189,10 +207,13 @@ class TrainedModel:
         return physics.on_anchors(labeled, self.anchor_of, self.device_specs.table, self.anchors or {})
 
     def predict_parts(self, programs, devices: str | Sequence[str], batch_size: int = 256):
-        """The two predictions the blend combines, in seconds: the members' and the GBT's (None without one);
-        for studies of the blend weight (``cdmpp.model.blend.blend`` of the two at w gives ``predict``'s)."""
-        mean = self._members_seconds(programs, devices, batch_size)[0]
-        return mean, None if self.gbt is None else self._gbt_seconds(programs, devices)
+        """The two predictions the blend combines, in seconds, each moved to its device as ``predict`` moves
+        their blend: the members' and the GBT's (None without one); what a blend weight is chosen on
+        (``cdmpp.model.blend.blend`` of the two at w is ``predict``'s, up to the fork/join cost of a move)."""
+        programs = programs if isinstance(programs, PackedPrograms) else list(programs)
+        on, move = self._through_anchors(programs, devices)
+        parts = [self._members_seconds(programs, on, batch_size)[0], None if self.gbt is None else self._gbt_seconds(programs, on)]
+        return tuple(p if p is None or move is None else move(p) for p in parts)
 
     def gbt_factor(self, features, devices: str | Sequence[str], mean: np.ndarray,
                    order: bool = False) -> np.ndarray:

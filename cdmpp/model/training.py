@@ -342,7 +342,7 @@ def _add_gbt_blend(trained: TrainedModel, train_set, val_set, val_pred: np.ndarr
     """Fit the pooled GBT on log latency (early stopping on val), choose the blend weight on val; return
     the factor the blend multiplies the members' validation predictions by."""
     from cdmpp.model.pooled_gbt import PooledGBT
-    from cdmpp.model.blend import blend, blend_weight
+    from cdmpp.model.blend import blend, blend_weight, ranked_tasks
 
     # as many threads as the transformer had: 2 for `cdmpp train` here, 1 per job in the protocol
     gbt = PooledGBT(trained.device_specs.table, nthread=torch.get_num_threads(), random_state=seed, target="latency")
@@ -353,9 +353,10 @@ def _add_gbt_blend(trained: TrainedModel, train_set, val_set, val_pred: np.ndarr
     gbt_pred = gbt.predict(val_set)
     # seconds (what a user asks): the lowest validation MAPE; the order of a task's candidates (what a search
     # asks, TrainedModel.predict(order=True)): the best-ranking weight within rank_slack of that MAPE
+    tasks = [f"{s.device}|{s.task}" for s in val_set]
     trained.calibration["gbt_weight"] = blend_weight(seconds, val_pred, gbt_pred)
-    trained.calibration["gbt_order_weight"] = blend_weight(seconds, val_pred, gbt_pred,
-                                                           [f"{s.device}|{s.task}" for s in val_set], rank_slack)
+    trained.calibration["gbt_order_weight"] = blend_weight(seconds, val_pred, gbt_pred, tasks, rank_slack)
+    trained.calibration["order_tasks"] = ranked_tasks(tasks)  # how much ranking that weight was chosen on
     return blend(val_pred, gbt_pred, trained.calibration["gbt_weight"]) / val_pred  # gbt_factor, GBT not rerun
 
 
@@ -597,11 +598,15 @@ def checked_finetune(trained: TrainedModel, labeled_set: Sequence[LabeledProgram
     seconds = np.array([s.seconds for s in labeled_set])
     fold_of = np.random.default_rng(len(labeled_set)).permutation(len(labeled_set)) % folds
     adapted = np.empty(len(labeled_set))
+    held_out_parts = np.empty((2, len(labeled_set)))  # the adapted members' and GBT's, for the order weight
     for f in range(folds):
         held = np.flatnonzero(fold_of == f)
         fitted = finetune(trained, [s for i, s in enumerate(labeled_set) if fold_of[i] != f], config, steps,
                           device_table=device_table)
-        adapted[held] = fitted.predict([labeled_set[i].features for i in held], [labeled_set[i].device for i in held])[0]
+        feats, devs = [labeled_set[i].features for i in held], [labeled_set[i].device for i in held]
+        adapted[held] = fitted.predict(feats, devs)[0]
+        if fitted.gbt is not None:
+            held_out_parts[:, held] = fitted.predict_parts(feats, devs)
     unadapted = base.predict([s.features for s in labeled_set], [s.device for s in labeled_set])[0]
     gain = np.abs(np.log(unadapted / seconds)) - np.abs(np.log(adapted / seconds))
     check = {"folds": folds, "held_out_log_error": float(np.mean(np.abs(np.log(adapted / seconds)))),
@@ -612,4 +617,26 @@ def checked_finetune(trained: TrainedModel, labeled_set: Sequence[LabeledProgram
     check["kept"] = bool(gain.mean() > check["gain_se"])
     new = finetune(trained, labeled_set, config, steps, device_table=device_table) if check["kept"] else base
     new.summary = {**new.summary, "finetune": {**new.summary.get("finetune", {}), "n": len(labeled_set), "check": check}}
+    if new.gbt is not None:  # predictions the shots did not train: held out by the folds, or the model as it was
+        parts = held_out_parts if check["kept"] else base.predict_parts([s.features for s in labeled_set],
+                                                                        [s.device for s in labeled_set])
+        _order_weight_on_shots(new, labeled_set, *parts, config.blend_rank_slack)
     return new
+
+
+def _order_weight_on_shots(model: TrainedModel, shots: Sequence[LabeledProgram], members: np.ndarray,
+                           gbt: np.ndarray, rank_slack: float) -> None:
+    """Choose the blend's order weight again on the shots, by the rule validation chose it by, when they rank
+    at least as many tasks as validation did: they are the device the model is asked about, and the weight
+    that ranked a source device's validation programs best need not rank a device it reaches by transfer
+    best (reports/study-issue19.md, round 27). A checkpoint that does not say how many tasks its validation
+    ranked keeps its weight."""
+    from cdmpp.model.blend import blend_weight, ranked_tasks
+
+    tasks = [f"{s.device}|{s.task}" for s in shots]
+    if ranked_tasks(tasks) < model.calibration.get("order_tasks", math.inf):
+        return
+    before = model.calibration["gbt_order_weight"]
+    model.calibration["gbt_order_weight"] = blend_weight([s.seconds for s in shots], members, gbt, tasks, rank_slack)
+    model.summary["finetune"]["order_weight"] = {"validation": before, "shots": model.calibration["gbt_order_weight"],
+                                                 "ranked_tasks": ranked_tasks(tasks)}

@@ -343,3 +343,34 @@ def test_the_blended_gbt_adapts_with_half_a_tree_per_shot():
     from cdmpp.model.pooled_gbt import adapt_rounds
 
     assert adapt_rounds(1) == 1 and adapt_rounds(16) == 8 and adapt_rounds(64) == 32 and adapt_rounds(2568) == 50
+
+
+def test_shots_that_rank_more_tasks_than_validation_choose_the_order_weight():
+    """``checked_finetune`` chooses the blend's order weight again on the shots, by validation's rule and on
+    predictions the shots did not train, when they rank at least as many tasks as validation did; the
+    seconds weight stays validation's, and a checkpoint that does not say what validation ranked keeps it."""
+    from cdmpp.model.blend import blend_weight
+
+    rng = np.random.default_rng(7)
+    config = quick_config(gbt_blend=True, blend_rank_slack=0.2, ensemble=1, epochs=4, label="log", loss="mape")
+    model = fit(config, synthetic_samples(400, rng), synthetic_samples(150, rng), device_table=DEVICES)
+    assert model.calibration["order_tasks"] == 10  # ten tasks on one device, each with >= 3 programs
+    spec = {**DEVICES["cpu-a"], "clock_ghz": 0.5, "mem_bw_gbs": 2}
+    shots = synthetic_samples(60, rng)
+    base = copy.deepcopy(model)
+    base.add_device("cpu-c", spec)
+    predicted = base.predict([s.features for s in shots], "cpu-c")[0]
+    for s, p in zip(shots, predicted):  # SYNTHETIC: the model's own guess x noise: nothing to fine-tune on
+        s.device, s.seconds = "cpu-c", float(p * np.exp(rng.normal()))
+    parts = base.predict_parts([s.features for s in shots], "cpu-c")
+    want = blend_weight([s.seconds for s in shots], *parts, [f"cpu-c|{s.task}" for s in shots], 0.2)
+    for ranked_by_validation, expected in ((10, want), (11, model.calibration["gbt_order_weight"])):
+        model.calibration["order_tasks"] = ranked_by_validation
+        tuned = checked_finetune(model, shots, config, steps=60, device_table={"cpu-c": spec})
+        assert not tuned.summary["finetune"]["check"]["kept"]
+        assert tuned.calibration["gbt_order_weight"] == expected
+        assert tuned.calibration["gbt_weight"] == model.calibration["gbt_weight"]
+    assert tuned.summary["finetune"].get("order_weight") is None  # 10 ranked shots < 11
+    del model.calibration["order_tasks"]
+    tuned = checked_finetune(model, shots, config, steps=60, device_table={"cpu-c": spec})
+    assert tuned.calibration["gbt_order_weight"] == model.calibration["gbt_order_weight"]

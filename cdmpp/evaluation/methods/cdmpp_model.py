@@ -37,6 +37,12 @@ class CDMPP:
     def predict_order(self, programs: Sequence) -> np.ndarray:
         return self.model_.predict([p.features for p in programs], [p.device for p in programs], order=True)[0]
 
+    def predict_interval_and_order(self, programs: Sequence):
+        """``predict_interval`` and ``predict_order`` from one pass of the transformer: (mean, lo, hi, order)."""
+        (mean, lo, hi), (order, _, _) = self.model_.predict_orders([p.features for p in programs],
+                                                                   [p.device for p in programs])
+        return mean, lo, hi, order
+
     def embed(self, features: Sequence) -> np.ndarray:
         return self.model_.embed(features)
 
