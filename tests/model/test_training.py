@@ -364,13 +364,14 @@ def test_shots_that_rank_more_tasks_than_validation_choose_the_order_weight():
         s.device, s.seconds = "cpu-c", float(p * np.exp(rng.normal()))
     parts = base.predict_parts([s.features for s in shots], "cpu-c")
     want = blend_weight([s.seconds for s in shots], *parts, [f"cpu-c|{s.task}" for s in shots], 0.2)
+    assert want != model.calibration["gbt_order_weight"]  # the shots rank best at another weight than validation
     for ranked_by_validation, expected in ((10, want), (11, model.calibration["gbt_order_weight"])):
         model.calibration["order_tasks"] = ranked_by_validation
         tuned = checked_finetune(model, shots, config, steps=60, device_table={"cpu-c": spec})
         assert not tuned.summary["finetune"]["check"]["kept"]
         assert tuned.calibration["gbt_order_weight"] == expected
         assert tuned.calibration["gbt_weight"] == model.calibration["gbt_weight"]
-    assert tuned.summary["finetune"].get("order_weight") is None  # 10 ranked shots < 11
+        assert ("order_weight" in tuned.summary["finetune"]) == (ranked_by_validation == 10)
     del model.calibration["order_tasks"]
     tuned = checked_finetune(model, shots, config, steps=60, device_table={"cpu-c": spec})
     assert tuned.calibration["gbt_order_weight"] == model.calibration["gbt_order_weight"]
