@@ -598,6 +598,7 @@ def checked_finetune(trained: TrainedModel, labeled_set: Sequence[LabeledProgram
     seconds = np.array([s.seconds for s in labeled_set])
     fold_of = np.random.default_rng(len(labeled_set)).permutation(len(labeled_set)) % folds
     adapted = np.empty(len(labeled_set))
+    order_on_shots = _shots_choose_order(trained, labeled_set)
     held_out_parts = np.empty((2, len(labeled_set)))  # the adapted members' and GBT's, for the order weight
     for f in range(folds):
         held = np.flatnonzero(fold_of == f)
@@ -605,7 +606,7 @@ def checked_finetune(trained: TrainedModel, labeled_set: Sequence[LabeledProgram
                           device_table=device_table)
         feats, devs = [labeled_set[i].features for i in held], [labeled_set[i].device for i in held]
         adapted[held] = fitted.predict(feats, devs)[0]
-        if fitted.gbt is not None:
+        if order_on_shots:
             held_out_parts[:, held] = fitted.predict_parts(feats, devs)
     unadapted = base.predict([s.features for s in labeled_set], [s.device for s in labeled_set])[0]
     gain = np.abs(np.log(unadapted / seconds)) - np.abs(np.log(adapted / seconds))
@@ -617,25 +618,32 @@ def checked_finetune(trained: TrainedModel, labeled_set: Sequence[LabeledProgram
     check["kept"] = bool(gain.mean() > check["gain_se"])
     new = finetune(trained, labeled_set, config, steps, device_table=device_table) if check["kept"] else base
     new.summary = {**new.summary, "finetune": {**new.summary.get("finetune", {}), "n": len(labeled_set), "check": check}}
-    if new.gbt is not None:  # predictions the shots did not train: held out by the folds, or the model as it was
+    if order_on_shots:  # predictions the shots did not train: held out by the folds, or the model as it was
         parts = held_out_parts if check["kept"] else base.predict_parts([s.features for s in labeled_set],
                                                                         [s.device for s in labeled_set])
         _order_weight_on_shots(new, labeled_set, *parts, config.blend_rank_slack)
     return new
 
 
+def _shots_choose_order(model: TrainedModel, shots: Sequence[LabeledProgram]) -> bool:
+    """Whether the blend's order weight is chosen again on the shots: where they rank at least as many tasks
+    as the validation that chose it did. They are the device the model is asked about, and the weight that
+    ranked a source device's validation programs best need not rank a device it reaches by transfer best
+    (reports/study-issue19.md, round 27). A checkpoint that does not say how many tasks its validation ranked
+    keeps its weight."""
+    from cdmpp.model.blend import ranked_tasks
+
+    return model.gbt is not None and (ranked_tasks([f"{s.device}|{s.task}" for s in shots])
+                                      >= model.calibration.get("order_tasks", math.inf))
+
+
 def _order_weight_on_shots(model: TrainedModel, shots: Sequence[LabeledProgram], members: np.ndarray,
                            gbt: np.ndarray, rank_slack: float) -> None:
-    """Choose the blend's order weight again on the shots, by the rule validation chose it by, when they rank
-    at least as many tasks as validation did: they are the device the model is asked about, and the weight
-    that ranked a source device's validation programs best need not rank a device it reaches by transfer
-    best (reports/study-issue19.md, round 27). A checkpoint that does not say how many tasks its validation
-    ranked keeps its weight."""
+    """Choose the blend's order weight on the shots by the rule validation chose it by (``_add_gbt_blend``),
+    from the blend's two parts ``members`` and ``gbt`` predicted for them."""
     from cdmpp.model.blend import blend_weight, ranked_tasks
 
     tasks = [f"{s.device}|{s.task}" for s in shots]
-    if ranked_tasks(tasks) < model.calibration.get("order_tasks", math.inf):
-        return
     before = model.calibration["gbt_order_weight"]
     model.calibration["gbt_order_weight"] = blend_weight([s.seconds for s in shots], members, gbt, tasks, rank_slack)
     model.summary["finetune"]["order_weight"] = {"validation": before, "shots": model.calibration["gbt_order_weight"],
