@@ -353,7 +353,7 @@ def _add_gbt_blend(trained: TrainedModel, train_set, val_set, val_pred: np.ndarr
     gbt_pred = gbt.predict(val_set)
     # seconds (what a user asks): the lowest validation MAPE; the order of a task's candidates (what a search
     # asks, TrainedModel.predict(order=True)): the best-ranking weight within rank_slack of that MAPE
-    tasks = [f"{s.device}|{s.task}" for s in val_set]
+    tasks = _task_keys(val_set)
     trained.calibration["gbt_weight"] = blend_weight(seconds, val_pred, gbt_pred)
     trained.calibration["gbt_order_weight"] = blend_weight(seconds, val_pred, gbt_pred, tasks, rank_slack)
     trained.calibration["order_tasks"] = ranked_tasks(tasks)  # how much ranking that weight was chosen on
@@ -625,6 +625,11 @@ def checked_finetune(trained: TrainedModel, labeled_set: Sequence[LabeledProgram
     return new
 
 
+def _task_keys(samples: Sequence[LabeledProgram]) -> list[str]:
+    """The (device, task) group of each labelled program, what an order weight ranks within."""
+    return [f"{s.device}|{s.task}" for s in samples]
+
+
 def _shots_choose_order(model: TrainedModel, shots: Sequence[LabeledProgram]) -> bool:
     """Whether the blend's order weight is chosen again on the shots: where they rank at least as many tasks
     as the validation that chose it did. They are the device the model is asked about, and the weight that
@@ -633,8 +638,7 @@ def _shots_choose_order(model: TrainedModel, shots: Sequence[LabeledProgram]) ->
     keeps its weight."""
     from cdmpp.model.blend import ranked_tasks
 
-    return model.gbt is not None and (ranked_tasks([f"{s.device}|{s.task}" for s in shots])
-                                      >= model.calibration.get("order_tasks", math.inf))
+    return model.gbt is not None and ranked_tasks(_task_keys(shots)) >= model.calibration.get("order_tasks", math.inf)
 
 
 def _order_weight_on_shots(model: TrainedModel, shots: Sequence[LabeledProgram], members: np.ndarray,
@@ -643,7 +647,7 @@ def _order_weight_on_shots(model: TrainedModel, shots: Sequence[LabeledProgram],
     from the blend's two parts ``members`` and ``gbt`` predicted for them."""
     from cdmpp.model.blend import blend_weight, ranked_tasks
 
-    tasks = [f"{s.device}|{s.task}" for s in shots]
+    tasks = _task_keys(shots)
     before = model.calibration["gbt_order_weight"]
     model.calibration["gbt_order_weight"] = blend_weight([s.seconds for s in shots], members, gbt, tasks, rank_slack)
     model.summary["finetune"]["order_weight"] = {"validation": before, "shots": model.calibration["gbt_order_weight"],
