@@ -117,6 +117,38 @@ def _ratio(n: int, cdmpp_s: float, xgb_s: float) -> dict:
     return r
 
 
+def breakdown(work: list, model, device: str, target) -> dict:
+    """Milliseconds per new program, on one thread, of each step ``CDMPPCostModel.predict`` takes:
+    TVM's extractor (which XGBModel runs too), the structural hash (the feature cache's key), the
+    compact-AST walk (leaf positions and FLOPs) and the model at the bench's call size. What cdmpp adds
+    to the extractor bounds its throughput on new candidates: ratio <= extract / (extract + the rest)."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from cdmpp.program.compact_ast import walk
+    from cdmpp.program.features import Featurizer, program_hash
+    from cdmpp.predict.cost_model import _torch_threads
+
+    extractor, featurizer = ms.feature_extractor.PerStoreFeature(), Featurizer()
+    spent = dict.fromkeys(("extract", "hash", "walk", "model"), 0.0)
+    n = 0
+    for _, mod, _, cands, _ in work:
+        context = ms.TuneContext(mod, target=target, num_threads=1)
+        steps = {"extract": lambda: extractor.extract_from(context, cands),
+                 "hash": lambda: [program_hash(c.sch.mod) for c in cands],
+                 "walk": lambda: [walk(c.sch.mod) for c in cands]}
+        for name, step in steps.items():
+            t0 = time.perf_counter()
+            step()
+            spent[name] += time.perf_counter() - t0
+        feats = featurizer.from_candidates(context, cands, with_hash=False)
+        with _torch_threads(1):
+            t0 = time.perf_counter()
+            model.predict(feats, device, order=True)
+            spent["model"] += time.perf_counter() - t0
+        n += len(cands)
+    return {f"{k}_ms": round(1000 * v / n, 3) for k, v in spent.items()}
+
+
 def run(tasks: list[str], n: int, threads_list: list[int], model: str | None, device: str,
         dataset_dir: str, task_table: str, seed: int, search_trials: int = 0,
         search_population: int = DEFAULT_POPULATION) -> dict:
@@ -171,6 +203,9 @@ def run(tasks: list[str], n: int, threads_list: list[int], model: str | None, de
         print(f"bench costmodel: {threads} thread(s): cdmpp {r['cdmpp_per_s']} programs/s, "
               f"XGBModel {r['xgb_per_s']} programs/s, ratio {r['ratio']}; TVM's extractor alone "
               f"{r['extract_per_s']} programs/s", file=sys.stderr)
+    out["breakdown_1_thread"] = b = breakdown(work, predictor.model, device, target)
+    print(f"bench costmodel: ms per new program on 1 thread: TVM's extractor {b['extract_ms']}, hash "
+          f"{b['hash_ms']}, compact-AST walk {b['walk_ms']}, model {b['model_ms']}", file=sys.stderr)
     if search_trials > 0:
         spec, mod, _, _, train = work[0]
         batches = search_stream(mod, target, search_trials, 32, max(threads_list), seed, search_population)

@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import threading
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -83,6 +84,7 @@ class CDMPPCostModel(PyCostModel):
         self.since_finetune_ = 0
         self._featurizer = None  # cdmpp.program.features.Featurizer, made on first use
         self.features_ = LRU(feature_cache)  # (target, program hash) -> ProgramFeatures of a candidate featurized before
+        self._cache_lock = threading.Lock()  # around features_: featurizing threads share it
         self.reference_: dict[str, float] = {}  # task (workload hash) -> reference seconds of its scores
         self.n_predict_calls = self.n_predicted = self.n_results = self.n_failed_results = self.n_finetunes = 0
 
@@ -199,27 +201,22 @@ class CDMPPCostModel(PyCostModel):
             self._featurizer = Featurizer()
 
     def _features(self, context, candidates) -> list:
-        """Features per candidate (None for one that fails), from the cache or extracted on ``context``'s
-        threads; extracted ones join the cache."""
-        feats, todo, keep = self._cached(context, candidates)
-        for i, f in zip(todo, self._extract(context, [candidates[i] for i in todo])):
-            keep(i, f)
-        return feats
-
-    def _cached(self, context, candidates) -> tuple[list, list, Any]:
-        """The candidates' cached features (None where not cached), the indexes of those not cached, and
-        ``keep(i, features)`` that fills one in and caches it."""
+        """Features per candidate (None for one that fails): from the cache by structural hash, else
+        extracted on ``context``'s threads and cached. Safe from several threads at once: a worker of
+        ``_local`` hashes, looks up and extracts its own chunk, so none of it waits on one thread."""
         target = str(context.target)
         hashes = [program_hash(c.sch.mod) for c in candidates]
-        feats = [self.features_.get((target, h)) for h in hashes]
-
-        def keep(i: int, f) -> None:
-            if f is not None:
-                f.program_hash = hashes[i]
-                self.features_.put((target, hashes[i]), f)
-            feats[i] = f
-
-        return feats, [i for i, f in enumerate(feats) if f is None], keep
+        with self._cache_lock:
+            feats = [self.features_.get((target, h)) for h in hashes]
+        todo = [i for i, f in enumerate(feats) if f is None]
+        new = self._extract(context, [candidates[i] for i in todo])
+        with self._cache_lock:
+            for i, f in zip(todo, new):
+                if f is not None:
+                    f.program_hash = hashes[i]
+                    self.features_.put((target, hashes[i]), f)
+                feats[i] = f
+        return feats
 
     def _extract(self, context, candidates) -> list:
         """TVM's features of each candidate, on ``context``'s threads; None for one that fails."""
@@ -240,13 +237,13 @@ class CDMPPCostModel(PyCostModel):
     def _local(self, context, candidates, device: str, task: str) -> np.ndarray:
         """Seconds per candidate (NaN where a candidate does not featurize).
 
-        With a tuning context of n > 1 threads, n threads extract features of chunks of the candidates
-        not in the cache, on a one-thread TVM context: TVM's extractor releases the GIL, so one thread's
-        compact-AST walk runs while another extracts. Meanwhile this thread scores the cached ones and
-        then what is extracted, in order, in a few large model calls: the model's fixed cost per call is
-        several ms, so small calls per chunk cost more than the forward itself, and torch on more than
-        one thread spins against the extracting threads. The thread count is the tuner's, as for
-        XGBModel's extractor and booster."""
+        With a tuning context of n > 1 threads, n threads featurize chunks of the candidates
+        (``_features``) on a one-thread TVM context: TVM's hash and extractor release the GIL, so one
+        thread's compact-AST walk runs while another extracts. Meanwhile this thread scores what is
+        featurized, in order, in a few large model calls: the model's fixed cost per call is several ms,
+        so small calls per chunk cost more than the forward itself, and torch on more than one thread
+        spins against the featurizing threads. The thread count is the tuner's, as for XGBModel's
+        extractor and booster."""
         candidates = list(candidates)
         n = len(candidates)
         seconds = np.full(n, np.nan)
@@ -256,27 +253,25 @@ class CDMPPCostModel(PyCostModel):
 
             raise UnknownDeviceError(device, sorted(model.device_specs.table))
         self._ensure_featurizer()
-        feats, todo, keep = self._cached(context, candidates)
-        threads = max(1, min(int(context.num_threads), len(todo) // 8))
+        threads = max(1, min(int(context.num_threads), n // 8))
         with _torch_threads(1):
             if threads == 1:
-                for i, f in zip(todo, self._extract(context, [candidates[i] for i in todo])):
-                    keep(i, f)
+                feats = self._features(context, candidates)
                 self._score(model, device, feats, range(n), seconds)
                 return self._corrected(seconds, feats, task)
             one = self._featurizer._context(context.target)  # a one-thread context of the same target
-            size = max(4, -(-len(todo) // (4 * threads)))  # a few chunks per thread: none waits long on the last
+            size = max(4, -(-n // (4 * threads)))  # a few chunks per thread: none waits long on the last
             batch = max(64, min(256, n // 4))  # programs per model call
+            feats: list = [None] * n
             with ThreadPoolExecutor(threads, thread_name_prefix="cdmpp-costmodel") as pool:
-                chunks = [todo[a:a + size] for a in range(0, len(todo), size)]
-                parts = [pool.submit(self._extract, one, [candidates[i] for i in c]) for c in chunks]
-                ready = [i for i, f in enumerate(feats) if f is not None]  # cached: scored while the pool works
+                chunks = [range(a, min(n, a + size)) for a in range(0, n, size)]
+                parts = [pool.submit(self._features, one, candidates[c.start:c.stop]) for c in chunks]
+                ready: list[int] = []
                 for chunk, part in zip(chunks, parts):
                     if len(ready) >= batch:
                         self._score(model, device, feats, ready, seconds)
                         ready = []
-                    for i, f in zip(chunk, part.result()):
-                        keep(i, f)
+                    feats[chunk.start:chunk.stop] = part.result()
                     ready += chunk
                 self._score(model, device, feats, ready, seconds)
         return self._corrected(seconds, feats, task)

@@ -11,7 +11,7 @@ pytestmark = pytest.mark.skipif(not (DEFAULT_MODEL / "predictor.json").exists(),
 @pytest.mark.slow
 def test_bench_costmodel_reports_both_models(tvm):
     """A short ``cdmpp bench costmodel``: XGBModel trained on stored measurements, both models timed on
-    new candidates and on the stream of a real (tiny) search."""
+    new candidates and on the stream of a real (tiny) search, and where cdmpp's time goes."""
     from pathlib import Path
 
     from cdmpp.bench import cost_model as bench_costmodel
@@ -24,5 +24,7 @@ def test_bench_costmodel_reports_both_models(tvm):
     assert r["candidates"] == 8 and one["cdmpp_per_s"] > 0 and one["xgb_per_s"] > 0
     assert one["ratio"] == pytest.approx(one["cdmpp_per_s"] / one["xgb_per_s"], rel=1e-2)
     assert one["extract_per_s"] > 0
+    assert set(r["breakdown_1_thread"]) == {"extract_ms", "hash_ms", "walk_ms", "model_ms"}
+    assert all(v > 0 for v in r["breakdown_1_thread"].values())
     search = r["search"]
     assert search["scored"] > 0 and 0 <= search["repeat_share"] < 1 and search["threads"]["1"]["ratio"] > 0
