@@ -124,6 +124,8 @@ def test_measurements_correct_the_predictions_of_their_task(tvm, predictor, devi
 def test_a_candidate_scored_again_is_not_featurized_again(tvm, predictor, device):
     """An evolutionary search scores many candidates twice: the second time their features come from
     the cache (keyed by structural hash), whatever the context's threads, and the score is the same."""
+    from tvm.s_tir import meta_schedule as ms
+
     from cdmpp.predict.cost_model import CDMPPCostModel
     from cdmpp.program import tvm_env
 
@@ -140,8 +142,6 @@ def test_a_candidate_scored_again_is_not_featurized_again(tvm, predictor, device
     hashes = {f.program_hash for f in cm._features(context, cands)}
     assert all(hashes) and len(hashes) == len(cm.features_)
     # on two threads, the workers featurizing chunks look in the same cache
-    from tvm.s_tir import meta_schedule as ms
-
     extracted.clear()
     two = ms.TuneContext(context.mod, target=context.target, num_threads=2)
     np.testing.assert_allclose(cm._local(two, cands, device, "t"), cm._local(context, cands, device, "t"), rtol=1e-6)
