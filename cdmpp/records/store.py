@@ -23,6 +23,7 @@ import os
 import re
 import tempfile
 import time
+import zlib
 from dataclasses import dataclass, field
 from typing import Iterator
 
@@ -101,26 +102,41 @@ def _without_trace(line: str) -> dict:
 
 
 def read_records(path: str, report: LoadReport, traces: bool = True) -> Iterator[dict]:
-    """The records of one part or active file, in order; unreadable lines (no JSON, no ``id``) and a
-    corrupt or truncated tail go to ``report.problems`` instead of ending the read. ``traces=False``
-    leaves out each record's trace (several times faster to read)."""
+    """The records of one part or active file, in order; unreadable lines (no UTF-8, no JSON, no ``id``)
+    and a corrupt or truncated tail go to ``report.problems`` with file and line instead of ending the
+    read (nor the load of other files). ``traces=False`` leaves out each record's trace (several times
+    faster to read)."""
     opener = gzip.open if path.endswith(".gz") else open
     decode = json.loads if traces else _without_trace
     lineno = 0
     try:
-        with opener(path, "rt") as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
+        with opener(path, "rb") as f:  # bytes: a bad byte spoils its line, not the rest of the file
+            for lineno, raw in enumerate(f, 1):
+                if not raw.strip():
                     continue
                 try:
-                    rec = decode(line)
+                    rec = decode(raw.decode("utf-8"))
                     rec["id"]
-                except (json.JSONDecodeError, KeyError, TypeError) as e:
+                except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as e:
                     report.problems.append(f"{path}:{lineno}: unreadable record ({e.__class__.__name__})")
                     continue
                 yield rec
-    except (OSError, EOFError, gzip.BadGzipFile) as e:
-        report.problems.append(f"{path}: corrupt or truncated after line {lineno} ({e})")
+    except (OSError, EOFError, zlib.error) as e:  # BadGzipFile is an OSError; zlib.error: a corrupt stream
+        report.problems.append(f"{path}: corrupt or truncated after line {lineno} ({e.__class__.__name__}: {e})")
+
+
+_SEAL_TMP = re.compile(r"^\.(.+)\.seal-(\d+)-.*\.tmp$")
+STALE_TMP_S = 24 * 3600  # a seal temporary without a pid (older versions) is stale after a day
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
 
 
 class RecordStore:
@@ -128,6 +144,27 @@ class RecordStore:
         self.root = root
         self.seal_every = seal_every
         os.makedirs(root, exist_ok=True)
+        self._remove_stale_tmp()
+
+    def _remove_stale_tmp(self) -> None:
+        """Remove ``.seal-*.tmp`` files left by a seal that was killed: its pid (in the name) no longer
+        runs, or the name has no pid and the file is older than ``STALE_TMP_S``. Best effort (a reader may
+        not be allowed to write here)."""
+        now = time.time()
+        for name in os.listdir(self.root):
+            if not (name.startswith(".") and ".seal-" in name and name.endswith(".tmp")):
+                continue
+            path = os.path.join(self.root, name)
+            m = _SEAL_TMP.match(name)
+            try:
+                if m:
+                    if _pid_alive(int(m.group(2))):
+                        continue
+                elif now - os.path.getmtime(path) < STALE_TMP_S:
+                    continue
+                os.remove(path)
+            except OSError:
+                pass
 
     # ---- writing -------------------------------------------------------------------------------
     def _active(self, device: str) -> str:
@@ -174,7 +211,7 @@ class RecordStore:
         self._repair_tail(path)
         if not os.path.exists(path) or os.path.getsize(path) == 0:
             return None
-        fd, tmp = tempfile.mkstemp(prefix=f".{slug(device)}.seal-", suffix=".tmp", dir=self.root)
+        fd, tmp = tempfile.mkstemp(prefix=f".{slug(device)}.seal-{os.getpid()}-", suffix=".tmp", dir=self.root)
         with open(path, "rb") as src, os.fdopen(fd, "wb") as raw:
             with gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=9, mtime=0) as gz:
                 gz.write(src.read())
@@ -189,7 +226,9 @@ class RecordStore:
         """Record a collection run's provenance; returns its id."""
         run_id = provenance.get("run") or time.strftime("%Y%m%dT%H%M%S") + f"-{os.getpid()}"
         entry = dict(provenance, run=run_id)
-        with open(os.path.join(self.root, "runs.jsonl"), "a") as f:
+        path = os.path.join(self.root, "runs.jsonl")
+        self._repair_tail(path)  # a line torn by a kill would swallow this entry
+        with open(path, "a") as f:
             f.write(json.dumps(entry) + "\n")
             f.flush()
             os.fsync(f.fileno())
@@ -199,13 +238,14 @@ class RecordStore:
         path = os.path.join(self.root, "runs.jsonl")
         out = {}
         if os.path.exists(path):
-            for line in open(path):
-                if line.strip():
-                    try:
-                        r = json.loads(line)
-                        out[r["run"]] = r
-                    except (json.JSONDecodeError, KeyError):
-                        continue
+            with open(path, "rb") as f:
+                for line in f:
+                    if line.strip():
+                        try:
+                            r = json.loads(line.decode("utf-8"))
+                            out[r["run"]] = r
+                        except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError):
+                            continue
         return out
 
     # ---- reading -------------------------------------------------------------------------------

@@ -96,3 +96,52 @@ def test_records_read_without_traces_equal_the_full_records_less_their_trace(tmp
     store.append("d", recs)
     light = list(store.iter_records(traces=False))
     assert light == [{k: v for k, v in r.items() if k != "trace"} for r in recs]
+
+
+def test_a_corrupt_stream_or_bad_bytes_spoil_only_their_part_or_line(tmp_path):
+    """A zlib.error or UnicodeDecodeError used to abort the whole load; now each is reported by file
+    (and line) and every other record still loads."""
+    store = RecordStore(str(tmp_path), seal_every=2)
+    for k in range(3):  # parts 0000-0002
+        store.append("d", [{"id": f"d|t|{k}a"}, {"id": f"d|t|{k}b"}])
+    part = tmp_path / "d.part-0001.jsonl.gz"
+    data = bytearray(part.read_bytes())
+    data[12:20] = b"\xff" * 8  # inside the deflate stream: zlib.error ("invalid block type" or the like)
+    part.write_bytes(bytes(data))
+    with open(tmp_path / "d.active.jsonl", "wb") as f:
+        f.write(b'{"id": "d|t|3a"}\n{"id": "d|t|\xff\xfe"}\n{"id": "d|t|3c"}\n')
+    report = LoadReport()
+    ids = sorted(r["id"] for r in store.iter_records(report=report))
+    assert ids == ["d|t|0a", "d|t|0b", "d|t|2a", "d|t|2b", "d|t|3a", "d|t|3c"]
+    assert any("d.part-0001.jsonl.gz" in p and "corrupt" in p for p in report.problems), report.problems
+    assert any(p.endswith("d.active.jsonl:2: unreadable record (UnicodeDecodeError)") for p in report.problems)
+    assert all("d.part-0001.jsonl.gz" in p or "d.active.jsonl:2:" in p for p in report.problems)
+
+
+def test_a_runs_line_torn_by_a_kill_does_not_swallow_the_next_run(tmp_path):
+    store = RecordStore(str(tmp_path))
+    store.add_run({"run": "r1", "host": "a"})
+    with open(tmp_path / "runs.jsonl", "a") as f:
+        f.write('{"run": "r2", "ho')  # the kill
+    store.add_run({"run": "r3", "host": "c"})
+    assert set(store.runs()) == {"r1", "r3"}
+    assert (tmp_path / "runs.jsonl.partial").read_text().startswith('{"run": "r2"')
+    with open(tmp_path / "runs.jsonl", "ab") as f:
+        f.write(b'{"run": "\xff"}\n')  # bad bytes are skipped, not fatal
+    assert set(store.runs()) == {"r1", "r3"}
+
+
+def test_stale_seal_temporaries_are_removed(tmp_path):
+    dead = 2**22 + 12345  # above pid_max's default: no such process
+    stale = tmp_path / f".d.seal-{dead}-abc123.tmp"
+    stale.write_bytes(b"half a part")
+    old = tmp_path / ".d.seal-xyz.tmp"  # an older version's name (no pid), two days old
+    old.write_bytes(b"x")
+    os.utime(old, (0, 0))
+    live = tmp_path / f".d.seal-{os.getpid()}-def456.tmp"  # a seal in progress in a running process
+    live.write_bytes(b"x")
+    store = RecordStore(str(tmp_path), seal_every=1)
+    assert not stale.exists() and not old.exists() and live.exists()
+    store.append("d", [{"id": "d|t|0"}])
+    assert sorted(r["id"] for r in store.iter_records()) == ["d|t|0"]
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == [live.name]
