@@ -1,5 +1,6 @@
-"""Where cdmpp looks when it is not told: the checkout's dataset files, the shipped model, the training
-recipes and the feature cache. Every command, option and settings class takes its default from here."""
+"""Where cdmpp looks when it is not told: the checkout's dataset files (or the wheel's copies), the shipped
+model, the training recipes and the feature cache. Every command, option and settings class takes its
+default from here."""
 
 from __future__ import annotations
 
@@ -8,9 +9,25 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent
 
-DATASET = "datasets/measurements"  # measurement records (JSON lines), appended to by `cdmpp collect`
-TASK_TABLE = "datasets/tasks-llvm.json.gz"  # the network zoo's tuning tasks
-DEVICES = "datasets/devices.json"  # the device spec table
+
+def _shipped(name: str) -> str:
+    """A file of the checkout's ``datasets/`` (beside ``cdmpp/``: a checkout or an editable install), else the
+    copy an installed wheel ships as package data (``cdmpp/datasets/``), so that every command finds it
+    from any folder. Under the working folder the path stays relative (what commands print and record)."""
+    path = PACKAGE.parent / "datasets" / name
+    if not path.exists() and (PACKAGE / "datasets" / name).exists():
+        path = PACKAGE / "datasets" / name
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except (ValueError, OSError):
+        return str(path)
+
+
+DATASET = _shipped("measurements")  # measurement records (JSON lines), appended to by `cdmpp collect`
+if not Path(DATASET).is_dir():  # an installed wheel ships none: a folder of the working folder
+    DATASET = "datasets/measurements"
+TASK_TABLE = _shipped("tasks-llvm.json.gz")  # the network zoo's tuning tasks
+DEVICES = _shipped("devices.json")  # the device spec table
 MODEL = PACKAGE / "models" / "default"  # the shipped checkpoint (package data)
 MODEL_OUT = "cdmpp/models/default"  # where `cdmpp train` writes by default (a checkout's shipped model)
 REPORTS = "reports"  # evaluation reports and benchmark results
