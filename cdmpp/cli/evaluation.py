@@ -43,7 +43,7 @@ def _protocol_options(args, default_settings=None, **more):
                            settings=_csv(args.settings) if args.settings else list(default_settings or SETTINGS), seeds=[int(s) for s in _csv(args.seeds)],
                            methods=_csv(args.methods), recipe=args.recipe, overrides=overrides, label=args.label,
                            minutes=args.minutes, runs=args.runs, peer_minutes=args.peer_minutes, limit=args.limit,
-                           threads=args.threads,
+                           threads=args.threads, chips=_csv(args.chips) if args.chips else (),
                            **more)
 
 
@@ -55,7 +55,7 @@ def cmd_protocol(args) -> int:
 
     from cdmpp.evaluation.protocol import aggregate, markdown, run_protocol, summary_markdown
 
-    opts = _protocol_options(args, ks=_csv(args.k), samplers=_csv(args.samplers))
+    opts = _protocol_options(args, ks=_csv(args.k), chip_ks=_csv(args.chip_k), samplers=_csv(args.samplers))
     command = "cdmpp " + shlex.join(sys.argv[1:])
     if args.summarize_only:  # rows already in --runs (e.g. a run of more peers appended): summary only
         summary = aggregate(opts.runs, command)
@@ -190,7 +190,9 @@ def add_eval_commands(sub) -> None:
 
     proto = argparse.ArgumentParser(add_help=False)  # what `protocol` and `learning-curve` share
     # no default here: a subparser's set_defaults would change this action, which both commands share
-    proto.add_argument("--settings", help="settings to run (default: all four; learning-curve: random-new,cross-model)")
+    proto.add_argument("--settings", help="settings to run (default: all five; learning-curve: random-new,cross-model)")
+    proto.add_argument("--chips", help="leave-one-chip-out: chips to hold out, by their devices' hardware name "
+                                       "(default: every chip with >= 2,000 programs and under half of the data)")
     proto.add_argument("--seeds", default="0,1,2", help="split and model seeds (default 0,1,2)")
     proto.add_argument("--methods", default="cdmpp,pooled-gbt",
                        help="cdmpp, pooled-gbt (with the seen-programs baselines), twins (only those: twin-Amdahl, twin-roofline and twin-ratio), pooled-gbt-roofline, pooled-gbt-latency, pooled-gbt-mape (the GBT on log(latency / roofline bound), on log latency, on log latency with a MAPE loss), xgb (TVM's XGBModel), mlp (Tenset MLP)")
@@ -213,6 +215,7 @@ def add_eval_commands(sub) -> None:
     pr = sub.add_parser("protocol", parents=[data, proto], help="the evaluation protocol (docs/evaluation.md): every "
                                                                 "setting and seed, cdmpp vs peers; writes a summary JSON")
     pr.add_argument("--k", default="0,16,64,5%", help="cross-device shot counts; N%% = share of the target's programs")
+    pr.add_argument("--chip-k", default="0,1%,5%,16,64", help="leave-one-chip-out's shot counts")
     pr.add_argument("--samplers", default="kmeans,random")
     pr.add_argument("--runs", default=defaults.PROTOCOL_RUNS, help="every scored row is appended here")
     pr.add_argument("--summary", default=defaults.REPORTS + "/summary.json", help="summary of --runs (empty: none)")

@@ -52,7 +52,7 @@ from cdmpp import defaults
 from cdmpp.evaluation import metrics as ev
 from cdmpp.evaluation import splits
 
-SETTINGS = ("random-new", "cross-model", "cross-device-new", "cross-device-seen")
+SETTINGS = ("random-new", "cross-model", "leave-one-chip-out", "cross-device-new", "cross-device-seen")
 PINNED_DEVICES = ("amd-epyc-znver4-2t/llvm-avx512", "amd-epyc-znver4-1t/llvm-avx512")
 TARGET_DEVICE = "amd-epyc-znver4-1t/llvm-avx512"
 KS = ("0", "16", "64", "5%")
@@ -82,14 +82,18 @@ class ProtocolOptions:
     threads: int = 1
     train_fractions: Sequence[float] = ()  # a learning curve: random-new / cross-model on these shares of training
     limit: int | None = None  # only the first N records (smoke runs)
+    chips: Sequence[str] = ()  # leave-one-chip-out: chips to hold out (default: every chip with enough data)
+    chip_ks: Sequence[str] = ("0", "1%", "5%", "16", "64")  # leave-one-chip-out's shot counts
 
 
-def load_pinned(opts: ProtocolOptions):
+def load_pinned(opts: ProtocolOptions, every_device: bool = False):
+    """The dataset of ``opts.device_ids`` (pinned), or with ``every_device`` of every device (what
+    leave-one-chip-out trains on: all other chips)."""
     from cdmpp.records.dataset import load_dataset
     from cdmpp.zoo.tasks import TaskTable
 
-    return load_dataset(opts.dataset, TaskTable.load(opts.task_table), devices=list(opts.device_ids),
-                        limit=opts.limit, progress=False)
+    return load_dataset(opts.dataset, TaskTable.load(opts.task_table),
+                        devices=None if every_device else list(opts.device_ids), limit=opts.limit, progress=False)
 
 
 def setting_splits(ds, setting: str, seed: int, fractions: Sequence[float] = ()) -> list:
@@ -165,6 +169,7 @@ def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | Non
     from cdmpp.model.training import mape_scale
 
     torch.set_num_threads(max(1, opts.threads))
+    given = ds  # a caller's dataset is used as is, leave-one-chip-out included
     ds = ds if ds is not None else load_pinned(opts)
     if device_table is None:
         from cdmpp.devices.table import DeviceTable
@@ -238,6 +243,14 @@ def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | Non
                         trees=int(other.model_.best_iteration) + 1, **n)
             for name, peer, psecs in train_peers(split):
                 peer_row(setting, name, peer, psecs, split.test, k=None, **n)
+
+    if "leave-one-chip-out" in opts.settings:
+        from cdmpp.evaluation.chips import held_out_chips, run_chip
+
+        every = given if given is not None else load_pinned(opts, every_device=True)
+        for chip in held_out_chips(opts, every, device_table):
+            run_chip(opts, seed, every, device_table, chip, out, train_cdmpp, _k_value)
+        del every
 
     device_settings = [s for s in opts.settings if s.startswith("cross-device")]
     if not device_settings:
@@ -323,7 +336,8 @@ def _latest_rows(runs_path: str, select: dict | None, curve: bool) -> dict:
                 continue
             if (r.get("train_fraction") is not None) != curve:
                 continue
-            rows[(r["setting"], r["method"], r.get("train_fraction"), r["seed"])] = r
+            method = r["method"] + (f" @ {r['chip']}" if r.get("chip") else "")  # leave-one-chip-out: per chip
+            rows[(r["setting"], method, r.get("train_fraction"), r["seed"])] = r
     return rows
 
 
@@ -357,6 +371,31 @@ def aggregate(runs_path: str, command: str, select: dict | None = None) -> dict:
                          programs=int(round(np.mean([r["programs"] for r in rs]))),
                          train_seconds=float(np.mean([r.get("train_seconds") or 0.0 for r in rs])))
             out[setting][method] = entry
+        if setting == "leave-one-chip-out":
+            out[setting].update(_over_chips(grouped[setting]))
+    return out
+
+
+def _over_chips(by_method: dict) -> dict:
+    """``{"<method> @ every chip": entry}``: per seed the mean over held-out chips, then mean ± std over
+    seeds (the issue's headline), for each method scored on every held-out chip."""
+    chips = {r["chip"] for rs in by_method.values() for r in rs}
+    per: dict = {}
+    for rs in by_method.values():
+        for r in rs:
+            per.setdefault(r["method"], {}).setdefault(r["seed"], []).append(r)
+    out = {}
+    for method, by_seed in per.items():
+        seeds = [rs for rs in by_seed.values() if {r["chip"] for r in rs} == chips]
+        if len(chips) < 2 or not seeds:
+            continue
+        means = [{"metrics": {key: float(np.mean([r["metrics"][key] for r in rs]))
+                              for key in SUMMARY_KEYS if all(r["metrics"].get(key) is not None for r in rs)}}
+                 for rs in seeds]
+        entry = _mean_std(means)
+        entry.update(seeds=len(seeds), k=None, sampler=seeds[0][0].get("sampler"),
+                     programs=int(sum(r["programs"] for r in seeds[0])), train_seconds=None, chips=sorted(chips))
+        out[f"{method} @ every chip"] = entry
     return out
 
 

@@ -185,10 +185,11 @@ def choose_shots(pool: Sequence, k: int, sampler: str = "kmeans", seed: int = 0,
     return np.asarray(idx, dtype=np.int64)
 
 
-def cross_device_split(ds, target_device: str, k: int = 0, sampler: str = "kmeans", seed: int = 0,
+def cross_device_split(ds, target_device: str | Sequence[str], k: int = 0, sampler: str = "kmeans", seed: int = 0,
                        val: float = 0.1, embed: Callable[[list], np.ndarray] | None = None,
                        programs: str = "new", test: float = 0.5, draw: int | None = None) -> Split:
-    """Source = every other device (train/val, by program hash); target = ``target_device``.
+    """Source = every other device (train/val, by program hash); target = ``target_device`` (or several:
+    every device of one chip, ``leave_one_chip_out_split``).
 
     The target's programs are cut by hash into a test share ``test`` and a pool. ``k`` shots are
     chosen from the pool by ``sampler`` on ``embed(features)`` (a trained model's embeddings) or,
@@ -203,8 +204,10 @@ def cross_device_split(ds, target_device: str, k: int = 0, sampler: str = "kmean
     if programs not in ("new", "seen"):
         raise ValueError(f"programs = {programs!r}: expected 'new' or 'seen'")
     every = _programs(ds)
-    target = [p for p in every if p.device == target_device]
-    source = [p for p in every if p.device != target_device]
+    targets = {target_device} if isinstance(target_device, str) else set(target_device)
+    target_device = "+".join(sorted(targets))  # one device: its id, as before (the split's random streams)
+    target = [p for p in every if p.device in targets]
+    source = [p for p in every if p.device not in targets]
     if not target:
         raise ValueError(f"no programs on target device {target_device!r}")
     if not source:
@@ -238,6 +241,42 @@ def cross_device_split(ds, target_device: str, k: int = 0, sampler: str = "kmean
                             f"k = {len(shots)} shots from the other {len(pool)}{', ' + sampler if k else ', zero-shot'}")
     return _finish(Split("cross-device", train, val_, test_, [Unlabeled(p.features, p.device, p.task) for p in pool],
                          shots, info, twins))
+
+
+def chip_of(device: str, device_table: dict | None = None) -> str:
+    """The chip a device runs on: its spec's ``hardware`` (thread counts and ISA targets of one chip share
+    it), else the id without thread count and target; a GPU id is its own chip."""
+    spec = (device_table or {}).get(device) or {}
+    if spec.get("hardware"):
+        return str(spec["hardware"])
+    head = device.rpartition("/")[0] or device
+    return head.rsplit("-", 1)[0] if head.rsplit("-", 1)[-1].rstrip("t").isdigit() else head
+
+
+def chips(ds, device_table: dict | None = None, min_programs: int = 2000) -> dict[str, list[str]]:
+    """{chip: its devices} of the chips leave-one-chip-out can hold out: at least ``min_programs``
+    labelled programs, and less than half of all of them (training keeps the majority of the data)."""
+    by_chip: dict[str, list] = defaultdict(list)
+    for p in _programs(ds):
+        by_chip[chip_of(p.device, device_table)].append(p)
+    total = sum(len(v) for v in by_chip.values())
+    return {c: sorted({p.device for p in v}) for c, v in sorted(by_chip.items())
+            if len(v) >= min_programs and len(v) < total / 2}
+
+
+def leave_one_chip_out_split(ds, chip: str, device_table: dict | None = None, k: int = 0, sampler: str = "kmeans",
+                             seed: int = 0, embed: Callable[[list], np.ndarray] | None = None,
+                             draw: int | None = None) -> Split:
+    """Every device of ``chip`` held out; train on every other device (CPU and GPU); test programs new
+    (no twin of one in training); ``k`` shots from the chip's pool (``cross_device_split``)."""
+    devices = sorted({p.device for p in _programs(ds) if chip_of(p.device, device_table) == chip})
+    if not devices:
+        raise ValueError(f"no programs on chip {chip!r}")
+    split = cross_device_split(ds, devices, k, sampler, seed, embed=embed, programs="new", draw=draw)
+    split.kind = "leave-one-chip-out"
+    split.info.update(kind="leave-one-chip-out", chip=chip,
+                      description=f"leave-one-chip-out ({chip}): " + split.info["description"])
+    return split
 
 
 def subsample_train(split: Split, fraction: float, seed: int = 0) -> Split:

@@ -1,0 +1,142 @@
+"""Leave-one-chip-out, the headline of cross-device (DESIGN.md §5, issue 52): every device of one chip held
+out, cdmpp and its peers trained on every other device (CPU and GPU), then scored on the chip's test
+programs with k = 0, 1 %, 5 %, 16 and 64 of its programs measured (KMeans and random shots).
+
+Rows (``protocol-runs.jsonl`` form, setting ``leave-one-chip-out``, ``chip`` naming the held-out one):
+
+* ``cdmpp``: the pretrained model's prediction; with shots, ``ShotChoice`` on it (the shipped k-shot
+  path: the prediction as is, × the shots' median ratio, × a GBT of the log ratio, a GBT of the shots
+  alone, or a blend, whichever cross-validation on the shots prefers);
+* ``cdmpp, fine-tune``: the network fine-tuned on the shots (``checked_finetune``), for comparison;
+* ``pooled GBT``: the pooled GBT of the other devices (+ the shots: its ``adapt``), and
+  ``pooled GBT, shots chosen``: ``ShotChoice`` on it, so the peer gets the same k-shot path;
+* ``shots-only GBT``: XGBoost on the k shots alone, its size chosen by cross-validation on them;
+* ``chip's own GBT (reference)``: a pooled GBT trained on every labelled program of the chip outside the
+  test (the pool), the ceiling a full collection on the chip would reach.
+
+Twins are grouped: no program of the chip's test set is in training on any device (``programs="new"``).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Sequence
+
+import numpy as np
+
+from cdmpp.evaluation import splits
+
+LOCO_KS = ("0", "1%", "5%", "16", "64")
+
+
+class _Memo:
+    """A predictor's seconds per (device, program hash), so the test set is predicted once per model."""
+
+    def __init__(self, predict):
+        self.predict_, self.seen = predict, {}
+
+    def __call__(self, programs: Sequence) -> np.ndarray:
+        keys = [(p.device, p.features.program_hash) for p in programs]
+        new = [i for i, key in enumerate(keys) if key not in self.seen]
+        if new:
+            for i, s in zip(new, self.predict_([programs[i] for i in new])):
+                self.seen[keys[i]] = float(s)
+        return np.array([self.seen[key] for key in keys])
+
+
+def _chip_pool(ds, split) -> list:
+    """The chip's labelled programs outside the test set (what a full collection on it would give)."""
+    targets = set(split.info["target_device"].split("+"))
+    test = {p.features.program_hash for p in split.test}
+    return [p for p in getattr(ds, "programs", ds) if p.device in targets and p.features.program_hash not in test]
+
+
+def run_chip(opts, seed: int, ds, device_table: dict, chip: str, out, train_cdmpp, k_value) -> None:
+    """Every k and sampler of one held-out ``chip`` for one seed: rows to ``out`` (a protocol ``_Writer``)."""
+    from cdmpp.evaluation.protocol import _metrics
+    from cdmpp.model.pooled_gbt import PooledGBT
+    from cdmpp.model.shots import ShotChoice
+
+    base = splits.leave_one_chip_out_split(ds, chip, device_table, 0, seed=seed)
+    common = dict(chip=chip, programs=len(base.test), n_train=len(base.train))
+
+    def gbt_on(train, val):
+        t = time.monotonic()
+        g = PooledGBT(device_table, nthread=opts.threads, random_state=seed).fit(train, val)
+        return g, round(time.monotonic() - t, 1)
+
+    model = cdmpp_secs = None
+    if "cdmpp" in opts.methods:
+        model, cdmpp_secs = train_cdmpp(base, base.target_pool)
+        cdmpp_base = _Memo(model.predict)
+    gbt = None
+    if "pooled-gbt" in opts.methods:
+        gbt, gbt_secs = gbt_on(base.train, base.val)
+        gbt_base = _Memo(gbt.predict)
+        pool = _chip_pool(ds, base)
+        val_, train_ = splits._split_by_key(pool, lambda p: p.features.program_hash, [0.1],
+                                            splits._rng(seed, "chip-reference", chip))
+        own, own_secs = gbt_on(train_, val_)
+        out.row("leave-one-chip-out", "chip's own GBT (reference)", _metrics(base.test, own.predict(base.test)),
+                k=None, train_seconds=own_secs, n_reference=len(train_), **common)
+    embed = model.embed if model is not None else None
+    for k_name in opts.chip_ks:
+        k = k_value(k_name, base.info["n_target"]) if k_name != "0" else 0
+        for sampler in (opts.samplers if k else ["kmeans"]):
+            sp = splits.leave_one_chip_out_split(ds, chip, device_table, k, sampler, seed, embed=embed)
+            test, shots = sp.test, sp.shots
+            n = dict(common, k=k, k_name=k_name, sampler=sampler if k else None)
+            suffix = "" if not k else f" k={k_name} ({sampler})"
+            if model is not None:
+                if k:
+                    choice = ShotChoice(cdmpp_base, seed=seed, nthread=opts.threads).fit(shots)
+                    pred = choice.predict(test)
+                    out.row("leave-one-chip-out", opts.label + suffix, _metrics(test, pred), train_seconds=cdmpp_secs,
+                            choice=choice.describe(), **n)
+                    if "cdmpp-finetune" in opts.methods:
+                        tuned = model.adapt(shots)
+                        mean, lo, hi, order = tuned.predict_interval_and_order(test)
+                        out.row("leave-one-chip-out", opts.label + ", fine-tune" + suffix,
+                                _metrics(test, mean, lo, hi, order), train_seconds=cdmpp_secs, **n)
+                else:
+                    mean, lo, hi, order = model.predict_interval_and_order(test)
+                    out.row("leave-one-chip-out", opts.label, _metrics(test, mean, lo, hi, order),
+                            train_seconds=cdmpp_secs, val_mape=model.model_.summary["val"]["mape"],
+                            epochs=sum(len(r.get("history", [])) for r in model.model_.summary["members"]), **n)
+            if gbt is not None:
+                g = gbt.adapt(shots) if k else gbt
+                out.row("leave-one-chip-out", "pooled GBT" + suffix, _metrics(test, g.predict(test)),
+                        train_seconds=gbt_secs, **n)
+                if k:
+                    choice = ShotChoice(gbt_base, seed=seed, nthread=opts.threads).fit(shots)
+                    out.row("leave-one-chip-out", "pooled GBT, shots chosen" + suffix,
+                            _metrics(test, choice.predict(test)), train_seconds=gbt_secs, choice=choice.describe(), **n)
+            if k:
+                alone = ShotChoice(None, seed=seed, nthread=opts.threads, only=("shots",)).fit(shots)
+                out.row("leave-one-chip-out", "shots-only GBT" + suffix, _metrics(test, alone.predict(test)),
+                        train_seconds=0.0, choice=alone.describe(), **n)
+
+
+def held_out_chips(opts, ds, device_table: dict) -> list[str]:
+    """``opts.chips``, or every chip with enough data (``splits.chips``); an unknown name is an error."""
+    known = {splits.chip_of(d, device_table) for d in {p.device for p in getattr(ds, "programs", ds)}}
+    eligible = splits.chips(ds, device_table)
+    if opts.chips:  # a device id names its chip
+        devices = {p.device for p in getattr(ds, "programs", ds)}
+        chips = [splits.chip_of(c, device_table) if c in devices else c for c in opts.chips]
+        unknown = [c for c in chips if c not in known]
+        if unknown:
+            raise ValueError(f"unknown chip(s) {unknown}; chips in the data: {sorted(known)}")
+        return chips
+    if not eligible:
+        raise ValueError(f"no chip has enough programs to hold out; chips in the data: {sorted(known)}")
+    return sorted(eligible)
+
+
+def mean_over_chips(rows: Sequence[dict]) -> float:
+    """The issue's headline: MAPE averaged over held-out chips (each chip's mean over seeds first)."""
+    by_chip: dict = {}
+    for r in rows:
+        by_chip.setdefault(r["chip"], []).append(r["metrics"]["mape"])
+    return float(np.mean([np.mean(v) for v in by_chip.values()])) if by_chip else math.nan

@@ -1,0 +1,85 @@
+"""Leave-one-chip-out: every device of a chip held out, twins grouped, the k-shot rows beside their peers."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from tests.data import FAKE_DEVICE, ROOT
+
+OTHER = "fake-otherchip-4t/llvm-avx2"  # NOT a real device: relabeled real programs (mechanics only)
+
+
+@pytest.fixture(scope="module")
+def three_devices(two_devices):
+    """MECHANICS ONLY: the two-device set plus every fourth real program relabeled onto a second fake chip."""
+    from cdmpp.records.dataset import Dataset
+
+    real = [p for p in two_devices.programs if p.device != FAKE_DEVICE]
+    other = [dataclasses.replace(p, device=OTHER, seconds=p.seconds / 3, record_id=p.record_id + "-other")
+             for p in real[1::4]]
+    return Dataset(list(two_devices.programs) + other)
+
+
+@pytest.fixture(scope="module")
+def chip_table(three_devices):
+    from cdmpp.devices.table import DeviceTable
+
+    table = DeviceTable(str(ROOT / "datasets" / "devices.json")).spec_table()
+    real_dev = next(iter({p.device for p in three_devices.programs} - {FAKE_DEVICE, OTHER}))
+    table[FAKE_DEVICE] = {**table[real_dev], "cores": 1, "threads": 1, "hardware": "fake chip A"}
+    table[OTHER] = {**table[real_dev], "cores": 4, "threads": 4, "hardware": "fake chip B"}
+    return table
+
+
+def test_chip_of_reads_the_spec_then_the_id():
+    from cdmpp.evaluation.splits import chip_of
+
+    assert chip_of("amd-epyc-znver4-1t/llvm-avx512", {"amd-epyc-znver4-1t/llvm-avx512": {"hardware": "Zen 4"}}) == "Zen 4"
+    assert chip_of("amd-epyc-znver4-2t/llvm-avx2") == chip_of("amd-epyc-znver4-1t/llvm-avx512") == "amd-epyc-znver4"
+    assert chip_of("nvidia-h100/cuda-sm90") == "nvidia-h100"
+
+
+def test_a_held_out_chip_is_never_in_training_and_its_twins_are_grouped(three_devices, chip_table):
+    from cdmpp.evaluation.splits import chips, leave_one_chip_out_split
+
+    eligible = chips(three_devices, chip_table, min_programs=10)
+    assert "fake chip A" in eligible and "fake chip B" in eligible
+    sp = leave_one_chip_out_split(three_devices, "fake chip B", chip_table, k=8, sampler="random", seed=1)
+    assert {p.device for p in sp.test} == {OTHER} and {p.device for p in sp.shots} == {OTHER}
+    assert OTHER not in {p.device for p in sp.train + sp.val}
+    test = {p.features.program_hash for p in sp.test}
+    assert not test & {p.features.program_hash for p in sp.train + sp.val}  # twins grouped: new programs only
+    assert not test & {p.features.program_hash for p in sp.shots}
+    assert len(sp.shots) == 8 and sp.info["chip"] == "fake chip B"
+
+
+def test_protocol_rows_and_the_mean_over_chips(three_devices, chip_table, tmp_path):
+    """MECHANICS ONLY (relabeled fake chips): one seed writes, per chip and k, the pooled GBT, its shots-chosen
+    variant, the shots-only GBT and the chip's own GBT; the summary averages the chips."""
+    from cdmpp.evaluation.protocol import ProtocolOptions, aggregate, run_seed
+
+    runs = tmp_path / "runs.jsonl"
+    opts = ProtocolOptions(settings=("leave-one-chip-out",), methods=("pooled-gbt",), chip_ks=("0", "16"),
+                           samplers=("random",), chips=("fake chip A", OTHER), runs=str(runs))
+    for seed in (0, 1):
+        run_seed(opts, seed, ds=three_devices, device_table=chip_table)
+    rows = [json.loads(line) for line in runs.read_text().splitlines()]
+    got = {(r["chip"], r["method"]) for r in rows}
+    for chip in ("fake chip A", "fake chip B"):
+        assert {(chip, "pooled GBT"), (chip, "pooled GBT k=16 (random)"), (chip, "shots-only GBT k=16 (random)"),
+                (chip, "pooled GBT, shots chosen k=16 (random)"), (chip, "chip's own GBT (reference)")} <= got
+    summary = aggregate(str(runs), "test")["leave-one-chip-out"]
+    both = summary["shots-only GBT k=16 (random) @ every chip"]
+    per = [summary[f"shots-only GBT k=16 (random) @ {c}"]["mape"] for c in ("fake chip A", "fake chip B")]
+    assert both["seeds"] == 2 and both["mape"] == pytest.approx(sum(per) / 2)
+
+
+def test_an_unknown_chip_is_a_clear_error(three_devices, chip_table):
+    from cdmpp.evaluation.chips import held_out_chips
+    from cdmpp.evaluation.protocol import ProtocolOptions
+
+    with pytest.raises(ValueError, match="unknown chip.*chips in the data"):
+        held_out_chips(ProtocolOptions(chips=("no such chip",)), three_devices, chip_table)

@@ -1,0 +1,65 @@
+"""``ShotChoice``: the k-shot path picks what its own shots say predicts best."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+
+@pytest.fixture(scope="module")
+def programs(real):
+    return list(real[1].programs)
+
+
+def _split(programs, n_shots):
+    rng = np.random.default_rng(0)
+    idx = rng.permutation(len(programs))
+    return [programs[i] for i in idx[:n_shots]], [programs[i] for i in idx[n_shots:]]
+
+
+def _mape(pred, programs):
+    y = np.array([p.seconds for p in programs])
+    return float(np.mean(np.abs(pred - y) / y))
+
+
+def test_a_base_off_by_a_constant_is_corrected_from_the_shots(programs):
+    """A pretrained prediction 5x too fast (the shipped model on an unseen CPU) becomes nearly exact: the
+    shots' ratio is constant, so a correction, not a model of the shots alone, wins cross-validation."""
+    from cdmpp.model.shots import ShotChoice
+
+    truth = {p.features.program_hash: p.seconds for p in programs}
+    base = lambda ps: np.array([truth[p.features.program_hash] / 5 for p in ps])  # noqa: E731
+    shots, test = _split(programs, 32)
+    choice = ShotChoice(base, seed=0).fit(shots)
+    assert choice.choice_.kind in ("scaled", "ratio")
+    assert _mape(choice.predict(test), test) < 0.05 < _mape(base(test), test)
+    assert choice.cv_[choice.choice_] <= min(choice.cv_.values())
+    assert "cross-validated MAPE" in choice.describe()
+
+
+def test_a_useless_base_loses_to_the_shots_alone(programs):
+    """A base that knows nothing (one constant) must not hold back what the shots themselves teach."""
+    from cdmpp.model.shots import ShotChoice
+
+    base = lambda ps: np.full(len(ps), 1e-3)  # noqa: E731
+    shots, test = _split(programs, 120)
+    alone = ShotChoice(None, seed=0, only=("shots",)).fit(shots)
+    chosen = ShotChoice(base, seed=0).fit(shots)
+    assert alone.choice_.kind == "shots"
+    assert chosen.choice_.kind in ("shots", "blend")
+    assert _mape(chosen.predict(test), test) < 1.25 * _mape(alone.predict(test), test) < _mape(base(test), test)
+
+
+def test_few_shots_only_scale_and_no_shots_keep_the_base(programs):
+    from cdmpp.model.shots import MIN_SHOTS_FOR_MODELS, ShotChoice
+
+    base = lambda ps: np.array([p.seconds * 2 for p in ps])  # noqa: E731
+    shots, test = _split(programs, MIN_SHOTS_FOR_MODELS - 1)
+    few = ShotChoice(base).fit(shots)
+    assert few.choice_.kind in ("base", "scaled")
+    none = ShotChoice(base).fit([])
+    assert none.choice_.kind == "base" and np.allclose(none.predict(test), base(test))
+    with pytest.raises(ValueError, match="at least one shot"):
+        ShotChoice(None).fit([])
