@@ -23,14 +23,14 @@ def _seen_networks(predictor, device: str) -> set[str]:
 
 
 def run(networks: list[str], device: str, schedules: str, model: str | None, dataset_dir: str,
-        task_table: str) -> dict:
+        task_table: str, devices: str | None = None) -> dict:
     from cdmpp.predict import network as net
     from cdmpp.devices.probe import check_runs_here
     from cdmpp.devices.table import DeviceTable
     from cdmpp.predict.predictor import Predictor
     from cdmpp.zoo.tasks import TaskTable, split_occurrence
 
-    spec = DeviceTable().get(device)
+    spec = DeviceTable(devices).get(device) if devices else DeviceTable().get(device)
     check_runs_here(spec)  # before any compile: the networks run on this machine
     target = spec.make_target()
     table = TaskTable.load(task_table)
@@ -77,7 +77,7 @@ def main(args) -> int:
     networks = [n.strip() for n in (args.networks or "").split(",") if n.strip()]
     if not networks:
         networks = [o for o in TaskTable.load(args.task_table).occurrences() if o.endswith("@1")]
-    r = run(networks, args.device, args.schedules, args.model, args.dataset, args.task_table)
+    r = run(networks, args.device, args.schedules, args.model, args.dataset, args.task_table, args.devices)
     print(table(r))
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:

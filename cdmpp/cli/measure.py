@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from importlib import resources
 
 from cdmpp import defaults
@@ -62,6 +63,8 @@ def cmd_collect(args) -> int:
     from cdmpp.program import tvm_env
     from cdmpp.zoo.tasks import TaskTable
 
+    # the budget counts from here: probing, loading and waiting for a quiet machine are part of the command
+    deadline = time.monotonic() + 60 * args.budget_minutes if args.budget_minutes else None
     threads = args.threads if args.target == "llvm" else 1  # CUDA: the host runs one thread
     tvm_env.setup(threads)
     table = TaskTable.load(args.task_table)
@@ -81,10 +84,11 @@ def cmd_collect(args) -> int:
         target = device.make_target()
     else:
         target = tvm_env.make_target("llvm", num_cores=threads, mcpu=args.mcpu)
-        device = probe_local_cpu(threads, mcpu=args.mcpu)
+        # a probe under load is taken again after up to two short waits: together at most a tenth of the budget
+        wait_s = 5.0 if deadline is None else min(5.0, 60 * args.budget_minutes / 10 / 2)
+        device = probe_local_cpu(threads, mcpu=args.mcpu, wait_s=wait_s)
     devices = DeviceTable(args.devices)
-    if device.id not in devices.ids():
-        devices.add(device)
+    _store_probe(devices, device)
     if args.programs_from and args.programs_from not in devices.ids():
         print(f"cdmpp collect: --programs-from {args.programs_from}: unknown device (see {args.devices})", file=sys.stderr)
         return 2
@@ -100,11 +104,30 @@ def cmd_collect(args) -> int:
           + (f", {args.programs_from}'s programs first" if args.programs_from else ""), file=sys.stderr)
     s = collect(table, args.dataset, device, target, per_task=args.per_task, budget_minutes=args.budget_minutes,
                 cfg=cfg, batch_size=args.batch_size, seed=args.seed, rpc=rpc, artifact_dir=_artifact_dir(args),
-                programs_from=args.programs_from, fast=fast, overlap=args.overlap)
+                programs_from=args.programs_from, fast=fast, overlap=args.overlap, deadline=deadline)
     print(f"done: {s['measured']} measured, {s['failed']} failed, {s['skipped_done']} already stored, "
           f"{s['tasks']} tasks, {s['seconds']} s" + (" (stopped by budget)" if s["stopped_by_budget"] else "")
           + (f", {s['programs_per_s']} programs/s; seconds spent: {s['times']}" if "times" in s else ""))
     return 0
+
+
+def _store_probe(devices, device) -> None:
+    """Add a newly probed device to the table; replace a stored probe of it that was taken under load by a
+    clean one. A probe under load is stored with its warning (and said here), never silently."""
+    old = devices.get(device.id) if device.id in devices else None
+    warning = device.probe.get("warning")
+    if old is None:
+        devices.add(device)
+    elif old.probe.get("under_load") and not device.probe.get("under_load"):
+        device.relation = old.relation
+        devices.replace(device)
+        print(f"{device.id}: its stored specs were probed under load; replaced by this quiet probe "
+              f"(memory bandwidth {old.mem_bw_gbs} -> {device.mem_bw_gbs} GB/s)", file=sys.stderr)
+        return
+    else:
+        warning = None  # the stored spec stands; this probe was only to know which device this is
+    if warning:
+        print(f"warning: {device.id}: {warning}", file=sys.stderr)
 
 
 def _add_guard_args(parser) -> None:
@@ -214,7 +237,8 @@ def add_measure_commands(sub):
     c.add_argument("--run-budget-s", type=float, default=1.0,
                    help="seconds of repeats per program: slow programs get fewer (default 1.0)")
     c.add_argument("--per-task", type=int, default=32, help="schedules per task (default 32)")
-    c.add_argument("--budget-minutes", type=float, help="stop after this many minutes")
+    c.add_argument("--budget-minutes", type=float, help="stop after this many minutes, counted from the start: "
+                                                      "probing and waiting for a quiet machine included")
     c.add_argument("--threads", type=int, default=2, help="threads the programs run with (default 2)")
     c.add_argument("--mcpu", help="LLVM cpu to target (default: this machine's)")
     c.add_argument("--batch-size", type=int, default=32, help="programs built together (default 32)")

@@ -23,6 +23,14 @@ def cmd_serve(args) -> int:
     os.environ["CDMPP_FEATURIZE_PROCS"] = str(args.featurize_procs)
     if args.allow_tvmscript:
         os.environ["CDMPP_ALLOW_TVMSCRIPT"] = "1"
+    if args.allow_origin:
+        os.environ["CDMPP_ALLOW_ORIGINS"] = ",".join(filter(None, [os.environ.get("CDMPP_ALLOW_ORIGINS", ""),
+                                                                   *args.allow_origin]))
+    hosts = list(args.allowed_host or [])
+    if args.host not in ("0.0.0.0", "::", "", "127.0.0.1", "localhost", "::1"):  # bound by name: that name too
+        hosts.append(f"[{args.host}]:{args.port}" if ":" in args.host else f"{args.host}:{args.port}")
+    if hosts:
+        os.environ["CDMPP_ALLOWED_HOSTS"] = ",".join(filter(None, [os.environ.get("CDMPP_ALLOWED_HOSTS", ""), *hosts]))
     if args.token_env:
         token = os.environ.get(args.token_env)
         if not token:
@@ -46,8 +54,9 @@ def _add_network_args(p) -> None:
                    help="best-measured (the fastest stored program of each task on the device), default "
                         "(TVM's unscheduled code) or a MetaSchedule database folder (default %(default)s)")
     p.add_argument("--model", help="checkpoint folder (default: the shipped model)")
-    p.add_argument("--dataset", default=defaults.DATASET)
-    p.add_argument("--task-table", default=defaults.TASK_TABLE)
+    p.add_argument("--dataset", default=defaults.DATASET, help="dataset folder of best-measured (default %(default)s)")
+    p.add_argument("--task-table", default=defaults.TASK_TABLE, help="the networks' tasks (default %(default)s)")
+    p.add_argument("--devices", default=defaults.DEVICES, help="device spec table (default %(default)s)")
 
 
 def cmd_network(args) -> int:
@@ -59,18 +68,29 @@ def cmd_network(args) -> int:
     from cdmpp.predict.predictor import Predictor
     from cdmpp.zoo.tasks import TaskTable
 
-    predictor = Predictor.load(args.model)
-    target = DeviceTable().get(args.device).make_target()
+    target = DeviceTable(args.devices).get(args.device).make_target()
+    if not os.path.exists(args.task_table):
+        raise FileNotFoundError(f"no task table at {args.task_table} (pass --task-table PATH)")
+    if args.schedules not in net.SCHEDULE_SOURCES and not os.path.isdir(args.schedules):
+        raise FileNotFoundError(f"--schedules {args.schedules}: neither best-measured, default nor a MetaSchedule "
+                                "database folder")
     programs = net.task_programs(args.network, TaskTable.load(args.task_table), args.schedules, args.device,
                                  args.dataset, target)
-    p = net.predict_network(predictor, args.network, args.device, programs)
+    where = args.dataset + ("" if os.path.isdir(args.dataset) else " (no such folder: pass --dataset)")
+    net.check_schedules(args.network, args.device, programs, args.schedules,
+                        where if args.schedules == "best-measured" else args.schedules, args.allow_default)
+    p = net.predict_network(Predictor.load(args.model), args.network, args.device, programs)
+    counts = net.schedule_counts(programs)
     if args.json:
-        print(json.dumps(dataclasses.asdict(p), indent=1))
+        print(json.dumps({**dataclasses.asdict(p), "schedules": counts}, indent=1))
     else:
         for t in p.tasks:
             print(f"{t['weight']:3d} x {1e3 * t['seconds']:9.4f} ms  {t['source']:13s} {t['task']}")
         print(f"{p.network} on {p.device}: {1e3 * p.seconds:.3f} ms (90 % interval {1e3 * p.lo90:.3f}-"
-              f"{1e3 * p.hi90:.3f} ms), {len(p.tasks)} tasks, {sum(t['weight'] for t in p.tasks)} kernel calls")
+              f"{1e3 * p.hi90:.3f} ms), {len(p.tasks)} tasks, {sum(t['weight'] for t in p.tasks)} kernel calls; "
+              f"schedules: {counts['measured']} measured, {counts['tuned']} tuned, {counts['default']} default"
+              + (" (untuned code summed in: --allow-default)" if counts["default"] and args.schedules != "default"
+                 else ""))
     return 0
 
 
@@ -105,7 +125,8 @@ def add_service_commands(sub, bsub) -> None:
     sv = sub.add_parser("serve", help="serve predictions over HTTP (FastAPI + uvicorn)",
                         description="Environment: CDMPP_MODEL, CDMPP_MAX_BATCH, CDMPP_MAX_BODY_BYTES, CDMPP_TIMEOUT_S, "
                                     "CDMPP_TOKEN, CDMPP_THREADS, CDMPP_TORCH_THREADS, CDMPP_CACHE_SIZE, CDMPP_FEATURIZE_PROCS, "
-                                    "CDMPP_ALLOW_TVMSCRIPT, CDMPP_ITEM_CPU_S, CDMPP_WORKER_MEM_MB, CDMPP_WORKER_USER "
+                                    "CDMPP_ALLOW_TVMSCRIPT, CDMPP_ITEM_CPU_S, CDMPP_WORKER_MEM_MB, CDMPP_WORKER_USER, "
+                                    "CDMPP_BODY_TIMEOUT_S, CDMPP_ALLOWED_HOSTS, CDMPP_ALLOW_ORIGINS "
                                     "(serve/README.md, with the threat model)")
     sv.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; 0.0.0.0 for all)")
     sv.add_argument("--port", type=int, default=8000)
@@ -118,6 +139,13 @@ def add_service_commands(sub, bsub) -> None:
                     help="accept TVMScript text over HTTP (off by default: it is parsed by running Python, so "
                          "turn it on only when every caller is trusted); workload+trace is always accepted")
     sv.add_argument("--token-env", help="name of an environment variable holding the bearer token to require")
+    sv.add_argument("--allowed-host", action="append", metavar="NAME[:PORT]",
+                    help="a Host name the server answers to besides localhost and the address it is reached at "
+                         "(behind a load balancer: the name clients use; '*': any, which lets DNS rebinding "
+                         "through); repeatable; also CDMPP_ALLOWED_HOSTS, comma-separated")
+    sv.add_argument("--allow-origin", action="append", metavar="URL",
+                    help="a web origin (scheme://host[:port]) whose pages may call the server; requests with "
+                         "any other Origin header are refused; repeatable; also CDMPP_ALLOW_ORIGINS")
     sv.add_argument("--no-access-log", action="store_true", help="do not log every request")
     sv.add_argument("--log-level", default="info")
     sv.set_defaults(func=cmd_serve)
@@ -176,6 +204,9 @@ def add_service_commands(sub, bsub) -> None:
     nw = sub.add_parser("network", help="predict a network's latency: weighted sum over its tasks' programs")
     nw.add_argument("network", help="network@batch from the task table, e.g. resnet18@1")
     _add_network_args(nw)
+    nw.add_argument("--allow-default", action="store_true",
+                    help="sum TVM's default (untuned) code for tasks without a measured or tuned program; "
+                         "refused otherwise, as such a total mixes untuned with tuned kernels")
     nw.add_argument("--json", action="store_true", help="print the prediction with every task as JSON")
     nw.set_defaults(func=cmd_network)
 

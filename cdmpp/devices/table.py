@@ -40,8 +40,9 @@ class DeviceTable:
         try:
             return self._specs[device_id]
         except KeyError:
-            raise KeyError(f"unknown device {device_id!r} in {self.path}; known devices: "
-                           f"{', '.join(self._specs) or '(none)'}") from None
+            where = self.path if self.path.exists() else f"{self.path} (no such file: pass --devices PATH)"
+            raise KeyError(f"unknown device {device_id!r} in {where}; known devices: "
+                           f"{', '.join(self._specs) or '(none)'} (cdmpp devices lists them)") from None
 
     def __contains__(self, device_id: str) -> bool:
         return device_id in self._specs
@@ -68,6 +69,11 @@ class DeviceTable:
             self.save()
         return spec
 
+    def replace(self, spec: DeviceSpec) -> DeviceSpec:
+        """Add ``spec``, replacing whatever the table holds under its id (``cdmpp devices add --replace``)."""
+        self._specs.pop(spec.id, None)
+        return self.add(spec)  # the save merges the file's other devices, this one from memory
+
     def save(self) -> None:
         on_disk = self._read()
         merged = {**on_disk, **self._specs}
@@ -87,6 +93,42 @@ class DeviceTable:
     def spec_table(self) -> dict[str, dict[str, float]]:
         """{id: {spec: value}} for the model's device-spec normalizer."""
         return {i: s.specs() for i, s in self._specs.items()}
+
+
+def spec_problems(d) -> list[str]:
+    """What is wrong with a device spec dict (empty: it is valid): missing fields, wrong types, values out
+    of range. ``DeviceSpec.from_dict`` checks presence only; a table entry feeds the model's device
+    encoder, so a missing or non-positive number there would turn into a silently wrong prediction."""
+    import math
+
+    if not isinstance(d, dict):
+        return [f"expected a JSON object, got {type(d).__name__}"]
+    out = []
+    missing = [n for n in ("id", "kind", "hardware", "target", "threads", *SPEC_FIELDS) if n not in d]
+    if missing:
+        out.append(f"missing fields: {', '.join(missing)}")
+    if "id" in d and not (isinstance(d["id"], str) and "/" in d["id"] and d["id"].strip() == d["id"]):
+        out.append(f"id must be <hardware>[-<threads>t]/<target label> (e.g. amd-epyc-znver4-2t/llvm-avx512), "
+                   f"got {d['id']!r}")
+    if "kind" in d and d["kind"] not in ("cpu", "gpu"):
+        out.append(f"kind must be 'cpu' or 'gpu', got {d['kind']!r}")
+    if "hardware" in d and not (isinstance(d["hardware"], str) and d["hardware"].strip()):
+        out.append("hardware must be a non-empty string (the chip's name)")
+    if "target" in d and not (isinstance(d["target"], dict) and isinstance(d["target"].get("kind"), str)):
+        out.append(f"target must be a TVM target dict with a 'kind' (e.g. {{\"kind\": \"llvm\", \"mcpu\": "
+                   f"\"znver4\", \"num-cores\": 2}}), got {d['target']!r}")
+    for name in ("threads", "cores"):
+        if name in d and not (isinstance(d[name], int) and not isinstance(d[name], bool) and d[name] >= 1):
+            out.append(f"{name} must be an integer >= 1, got {d[name]!r}")
+    for name in SPEC_FIELDS:
+        if name in ("cores",) or name not in d:
+            continue
+        v = d[name]
+        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+        low = 0.0 if name in ("l1d_kb", "l2_kb", "l3_kb") else None  # a GPU has no L3
+        if not ok or (v < low if low is not None else v <= 0):
+            out.append(f"{name} must be a {'non-negative' if low is not None else 'positive'} number, got {v!r}")
+    return out
 
 
 def main(argv=None) -> int:

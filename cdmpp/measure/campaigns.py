@@ -18,6 +18,7 @@ import time
 
 from cdmpp.measure.measurer import MeasureConfig, Measurer
 from cdmpp.measure.results import is_stable, measurement_fields, run_provenance
+from cdmpp.measure.stop import stop_at
 from cdmpp.records.labels import label
 from cdmpp.records.store import RecordStore, record_id, slug
 
@@ -29,7 +30,7 @@ def task_seed(key: str, seed: int) -> int:
 def collect(tasks, dataset_dir: str, device, target, per_task: int = 32, budget_minutes: float | None = None,
             cfg: MeasureConfig | None = None, batch_size: int = 32, seed: int = 0, rpc=None,
             artifact_dir: str | None = None, progress: bool = True, programs_from: str | None = None,
-            fast: bool | None = None, overlap: bool | None = None) -> dict:
+            fast: bool | None = None, overlap: bool | None = None, deadline: float | None = None) -> dict:
     """Measure ``per_task`` schedules of every task in ``tasks``; resumable; returns a summary.
 
     ``programs_from``: another device's id; its stored (labelled) programs of these tasks are measured
@@ -37,15 +38,19 @@ def collect(tasks, dataset_dir: str, device, target, per_task: int = 32, budget_
     ``cache_flush``): the fast local measurer (``cdmpp.measure.fast``); else MetaSchedule's builder and
     runner (``Measurer``), which can keep built programs in ``artifact_dir`` for later passes.
     ``overlap``: fast path only; build the next tasks while one runs (runner alone on its cores); None:
-    ``cdmpp.measure.fast.default_overlap`` (on for 1-thread CPU and GPU programs on a machine with more cores)."""
+    ``cdmpp.measure.fast.default_overlap`` (on for 1-thread CPU and GPU programs on a machine with more cores).
+    ``budget_minutes`` bounds the whole call, waits for a quiet machine included (``stop_at``); ``deadline``
+    (``time.monotonic()``), where given, instead: a command's budget counts from its start."""
     cfg = cfg or MeasureConfig()
+    if deadline is None and budget_minutes:
+        deadline = time.monotonic() + 60 * budget_minutes
     if fast is None:
         fast = rpc is None and not cfg.cache_flush
     if fast and (rpc or cfg.cache_flush):
         raise ValueError("the fast measurer runs locally without cache flushing: drop --rpc-tracker/--cache-flush "
                          "or use the MetaSchedule measurer")
     if fast or programs_from:
-        return _collect_fast(tasks, dataset_dir, device, target, per_task, budget_minutes, cfg, seed,
+        return _collect_fast(tasks, dataset_dir, device, target, per_task, deadline, cfg, seed,
                              programs_from, fast, overlap, progress)
     from tqdm import tqdm
 
@@ -60,7 +65,6 @@ def collect(tasks, dataset_dir: str, device, target, per_task: int = 32, budget_
     run_id = store.add_run(run_provenance(device, target, cfg, rpc, per_task=per_task, seed=seed))
     measurer = Measurer(target, cfg, rpc, pause_flag=os.path.join(dataset_dir, "PAUSE"), artifact_dir=artifact_dir)
     measurer.on_wait = lambda waited: bar.set_postfix_str(f"waiting {waited:.0f}s for a quiet machine")
-    deadline = time.time() + budget_minutes * 60 if budget_minutes else None
     task_list = sorted(tasks, key=lambda t: t.key)
     stats = {"measured": 0, "failed": 0, "skipped_done": 0, "tasks": len(task_list), "stopped_by_budget": False}
     t_start = time.time()
@@ -86,25 +90,28 @@ def collect(tasks, dataset_dir: str, device, target, per_task: int = 32, budget_
         pending.clear()
 
     try:
-        for task in task_list:
-            if deadline and time.time() > deadline:
+        with stop_at(deadline) as spent:
+            try:
+                for task in task_list:
+                    mod = load_task_mod(task)
+                    schs = sample_schedules(mod, target, per_task, seed=task_seed(task.key, seed))
+                    bar.total -= per_task - len(schs)  # tasks with fewer distinct schedules
+                    for sch in schs:
+                        phash = program_hash(sch.mod)
+                        if record_id(device.id, task.key, phash) in done:
+                            stats["skipped_done"] += 1
+                            bar.update(1)
+                            continue
+                        pending.append((task, sch, phash))
+                        if len(pending) >= batch_size:
+                            flush()
+                    if spent.is_set():  # sampling does not look at the stop flag
+                        raise KeyboardInterrupt
+                flush()
+            except KeyboardInterrupt:
+                if not spent.is_set():
+                    raise
                 stats["stopped_by_budget"] = True
-                break
-            mod = load_task_mod(task)
-            schs = sample_schedules(mod, target, per_task, seed=task_seed(task.key, seed))
-            bar.total -= per_task - len(schs)  # tasks with fewer distinct schedules
-            for sch in schs:
-                phash = program_hash(sch.mod)
-                if record_id(device.id, task.key, phash) in done:
-                    stats["skipped_done"] += 1
-                    bar.update(1)
-                    continue
-                pending.append((task, sch, phash))
-                if len(pending) >= batch_size:
-                    flush()
-                    if deadline and time.time() > deadline:
-                        break
-        flush()
     finally:
         bar.close()
         measurer.close()
@@ -146,7 +153,7 @@ def _failed_jobs(path: str) -> set[tuple[str, str]]:
         return {(j["task"], str(j["seed"])) for j in map(json.loads, filter(str.strip, f))}
 
 
-def _collect_fast(tasks, dataset_dir, device, target, per_task, budget_minutes, cfg, seed, programs_from,
+def _collect_fast(tasks, dataset_dir, device, target, per_task, deadline, cfg, seed, programs_from,
                   fast, overlap, progress) -> dict:
     """``collect`` with the fast measurer: jobs of one task each, twins first."""
     from tqdm import tqdm
@@ -184,49 +191,52 @@ def _collect_fast(tasks, dataset_dir, device, target, per_task, budget_minutes, 
              "twins_measured": 0, "stopped_by_budget": False, "overlap": overlap,
              "skipped_failed_jobs": sum(bool(twins.get(t.key)) for t in task_list) - len(twin_tasks)
              + (len(task_list) - len(new_tasks) if per_task > 0 else 0)}
-    deadline = time.time() + budget_minutes * 60 if budget_minutes else None
     bar = tqdm(total=n_jobs, unit="task", disable=not progress, dynamic_ncols=True, smoothing=0.05)
     t_start = time.time()
-    measurer = FastMeasurer(target, cfg, device.threads, pause_dir=dataset_dir, overlap=overlap)
-    measurer.on_wait = lambda waited, what: bar.set_postfix_str(f"{what} {waited:.0f}s")
-    results_of = measurer.measure_jobs(jobs())
-    try:
-        for job, results in results_of:
-            task = by_key[job["task_key"]]
-            if isinstance(results, str):  # the build job failed as a whole (crash, timeout): nothing to store
-                stats["failed_jobs"] = stats.get("failed_jobs", 0) + 1
-                print(f"\n{task.name} ({task.key}): {results}", file=sys.stderr)
-                with open(failed_path, "a") as f:  # so a resumed run does not wait on it again
-                    f.write(json.dumps({"task": task.key, "seed": "twins" if "traces" in job else seed,
-                                        "error": results, "run": run_id}) + "\n")
-            else:
-                recs = []
-                for b, secs, err, others in results:
-                    if not b.program_hash:  # a trace that no longer applies: nothing to key a record by
-                        stats["failed"] += 1
-                        continue
-                    recs.append({
-                        "id": record_id(device.id, task.key, b.program_hash), "device": device.id,
-                        "task": task.key, "task_name": task.name, "networks": sorted(task.occurrences),
-                        "program_hash": b.program_hash, "trace": b.trace,
-                        **measurement_fields(secs, err, b.build_s, others, cfg, run_id),
-                        "stable": is_stable(secs, cfg) if secs else None})
-                    stats["failed" if err else "measured"] += 1
-                    stats["twins_measured"] += bool("traces" in job and not err)
-                    done.setdefault(task.key, set()).add(b.program_hash)
-                store.append(device.id, recs)
-            bar.update(1)
-            waited = measurer.times["paused"] + measurer.times["wait_quiet"]
-            rate = stats["measured"] / max(1e-9, time.time() - t_start - waited)
-            bar.set_postfix(ok=stats["measured"], failed=stats["failed"], waited=f"{waited:.0f}s",
-                            rate=f"{rate:.2f}/s not waiting")
-            if deadline and time.time() > deadline:
-                stats["stopped_by_budget"] = True
-                break
-    finally:
-        results_of.close()
-        bar.close()
-        measurer.close()
+    with stop_at(deadline) as spent:  # the budget stops waits for builds and for a quiet machine too
+        measurer = FastMeasurer(target, cfg, device.threads, pause_dir=dataset_dir, overlap=overlap)
+        measurer.on_wait = lambda waited, what: bar.set_postfix_str(f"{what} {waited:.0f}s")
+        results_of = measurer.measure_jobs(jobs())
+        try:
+            for job, results in results_of:
+                task = by_key[job["task_key"]]
+                if isinstance(results, str):  # the build job failed as a whole (crash, timeout): nothing to store
+                    stats["failed_jobs"] = stats.get("failed_jobs", 0) + 1
+                    print(f"\n{task.name} ({task.key}): {results}", file=sys.stderr)
+                    with open(failed_path, "a") as f:  # so a resumed run does not wait on it again
+                        f.write(json.dumps({"task": task.key, "seed": "twins" if "traces" in job else seed,
+                                            "error": results, "run": run_id}) + "\n")
+                else:
+                    recs = []
+                    for b, secs, err, others in results:
+                        if not b.program_hash:  # a trace that no longer applies: nothing to key a record by
+                            stats["failed"] += 1
+                            continue
+                        recs.append({
+                            "id": record_id(device.id, task.key, b.program_hash), "device": device.id,
+                            "task": task.key, "task_name": task.name, "networks": sorted(task.occurrences),
+                            "program_hash": b.program_hash, "trace": b.trace,
+                            **measurement_fields(secs, err, b.build_s, others, cfg, run_id),
+                            "stable": is_stable(secs, cfg) if secs else None})
+                        stats["failed" if err else "measured"] += 1
+                        stats["twins_measured"] += bool("traces" in job and not err)
+                        done.setdefault(task.key, set()).add(b.program_hash)
+                    store.append(device.id, recs)
+                bar.update(1)
+                waited = measurer.times["paused"] + measurer.times["wait_quiet"]
+                rate = stats["measured"] / max(1e-9, time.time() - t_start - waited)
+                bar.set_postfix(ok=stats["measured"], failed=stats["failed"], waited=f"{waited:.0f}s",
+                                rate=f"{rate:.2f}/s not waiting")
+                if spent.is_set():
+                    raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            if not spent.is_set():  # a stop signal, not the budget
+                raise
+            stats["stopped_by_budget"] = True
+        finally:
+            results_of.close()
+            bar.close()
+            measurer.close()
     stats["skipped_done"] = measurer.skipped + twins_done
     stats["seconds"] = round(time.time() - t_start, 1)
     stats["programs_per_s"] = round(stats["measured"] / max(1e-9, stats["seconds"]), 3)

@@ -11,6 +11,7 @@ import time
 from cdmpp.devices.probe import check_runs_here
 from cdmpp.measure.measurer import MeasureConfig, Measurer
 from cdmpp.measure.results import measurement_fields, run_provenance
+from cdmpp.measure.stop import stop_at
 from cdmpp.records.labels import label, usable
 from cdmpp.records.store import RecordStore
 
@@ -79,28 +80,31 @@ def remeasure(tasks, dataset_dir: str, device, target, passes: int = 2, min_gap_
     bar = tqdm(total=len(todo), unit="prog", desc="remeasure", disable=not progress, dynamic_ncols=True)
     if measurer:
         measurer.on_wait = lambda waited: bar.set_postfix_str(f"waiting {waited:.0f}s for a quiet machine")
-    deadline = time.time() + budget_minutes * 60 if budget_minutes else None
+    deadline = time.monotonic() + budget_minutes * 60 if budget_minutes else None
     stats = {"measured": 0, "failed": 0, "todo": len(todo), "too_recent": waiting, "stopped_by_budget": False}
     t_start, task_mod = time.time(), (None, None)
     try:
-        for i in range(0, len(todo), batch_size):
-            if deadline and time.time() > deadline:
+        with stop_at(deadline) as spent:  # the budget also ends a wait for a quiet machine
+            try:
+                for i in range(0, len(todo), batch_size):
+                    batch, mods = todo[i:i + batch_size], []
+                    for r, _ in batch:
+                        if task_mod[0] != r["task"]:
+                            task_mod = (r["task"], load_task_mod(tasks[r["task"]]))
+                        mods.append(apply_trace(task_mod[1], r["trace"]))
+                    results = measurer.measure(mods, [r["task"] for r, _ in batch], [r["id"] for r, _ in batch])
+                    recs = []
+                    for (r, n), (secs, err, build_s, others) in zip(batch, results):
+                        recs.append({"id": f"{r['id']}|pass{n}", "of": r["id"], "device": device.id, "task": r["task"],
+                                     **measurement_fields(secs, err, build_s, others, cfg, run_id)})
+                        stats["failed" if err else "measured"] += 1
+                    store.append(device.id, recs)
+                    bar.update(len(batch))
+                    bar.set_postfix(ok=stats["measured"], failed=stats["failed"])
+            except KeyboardInterrupt:
+                if not spent.is_set():  # a stop signal, not the budget
+                    raise
                 stats["stopped_by_budget"] = True
-                break
-            batch, mods = todo[i:i + batch_size], []
-            for r, _ in batch:
-                if task_mod[0] != r["task"]:
-                    task_mod = (r["task"], load_task_mod(tasks[r["task"]]))
-                mods.append(apply_trace(task_mod[1], r["trace"]))
-            results = measurer.measure(mods, [r["task"] for r, _ in batch], [r["id"] for r, _ in batch])
-            recs = []
-            for (r, n), (secs, err, build_s, others) in zip(batch, results):
-                recs.append({"id": f"{r['id']}|pass{n}", "of": r["id"], "device": device.id, "task": r["task"],
-                             **measurement_fields(secs, err, build_s, others, cfg, run_id)})
-                stats["failed" if err else "measured"] += 1
-            store.append(device.id, recs)
-            bar.update(len(batch))
-            bar.set_postfix(ok=stats["measured"], failed=stats["failed"])
     finally:
         bar.close()
         if measurer:

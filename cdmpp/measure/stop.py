@@ -8,11 +8,13 @@ finished batch and removes what it built; ``collect`` or ``remeasure`` run again
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import shutil
 import tempfile
 import threading
+import time
 
 
 def pause_files(dataset_dir: str) -> list[str]:
@@ -43,6 +45,31 @@ def request_stop() -> bool:
     TVM, or left a lock of its worker pool held). False: the handler should raise KeyboardInterrupt."""
     STOP.set()
     return _measuring.is_set()
+
+
+@contextlib.contextmanager
+def stop_at(deadline: float | None):
+    """A budget (``--budget-minutes``): at ``deadline`` (``time.monotonic()``) the measurers stop as on a stop
+    signal (``STOP``), wherever they are: waiting for a quiet machine, for a build or between runs. Yields an
+    Event that is set once the deadline fired: the caller turns the KeyboardInterrupt that follows into
+    "stopped by budget". STOP is cleared again on the way out."""
+    fired = threading.Event()
+    timer = None
+    if deadline is not None:
+        def fire():
+            fired.set()
+            STOP.set()
+
+        timer = threading.Timer(max(0.0, deadline - time.monotonic()), fire)
+        timer.daemon = True
+        timer.start()
+    try:
+        yield fired
+    finally:
+        if timer is not None:
+            timer.cancel()
+        if fired.is_set():
+            STOP.clear()
 
 
 def _remove_stale_roots() -> None:
