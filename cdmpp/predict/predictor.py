@@ -30,13 +30,29 @@ class UnknownDeviceError(KeyError):
         self.device, self.known = device, list(known)
 
     def __str__(self) -> str:
-        return f"unknown device {self.device!r}; known devices: {', '.join(self.known)}"
+        return (f"unknown device {self.device!r}; known devices: {', '.join(self.known)} "
+                "(describe a new one with `cdmpp devices add SPEC.json`)")
+
+
+_GPU_BINDING_COLS = slice(50, 56)  # blockIdx_{x,y,z}_len, threadIdx_{x,y,z}_len: log2(extent + 1), 1 when unbound
+
+
+def target_kind_problem(features, kind: str) -> str | None:
+    """Why a featurized program cannot run on a device of target ``kind``, or None: a GPU program binds
+    blockIdx/threadIdx (TVM refuses to build one that does not), a CPU program binds neither. A number
+    for such a pair would be no latency at all (a CPU schedule on an H100 came out at 9 ns)."""
+    rows = np.asarray(features.leaf_features, dtype=np.float64)
+    bound = rows.size and bool((rows[:, _GPU_BINDING_COLS] > 1.0 + 1e-6).any())
+    if kind == "cuda" and not bound:
+        return "binds no GPU threads (blockIdx/threadIdx): a CPU schedule cannot run on a CUDA device"
+    if kind != "cuda" and bound:
+        return "binds GPU threads (blockIdx/threadIdx): a GPU schedule cannot run on a CPU device"
+    return None
 
 
 # Out-of-distribution flags (``Prediction.ood``): why a prediction deserves less trust than the model's
 # validation error suggests.
 DEVICE_UNTRAINED = "device_untrained"  # the device had no training data (predicted from its specs only)
-TARGET_MISMATCH = "target_kind_mismatch"  # the program's target kind is not the one the device runs
 FEATURES_OUT_OF_RANGE = "features_out_of_range"  # a leaf feature lies far outside the training values
 
 
@@ -55,9 +71,12 @@ class Prediction:
 class Predictor:
     """A loaded model plus featurization. Thread-safe for concurrent ``predict`` calls."""
 
-    def __init__(self, model, path: str | os.PathLike | None = None, cache_size: int = 100_000):
+    def __init__(self, model, path: str | os.PathLike | None = None, cache_size: int = 100_000,
+                 devices: str | os.PathLike | None = defaults.DEVICES):
         self.model = model
         self.path = str(path) if path else None
+        self._table_path = devices  # the device table: devices the model never saw are predicted from their specs
+        self._table = None
         self._cache = LRU(cache_size)  # program hash -> ProgramFeatures
         self._lock = threading.Lock()
         self._featurizer = None
@@ -78,20 +97,44 @@ class Predictor:
         s = self.model.summary
         return str(s.get("model_version") or s.get("name") or "unversioned")
 
+    def device_table(self):
+        """The device table (``cdmpp.devices.table.DeviceTable``) read once; empty when there is none."""
+        if self._table is None:
+            from cdmpp.devices.table import DeviceTable
+
+            self._table = DeviceTable(self._table_path) if self._table_path else {}
+        return self._table
+
     def devices(self) -> list[str]:
-        return sorted(self.model.device_specs.table)
+        """Every device this predictor answers for: the model's and the device table's."""
+        table = self.device_table()
+        return sorted(set(self.model.device_specs.table) | set(table.ids() if table else ()))
+
+    def _resolve(self, device: str) -> None:
+        """Make ``device`` predictable: a device of the table the model never saw joins it from its specs."""
+        if device in self.model.device_specs.table:
+            return
+        table = self.device_table()
+        if not table or device not in table:
+            raise UnknownDeviceError(device, self.devices())
+        with self._lock:
+            self.model.add_device(device, table.get(device).specs())
 
     def device_info(self, device: str) -> dict:
-        if device not in self.model.device_specs.table:
-            raise UnknownDeviceError(device, self.devices())
+        self._resolve(device)
         known = self.model.summary.get("devices")
         info = dict(known.get(device, {})) if isinstance(known, dict) else {}  # fit() stores a plain list
+        table = self.device_table()
+        if table and device in table:
+            info.setdefault("target", table.get(device).target)
         info.setdefault("specs", self.model.device_specs.table[device])
         return info
 
     def target_kind(self, device: str) -> str:
+        """The target kind ``device`` runs ("llvm" or "cuda"), from its target in the device table or checkpoint."""
         target = self.device_info(device).get("target") or {}
-        return "cuda" if (target.get("kind") == "cuda" or "/cuda" in device) else "llvm"
+        kind = target.get("kind") if isinstance(target, dict) else None
+        return "cuda" if kind == "cuda" or (kind is None and "/cuda" in device) else "llvm"
 
     def trained_on(self, device: str) -> bool:
         """Whether the model saw measurements of ``device`` (else its predictions rest on specs alone)."""
@@ -106,8 +149,6 @@ class Predictor:
         common = []
         if not self.trained_on(device):
             common.append(DEVICE_UNTRAINED)
-        if target_kind is not None and target_kind != self.target_kind(device):
-            common.append(TARGET_MISMATCH)
         norm = self.model.feature_normalizer
         lo, hi = getattr(norm, "min_", None), getattr(norm, "max_", None)
         if lo is None or hi is None:  # the column's one training value, where it had only one
@@ -189,17 +230,23 @@ class Predictor:
                          order: bool = False) -> list[Prediction]:
         """Predictions for featurized programs; ``target_kind`` (the programs' target) feeds the OOD flags;
         ``order`` as in ``predict``."""
-        if device not in self.model.device_specs.table:
-            raise UnknownDeviceError(device, self.devices())
+        self._resolve(device)
         if not features:
             return []
-        empty = [i for i, f in enumerate(features) if f.n_leaves == 0]
-        if empty:
-            from cdmpp.program.inputs import ProgramError
-            from cdmpp.sandbox.wire import NO_COMPUTATION
+        from cdmpp.program.inputs import ProgramError
+        from cdmpp.sandbox.wire import NO_COMPUTATION
 
-            err = ProgramError(f"program {empty[0]}: {NO_COMPUTATION}")
-            err.errors = [{"index": i, "reason": NO_COMPUTATION} for i in empty]
+        device_kind = self.target_kind(device)
+        if target_kind is not None and target_kind != device_kind:
+            err = ProgramError(f"target {target_kind!r} does not run on {device!r} (a {device_kind} device)")
+            err.errors = [{"index": i, "reason": str(err)} for i in range(len(features))]
+            raise err
+        errors = [(i, NO_COMPUTATION if f.n_leaves == 0 else target_kind_problem(f, device_kind))
+                  for i, f in enumerate(features)]
+        errors = [(i, r) for i, r in errors if r]
+        if errors:
+            err = ProgramError(f"program {errors[0][0]}: {errors[0][1]}")
+            err.errors = [{"index": i, "reason": r} for i, r in errors]
             raise err
         mean, lo, hi = self.model.predict(list(features), device, order=order)
         flags = self.ood_flags(features, device, target_kind)
@@ -216,8 +263,7 @@ class Predictor:
         ``TrainedModel.predict``), not the best estimate of each program's latency.
         Raises ``UnknownDeviceError`` or ``cdmpp.program.inputs.ProgramError``.
         """
-        if device not in self.model.device_specs.table:
-            raise UnknownDeviceError(device, self.devices())
+        self._resolve(device)
         kind = target or self.target_kind(device)
         return self.predict_features(self.featurize(programs, kind, trusted), device, kind, order)
 

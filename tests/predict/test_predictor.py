@@ -42,11 +42,11 @@ def test_predictor_parses_text_in_the_sandbox_unless_trusted(predictor, device):
 
 def test_ood_flags_in_prediction(predictor, device, sampled):
     """Each prediction says why it may lie outside what the model was trained on: a device without
-    training data, a target kind the device does not run, features outside the training range."""
+    training data, features outside the training range."""
     import copy
 
     from cdmpp.model.transforms import FeatureNormalizer
-    from cdmpp.predict.predictor import DEVICE_UNTRAINED, FEATURES_OUT_OF_RANGE, TARGET_MISMATCH, Predictor
+    from cdmpp.predict.predictor import DEVICE_UNTRAINED, FEATURES_OUT_OF_RANGE, Predictor
     from cdmpp.program.features import featurize
 
     feats = [featurize(s.mod) for s in sampled["matmul"][:3]]
@@ -59,9 +59,9 @@ def test_ood_flags_in_prediction(predictor, device, sampled):
     assert [x.ood for x in p.predict_features(feats[:2], device, "llvm")] == [(), ()]
     assert all(x.in_distribution for x in p.predict_features(feats[:2], device, "llvm"))
     far = copy.copy(feats[0])
-    far.leaf_features = feats[0].leaf_features * 4 + 1  # every value beyond the training maximum
+    far.leaf_features = feats[0].leaf_features * 4 + 1  # every value beyond the training maximum,
+    far.leaf_features[:, 49:57] = feats[0].leaf_features[:, 49:57]  # but still a CPU program (no GPU threads)
     assert p.predict_features([far], device, "llvm")[0].ood == (FEATURES_OUT_OF_RANGE,)
-    assert p.predict_features(feats[:1], device, "cuda")[0].ood == (TARGET_MISMATCH,)
     if others:
         assert DEVICE_UNTRAINED in p.predict_features(feats[:1], others[0], "llvm")[0].ood
     # a checkpoint without the range still flags values a constant training column never had
@@ -71,3 +71,47 @@ def test_ood_flags_in_prediction(predictor, device, sampled):
     odd.leaf_features = feats[0].leaf_features.copy()
     odd.leaf_features[:, const] += 5
     assert p.predict_features([odd], device, "llvm")[0].ood == (FEATURES_OUT_OF_RANGE,)
+
+
+def test_a_program_for_another_target_kind_is_an_error_not_a_number(predictor, device, sampled):
+    """A CPU schedule asked on a GPU (or with a cuda target on a CPU) gets a ProgramError naming every item,
+    not a latency no device could reach (issue 52)."""
+    from cdmpp.predict.predictor import target_kind_problem
+    from cdmpp.program.features import featurize
+    from cdmpp.program.inputs import ProgramError
+
+    feats = [featurize(s.mod) for s in sampled["matmul"][:2]]
+    with pytest.raises(ProgramError, match="does not run on") as e:
+        predictor.predict_features(feats, device, "cuda")
+    assert [x["index"] for x in e.value.errors] == [0, 1]
+    assert "CPU schedule cannot run on a CUDA device" in target_kind_problem(feats[0], "cuda")
+    assert target_kind_problem(feats[0], "llvm") is None
+    gpu = [d for d in predictor.devices() if predictor.target_kind(d) == "cuda"]
+    if gpu:
+        with pytest.raises(ProgramError, match="binds no GPU threads"):
+            predictor.predict_features(feats, gpu[0])
+
+
+def test_a_device_of_the_table_the_model_never_saw_is_predicted_from_its_specs(predictor, device, sampled, tmp_path):
+    """``Predictor`` reads the device table: a device described there (``cdmpp devices add``) is answered,
+    flagged ``device_untrained``; one found nowhere is an ``UnknownDeviceError`` that says how to add it."""
+    import copy
+    import json
+
+    from cdmpp.devices.table import DeviceTable
+    from cdmpp.predict.predictor import DEVICE_UNTRAINED, Predictor, UnknownDeviceError
+    from cdmpp.program.features import featurize
+
+    spec = DeviceTable().get(device).to_dict()
+    spec.update(id="made-up-chip-8t/llvm-avx2", hardware="a made-up chip", threads=8, cores=8,
+                peak_gflops=4 * spec["peak_gflops"], relation="")
+    path = tmp_path / "devices.json"
+    path.write_text(json.dumps([spec]))
+    model = copy.deepcopy(predictor.model)
+    p = Predictor(model, devices=path)
+    assert "made-up-chip-8t/llvm-avx2" in p.devices()
+    feats = [featurize(s.mod) for s in sampled["matmul"][:2]]
+    got = p.predict_features(feats, "made-up-chip-8t/llvm-avx2")
+    assert all(np.isfinite(x.seconds) and x.seconds > 0 and DEVICE_UNTRAINED in x.ood for x in got)
+    with pytest.raises(UnknownDeviceError, match="cdmpp devices add"):
+        p.predict_features(feats, "no-such-device-1t/llvm-avx2")
