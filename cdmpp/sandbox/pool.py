@@ -2,29 +2,36 @@
 
 Why: program text is code (TVMScript is parsed by evaluating Python) and TVM's JSON loader can crash or
 spin on malformed input (serve/README.md, "Threat model"). Workers (``cdmpp.sandbox.worker``) are forked
-from a forkserver that imported and warmed up TVM once (``cdmpp.sandbox.zygote``; a replacement is ready in
-well under a second) and limit themselves before they read any input. The parent (``Sandbox``) kills a
-worker still busy at the request deadline and replaces dead workers in the background; what passes
+from a zygote, a fresh interpreter with an allow-listed environment that imported and warmed up TVM once
+(``cdmpp.sandbox.zygote``; a replacement is ready in well under a second), and limit and confine themselves
+before they read any input. The parent (``Sandbox``) trusts nothing a worker says about itself: it
+validates every answer (types, shapes, finite numbers), retires a worker after any job with TVMScript,
+kills a worker still busy at the request deadline and replaces dead workers in the background; what passes
 between them is ``cdmpp.sandbox.wire``.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import queue
 import select
 import shutil
 import signal
+import socket
 import struct
+import subprocess
+import sys
 import tempfile
 import threading
 import time
 from typing import Any
 
 from cdmpp.program.inputs import TARGET_KINDS, ProgramError
-from cdmpp.sandbox.wire import MAX_MESSAGE, Cancelled, decode_features
-from cdmpp.sandbox.worker import worker_main
+from cdmpp.sandbox.wire import MAX_MESSAGE, Cancelled, decode_features, is_tvmscript, nonfinite
+
+log = logging.getLogger("cdmpp.sandbox")
 
 
 class _Worker:
@@ -96,9 +103,8 @@ class Sandbox:
         self._closed = False
         self.restarts = 0
         self.start_errors: list[str] = []
+        self.confinement: dict = {}  # what the workers said at start: Landlock ABI (None: missing) and detail
         remove_stale_folders()
-        # the forkserver (started with the first worker) prepares these target kinds once for all workers
-        os.environ.setdefault("CDMPP_SANDBOX_KINDS", ",".join(self.kinds))
         for _ in range(self.procs):
             self._replace()
 
@@ -136,6 +142,7 @@ class Sandbox:
                 msg = w.feed()
             if not msg.get("ready"):
                 raise RuntimeError(f"worker said {msg!r}")
+            self._note_confinement(msg)
         except Exception as e:
             how = self._kill(w) if w is not None else ""
             self.start_errors.append(f"{e or type(e).__name__} {how}".strip())
@@ -154,9 +161,19 @@ class Sandbox:
             return
         self._idle.put(w)
 
+    def _note_confinement(self, msg: dict) -> None:
+        seen = {"landlock": msg.get("landlock"), "detail": str(msg.get("confinement", ""))[:300]}
+        if seen != self.confinement:
+            self.confinement = seen
+            if seen["landlock"]:
+                log.info("sandbox workers confined by Landlock ABI %s: no %s", seen["landlock"], seen["detail"])
+            else:
+                log.warning("sandbox workers run without Landlock (%s): rlimits, the unprivileged user and the "
+                            "audit hook remain", seen["detail"])
+
     def _spawn(self) -> _Worker:
-        """Fork a worker from the forkserver, which imported and warmed up TVM once (see ``_zygote``), so a
-        replacement is ready in well under a second instead of the ~5 s of a fresh interpreter."""
+        """Fork a worker from the zygote, which imported and warmed up TVM once, so a replacement is ready
+        in well under a second instead of the ~5 s of a fresh interpreter."""
         folder = tempfile.mkdtemp(prefix=f"cdmpp-sandbox-{os.getpid()}-")
         uid = gid = -1
         if os.geteuid() == 0:  # the worker drops to this user itself, once its imports are done (the
@@ -166,15 +183,21 @@ class Sandbox:
             uid, gid = pw.pw_uid, pw.pw_gid
             os.chown(folder, uid, gid)
         os.chmod(folder, 0o700)
-        ctx = _context()
-        job_r, job_w = ctx.Pipe(duplex=False)
-        ans_r, ans_w = ctx.Pipe(duplex=False)
-        proc = ctx.Process(target=worker_main, daemon=True, name="cdmpp-sandbox",
-                           args=(job_r, ans_w, folder, self.mem_mb, self.item_cpu_s, uid, gid, list(self.kinds)))
-        proc.start()
-        job_r.close()
-        ans_w.close()
-        w = _Worker(proc, job_w, ans_r, folder)
+        job_r, job_w = os.pipe()
+        ans_r, ans_w = os.pipe()
+        try:
+            proc = _zygote(self.kinds, self.startup_timeout_s).spawn(
+                {"folder": folder, "mem_mb": self.mem_mb, "item_cpu_s": self.item_cpu_s, "uid": uid, "gid": gid,
+                 "kinds": list(self.kinds)}, [job_r, ans_w], self.startup_timeout_s)
+        except BaseException:
+            for fd in (job_w, ans_r):
+                os.close(fd)
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
+        finally:
+            os.close(job_r)
+            os.close(ans_w)
+        w = _Worker(proc, os.fdopen(job_w, "wb", buffering=0), os.fdopen(ans_r, "rb", buffering=0), folder)
         with self._lock:
             self._all.add(w)
         return w
@@ -264,19 +287,20 @@ class Sandbox:
                     if msg is None:
                         continue
                     del busy[fd]
+                    ran_code = tvmscript and any(is_tvmscript(it) for it in its)
                     try:
-                        fs = [decode_features(f) for f in msg["feats"]]
-                        errs = [(int(i), str(r)[:500]) for i, r in msg["errors"]]
-                        if not errs and len(fs) != len(ixs):
-                            raise ValueError("wrong number of results")
+                        fs, errs = _validate(msg, ixs)
+                        p_s, f_s = float(msg.get("parse_s", 0.0)), float(msg.get("feat_s", 0.0))
                     except (KeyError, TypeError, ValueError, RecursionError) as e:  # a subverted or broken worker
-                        self._blame(its, ixs, f"answered nonsense ({e}); {self._retire(w)}", errors, retry, True)
+                        self._blame(its, ixs, f"answered nonsense ({str(e)[:200]}); {self._retire(w)}", errors,
+                                    retry, True)
                         continue
                     feats_by_index.update(zip(ixs, fs) if not errs else [])
                     errors += errs
-                    parse_s += float(msg.get("parse_s", 0.0))
-                    feat_s += float(msg.get("feat_s", 0.0))
-                    if msg.get("retiring"):
+                    parse_s += p_s
+                    feat_s += f_s
+                    # the parent decides: a worker that evaluated TVMScript may have rewritten itself
+                    if ran_code or msg.get("retiring"):
                         self._retire(w, planned=True)
                     else:
                         self._idle.put(w)
@@ -291,6 +315,14 @@ class Sandbox:
         if errors:
             return [], sorted(errors), parse_s, feat_s
         return [feats_by_index[i] for i in indices], [], parse_s, feat_s
+
+    def confined(self) -> str:
+        """Which confinement layers the workers run under, in words (for health checks and logs)."""
+        c = self.confinement
+        if not c:
+            return "unknown (no worker started yet)"
+        layers = ["rlimits", "audit hook"] + (["unprivileged user"] if os.geteuid() == 0 else [])
+        return (f"landlock ABI {c['landlock']}, " if c["landlock"] else "no landlock, ") + ", ".join(layers)
 
     @staticmethod
     def _blame(its, ixs, how: str, errors: list, retry: list, retried: bool) -> None:
@@ -353,18 +385,142 @@ def default_sandbox(kind: str = "llvm") -> Sandbox:
     return sb
 
 
-def _context():
-    """The forkserver context, its server preloaded with ``cdmpp.sandbox.zygote`` (TVM imported, warm)."""
-    import multiprocessing as mp
+def _validate(msg: dict, ixs: list[int]) -> tuple[list, list[tuple[int, str]]]:
+    """A worker's answer checked as untrusted input: ``(features, [(index, reason)])``. Raises ValueError
+    (or KeyError / TypeError) for an answer of the wrong shape; non-finite features are the item's error."""
+    if not isinstance(msg.get("feats"), list) or not isinstance(msg.get("errors"), list):
+        raise ValueError("no feats / errors lists")
+    errs = []
+    for e in msg["errors"]:
+        i, r = e
+        if not isinstance(i, int) or i not in ixs or not isinstance(r, str):
+            raise ValueError("an error for an item it was not sent")
+        errs.append((i, r[:500]))
+    if errs:
+        return [], errs
+    if len(msg["feats"]) != len(ixs):
+        raise ValueError("wrong number of results")
+    fs = [decode_features(f) for f in msg["feats"]]
+    bad = [(i, why) for i, f in zip(ixs, fs) if (why := nonfinite(f))]
+    return ([], bad) if bad else (fs, [])
 
-    global _CTX
-    with _DEFAULT_LOCK:
-        if _CTX is None:
-            _CTX = mp.get_context("forkserver")
-            _CTX.set_forkserver_preload(["cdmpp.sandbox.zygote"])
-    return _CTX
+
+class _Proc:
+    """A worker process as the zygote reports it: ``pid``, ``exitcode`` (None while it runs), ``kill``,
+    ``join`` (the zygote, its parent, reaps it and says how it ended)."""
+
+    def __init__(self, zygote: "_Zygote", pid: int):
+        self.zygote, self.pid = zygote, pid
+
+    @property
+    def exitcode(self) -> int | None:
+        return self.zygote.exits.get(self.pid)
+
+    def kill(self) -> None:
+        self.zygote.kill(self.pid)
+
+    def join(self, timeout: float = 30.0) -> None:
+        with self.zygote.cond:
+            self.zygote.cond.wait_for(lambda: self.pid in self.zygote.exits, timeout)
 
 
-_CTX = None
+# what the zygote's environment may hold: nothing of the server's (tokens), only what Python and TVM need
+_ENV_KEEP = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "VIRTUAL_ENV")
 
 
+class _Zygote:
+    """The parent's side of ``cdmpp.sandbox.zygote``: started with an allow-listed environment and no
+    descriptor but its socket; a reader thread collects spawn replies and exit statuses."""
+
+    def __init__(self, kinds: tuple[str, ...], timeout: float):
+        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        env = {k: os.environ[k] for k in _ENV_KEEP if k in os.environ}
+        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)  # the imports the parent has
+        env["TVM_NUM_THREADS"] = "1"
+        try:
+            self.proc = subprocess.Popen([sys.executable, "-m", "cdmpp.sandbox.zygote", str(child.fileno()),
+                                          ",".join(kinds)], pass_fds=[child.fileno()], env=env, cwd="/",
+                                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+        finally:
+            child.close()
+        self.sock = parent
+        self.exits: dict[int, int] = {}
+        self.cond = threading.Condition()
+        self.replies: queue.Queue = queue.Queue()
+        self.dead = False
+        self._send_lock = threading.Lock()
+        threading.Thread(target=self._read, daemon=True, name="cdmpp-zygote").start()
+        try:
+            msg = self.replies.get(timeout=timeout)
+        except queue.Empty:
+            msg = {"error": f"sandbox zygote not ready in {timeout:g} s"}
+        if not msg.get("ready"):
+            self.close()
+            raise RuntimeError(msg.get("error") or f"sandbox zygote said {msg!r}")
+        self.pid = int(msg["pid"])
+
+    def _read(self) -> None:
+        pids: set[int] = set()
+        while True:
+            try:
+                data = self.sock.recv(1 << 16)
+            except OSError:
+                data = b""
+            if not data:
+                break
+            msg = json.loads(data)
+            if "exit" in msg:
+                with self.cond:
+                    self.exits[int(msg["exit"])] = int(msg["rc"])
+                    self.cond.notify_all()
+            else:
+                if "pid" in msg and not msg.get("ready"):
+                    pids.add(int(msg["pid"]))
+                self.replies.put(msg)
+        # the zygote died (its workers exit when they see it gone): say so to every waiter
+        with self.cond:
+            self.dead = True
+            for pid in pids - set(self.exits):
+                self.exits[pid] = -signal.SIGKILL
+            self.cond.notify_all()
+        self.replies.put({"error": "sandbox zygote exited"})
+
+    def spawn(self, spec: dict, fds: list[int], timeout: float) -> _Proc:
+        with self._send_lock:  # one request at a time, so replies come in order
+            if self.dead:
+                raise RuntimeError("sandbox zygote exited")
+            socket.send_fds(self.sock, [json.dumps({"spawn": spec}).encode()], fds)
+            try:
+                msg = self.replies.get(timeout=timeout)
+            except queue.Empty:
+                raise RuntimeError("sandbox zygote did not answer") from None
+        if "pid" not in msg:
+            raise RuntimeError(msg.get("error") or f"sandbox zygote said {msg!r}")
+        return _Proc(self, int(msg["pid"]))
+
+    def kill(self, pid: int) -> None:
+        try:
+            with self._send_lock:
+                self.sock.send(json.dumps({"kill": pid}).encode())
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        self.sock.close()  # the zygote sees EOF, kills its workers and exits
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+_ZYGOTE: _Zygote | None = None
+_ZYGOTE_LOCK = threading.Lock()
+
+
+def _zygote(kinds: tuple[str, ...], timeout: float) -> _Zygote:
+    """This process's zygote, started on first use (again if it died), warmed up for ``kinds``."""
+    global _ZYGOTE
+    with _ZYGOTE_LOCK:
+        if _ZYGOTE is None or _ZYGOTE.dead:
+            _ZYGOTE = _Zygote(kinds, timeout)
+    return _ZYGOTE

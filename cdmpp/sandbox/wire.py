@@ -36,9 +36,27 @@ def is_tvmscript(item: Any) -> bool:
     return isinstance(item, str) and not item.lstrip().startswith("{")
 
 
+NONFINITE = ("program's features are not finite numbers (a loop extent, buffer size or FLOP count overflows), "
+             "so the model cannot predict it")
+
+
+def nonfinite(f) -> str | None:
+    """Why ``f`` (ProgramFeatures) cannot go to a model or a cache, if it cannot: NaN or inf anywhere."""
+    loops = getattr(f, "loops", None)
+    if not (np.isfinite(f.flops) and np.isfinite(f.leaf_features).all()
+            and (loops is None or np.isfinite(loops).all())):
+        return NONFINITE
+    return None
+
+
 def decode_features(f: dict):
+    """ProgramFeatures from a worker's answer, checked as untrusted input: types, shapes, sizes. (Finite
+    values are checked by the caller with ``nonfinite``, to name the item.)"""
     from cdmpp.program.features import N_FEATURES, ProgramFeatures
 
+    if not isinstance(f, dict) or not isinstance(f.get("n"), int) or not isinstance(f.get("hash"), str) \
+            or not isinstance(f.get("flops"), (int, float)) or not isinstance(f.get("positions"), list):
+        raise ValueError("feature record of the wrong types")
     n = int(f["n"])
     rows = np.frombuffer(base64.b64decode(f["rows"], validate=True), dtype="<f4")
     if n < 0 or rows.size != n * N_FEATURES:

@@ -1,12 +1,15 @@
-"""The worker side of the sandbox: a forked process that limits itself, then parses and featurizes the
-programs its parent sends until it is told to retire or killed.
+"""The worker side of the sandbox: a process forked from the zygote (``cdmpp.sandbox.zygote``) that limits
+itself, then parses and featurizes the programs its parent sends until it is retired or killed.
 
-Before a worker reads any input it moves into its own empty folder, drops the server's environment
-(tokens), sends its output to /dev/null, limits itself (address space ``RLIMIT_AS``, no core dumps, no
-file writes ``RLIMIT_FSIZE`` 0, CPU seconds per program ``RLIMIT_CPU``, re-armed per item: SIGXCPU kills
-a worker stuck in C code), drops to ``nobody`` when the server runs as root, and installs an audit hook
-that refuses file writes outside its folder, processes, sockets and ``ctypes``. The audit hook is defence
-in depth, not a boundary; the process limits and the unprivileged user are."""
+Before a worker reads any input it closes every descriptor but its two pipes, moves into its own empty
+folder, keeps an allow-listed environment, sends its output to /dev/null, limits itself (address space
+``RLIMIT_AS``, no core dumps, ``RLIMIT_FSIZE`` 0, CPU seconds per program ``RLIMIT_CPU``, re-armed per item:
+SIGXCPU kills a worker stuck in C code), drops to ``nobody`` when the server runs as root, confines itself
+with Landlock where the kernel has it (no file created, written, truncated or removed anywhere, no exec, no
+TCP: ``cdmpp.sandbox.confine``) and installs an audit hook that refuses file writes, processes, sockets and
+``ctypes`` from Python. The audit hook is defence in depth, not a boundary; Landlock, the process limits and
+the unprivileged user are. Nothing a worker says about itself is trusted: the parent validates its answers
+and decides when it retires (``cdmpp.sandbox.pool``)."""
 
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ from typing import Any, Sequence
 from cdmpp.errors import error_message
 from cdmpp.program.inputs import ProgramError
 from cdmpp.program.items import SharedWorkloadError, load_item, load_workload
-from cdmpp.sandbox.wire import NO_COMPUTATION, TVMSCRIPT_OFF, encode_features, is_tvmscript
+from cdmpp.sandbox.wire import NO_COMPUTATION, TVMSCRIPT_OFF, encode_features, is_tvmscript, nonfinite
 
 
 def featurize_items(items: list, indices: list[int], tgt, workload: Any = None, featurize=None,
@@ -78,6 +81,7 @@ def featurize_items(items: list, indices: list[int], tgt, workload: Any = None, 
             except Exception as e:
                 errors.append((i, f"feature extraction failed: {error_message(e)}"))
     errors += [(i, NO_COMPUTATION) for i, f in zip(indices, feats) if f.n_leaves == 0]
+    errors += [(i, why) for i, f in zip(indices, feats) if f.n_leaves and (why := nonfinite(f))]
     return ([] if errors else feats), errors, t1 - t0, time.perf_counter() - t1
 
 
@@ -164,41 +168,40 @@ def warm_up(kinds: Sequence[str] = ("llvm",)) -> None:
         raise RuntimeError(f"sandbox warm-up failed: {errors}")
 
 
-def worker_main(job_conn, answer_conn, folder: str, mem_mb: int, item_cpu_s: float, uid: int, gid: int,
-                 kinds: list[str]) -> None:
-    """Limit this process, drop to ``uid``/``gid`` (when >= 0), then serve jobs until the pipe closes.
-    Runs in a process forked from the warm forkserver; no request content has been read before the
-    limits are in place."""
-    os.chdir(folder)
-    for key in list(os.environ):  # secrets of the server (CDMPP_TOKEN) are not the worker's business
-        if key not in ("PATH", "LANG", "TVM_NUM_THREADS"):
-            del os.environ[key]
-    os.environ.update(HOME=folder, TMPDIR=folder, TVM_NUM_THREADS="1")
+def worker_main(job_fd: int, answer_fd: int, folder: str, mem_mb: int, item_cpu_s: float, uid: int, gid: int,
+                kinds: list[str]) -> None:
+    """Limit and confine this process, drop to ``uid``/``gid`` (when >= 0), then serve jobs read from
+    ``job_fd`` until the pipe closes. Runs in a process forked from the warm zygote; no request content
+    has been read before the limits are in place."""
+    in_fd, out_fd = job_fd, answer_fd
     null = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):  # stray prints (TVM, hostile code) go nowhere
         os.dup2(null, fd)
+    lo = 3  # nothing inherited but the two pipes (the zygote's socket included)
+    for keep in sorted({in_fd, out_fd}):
+        os.closerange(lo, keep)
+        lo = keep + 1
+    os.closerange(lo, 1 << 20)
+    os.chdir(folder)
+    for key in list(os.environ):  # the zygote's environment is allow-listed already; keep it that way
+        if key not in ("PATH", "LANG", "TVM_NUM_THREADS"):
+            del os.environ[key]
+    os.environ.update(HOME=folder, TMPDIR=folder, TVM_NUM_THREADS="1")
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
     mem = mem_mb * 1024 * 1024
     resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
     cpu_hard = 3600  # a worker's lifetime CPU; it retires well before reaching it
     resource.setrlimit(resource.RLIMIT_CPU, (cpu_hard, cpu_hard))
-    in_fd, out_fd = job_conn.fileno(), answer_conn.fileno()
     parent = os.getppid()
     leaving = threading.Event()
 
-    def leave():  # exit, removing this worker's folder (a parent killed with SIGKILL cannot)
+    def leave():  # exit, removing this worker's folder where it may (the parent removes it otherwise)
         leaving.set()
         shutil.rmtree(folder, ignore_errors=True)
         os._exit(0)
 
-    def exit_with_parent():  # the forkserver exits with the server; a worker must not outlive them
-        while os.getppid() == parent:
-            time.sleep(0.5)
-        leave()
-
-    threading.Thread(target=exit_with_parent, daemon=True).start()
-    signal.signal(signal.SIGTERM, lambda *_: leave())  # multiprocessing terminates daemons at its exit
+    signal.signal(signal.SIGTERM, lambda *_: leave())
 
     def used() -> float:
         r = resource.getrusage(resource.RUSAGE_SELF)
@@ -224,6 +227,7 @@ def worker_main(job_conn, answer_conn, folder: str, mem_mb: int, item_cpu_s: flo
             view = view[os.write(out_fd, view):]
 
     from cdmpp.program.inputs import parse_target
+    from cdmpp.sandbox.confine import landlock
 
     warm_up()  # a no-op when forked from the zygote
     targets = {k: _WARM.get(k) or parse_target(k) for k in kinds}
@@ -232,18 +236,23 @@ def worker_main(job_conn, answer_conn, folder: str, mem_mb: int, item_cpu_s: flo
         os.setgid(gid)
     if uid >= 0:
         os.setuid(uid)
-    try:  # not dumpable: /proc/self/environ and /proc/self/mem (the server's environment, inherited through
-        import ctypes  # the forkserver) become unreadable to this process's own user
+    import ctypes  # not dumpable: /proc/self/mem and friends closed to this process's own user
 
-        ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 4
-    except (OSError, AttributeError):
-        pass
+    ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 4
+    abi, detail = landlock()  # single-threaded still: Landlock binds this thread and those it starts
+
+    def exit_with_parent():  # the zygote exits with the server; a worker must not outlive them
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        leave()
+
+    threading.Thread(target=exit_with_parent, daemon=True).start()
     subprocess = sys.modules.get("subprocess")
     if subprocess is not None:  # its fork_exec helper starts processes without an audit event
         subprocess._posixsubprocess = None
     sys.modules.pop("_posixsubprocess", None)
     sys.addaudithook(_audit_hook(os.path.realpath(folder), leaving))
-    send({"ready": True, "pid": os.getpid()})
+    send({"ready": True, "pid": os.getpid(), "landlock": abi, "confinement": detail})
     while True:
         msg = json.loads(read(struct.unpack(">I", read(4))[0]))
         try:
@@ -253,9 +262,10 @@ def worker_main(job_conn, answer_conn, folder: str, mem_mb: int, item_cpu_s: flo
         except SharedWorkloadError as e:
             feats, errors, p, t = [], [(i, str(e)) for i in msg["indices"]], 0.0, 0.0
         resource.setrlimit(resource.RLIMIT_CPU, (cpu_hard, cpu_hard))
-        # retire after evaluating TVMScript (its Python may have changed this process for the next caller)
-        # or well before the lifetime CPU limit; the parent forks a fresh one from the forkserver
+        # retire after evaluating TVMScript or well before the lifetime CPU limit (the parent retires a
+        # TVMScript worker anyway: code that ran here may have rewritten this very check)
         retiring = any(is_tvmscript(it) for it in msg["items"]) or used() > cpu_hard / 2
-        send({"feats": [encode_features(f) for f in feats], "errors": errors, "parse_s": p, "feat_s": t, "retiring": retiring})
+        send({"feats": [encode_features(f) for f in feats], "errors": errors, "parse_s": p, "feat_s": t,
+              "retiring": retiring})
         if retiring:
             os._exit(0)

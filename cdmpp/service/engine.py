@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import threading
 import time
 from dataclasses import dataclass, field
@@ -25,6 +26,9 @@ from cdmpp.predict.predictor import Prediction, Predictor, UnknownDeviceError
 from cdmpp.program.inputs import TARGET_KINDS, ProgramError
 from cdmpp.sandbox.pool import Sandbox
 from cdmpp.sandbox.wire import Cancelled, TVMSCRIPT_OFF, is_tvmscript
+
+
+NONFINITE_PREDICTION = "the model's prediction for this program is not a finite number"
 
 
 class BadPrograms(ValueError):
@@ -123,12 +127,23 @@ class PredictEngine:
         _check(cancel)
         t0 = time.perf_counter()
         preds = p.predict_features(feats, device, kind, order)
+        bad = [(i, NONFINITE_PREDICTION) for i, pr in zip(todo, preds)
+               if not all(math.isfinite(v) for v in (pr.seconds, pr.lo90, pr.hi90))]
+        if bad:  # never cached: the same request gets the same 422
+            raise BadPrograms(bad, len(programs))
+        code = self._code(programs) if self.allow_tvmscript else set()
         with self._lock:
             self.stats.model_seconds += time.perf_counter() - t0
             for i, pr in zip(todo, preds):
                 out[i] = pr
-                self._preds.put((keys[i], dev, order), pr)
+                if i not in code:  # from a worker that ran TVMScript: never for other callers
+                    self._preds.put((keys[i], dev, order), pr)
         return out
+
+    @staticmethod
+    def _code(programs: Sequence[Any]) -> set[int]:
+        """Positions of TVMScript items: their features come from workers that ran request code."""
+        return {i for i, it in enumerate(programs) if is_tvmscript(it)}
 
     def features(self, programs: Sequence[Any], keys: list[bytes], indices: list[int], total: int, kind: str,
                  workload: Any = None, cancel: threading.Event | None = None, deadline: float | None = None) -> list:
@@ -153,18 +168,38 @@ class PredictEngine:
             errors = [(i, TVMSCRIPT_OFF) for i, it in zip(where, items) if is_tvmscript(it)]
             if errors:
                 raise BadPrograms(errors, total)
-        feats, errors, parse_s, feat_s = self.sandbox.run(items, where, kind, workload, self.allow_tvmscript,
-                                                          deadline, cancel)
+        feats, errors, parse_s, feat_s = self._run(items, where, kind, workload, deadline, cancel)
         if errors:
             raise BadPrograms(sorted(errors), total)
         with self._lock:
             self.stats.parse_seconds += parse_s
             self.stats.featurize_seconds += feat_s
             self.stats.programs_featurized += len(todo)
-            for j, f in zip(todo, feats):
+            for j, f, it in zip(todo, feats, items):
                 out[j] = f
-                self._cache.put(keys[j], f)
+                if not is_tvmscript(it):  # features of a worker that ran TVMScript stay with this request
+                    self._cache.put(keys[j], f)
         return out
+
+    def _run(self, items: list, where: list[int], kind: str, workload: Any, deadline, cancel):
+        """``Sandbox.run``, with TVMScript items in workers of their own: a worker that ran request code
+        may have rewritten itself, so it must not featurize (cacheable) items of the other kind; the
+        sandbox retires it after its job."""
+        code = [j for j, it in enumerate(items) if is_tvmscript(it)] if self.allow_tvmscript else []
+        if not code or len(code) == len(items):
+            return self.sandbox.run(items, where, kind, workload, bool(code), deadline, cancel)
+        feats: list = [None] * len(items)
+        errors: list = []
+        parse_s = feat_s = 0.0
+        rest = sorted(set(range(len(items))) - set(code))
+        for js, tvmscript in ((rest, False), (code, True)):
+            f, e, p, t = self.sandbox.run([items[j] for j in js], [where[j] for j in js], kind, workload,
+                                          tvmscript, deadline, cancel)
+            errors += e
+            parse_s, feat_s = parse_s + p, feat_s + t
+            for j, x in zip(js, f):
+                feats[j] = x
+        return ([] if errors else feats), errors, parse_s, feat_s
 
     @staticmethod
     def _key(kind: str, item: Any, shared_workload: bytes) -> bytes:
