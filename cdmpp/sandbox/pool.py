@@ -91,6 +91,7 @@ class Sandbox:
 
     def __init__(self, procs: int = 1, item_cpu_s: float = 20.0, mem_mb: int = 4096, user: str = "nobody",
                  kinds: tuple[str, ...] = ("llvm",), startup_timeout_s: float = 180.0):
+        _refuse_while_bootstrapping()
         self.procs = max(1, int(procs))
         self.kinds = tuple(k for k in TARGET_KINDS if k in kinds)  # targets the workers prepare (cuda: ~25 s)
         self.item_cpu_s, self.mem_mb, self.user = item_cpu_s, mem_mb, user
@@ -219,6 +220,8 @@ class Sandbox:
             try:
                 w = self._idle.get(timeout=0.1)
             except queue.Empty:
+                if len(self.start_errors) >= 3 * self.procs and not self._starting and not self._live:
+                    raise RuntimeError(f"sandbox workers do not start: {self.start_errors[-1]}") from None
                 continue
             if w.proc.exitcode is None:
                 return w
@@ -346,6 +349,19 @@ class Sandbox:
         for w in workers:
             w.kill()
         self._live = 0
+
+
+def _refuse_while_bootstrapping() -> None:
+    """A process that multiprocessing is still bootstrapping re-runs the parent's script (spawn,
+    forkserver): a script without an ``if __name__ == "__main__":`` guard that predicts would start workers
+    from every worker, and wait on them for ever. Say so instead (multiprocessing's own check)."""
+    from multiprocessing import process
+
+    if getattr(process.current_process(), "_inheriting", False):
+        raise RuntimeError('cdmpp predicts through sandbox worker processes, and this process is a worker that '
+                           'is re-running your script: put the code that predicts under '
+                           '`if __name__ == "__main__":` (see "Safe importing of main module" in the '
+                           'multiprocessing documentation)')
 
 
 def remove_stale_folders(directory: str | None = None) -> list[str]:
