@@ -1,11 +1,14 @@
 """The cdmpp HTTP service: a FastAPI app factory around one loaded ``Predictor``.
 
 Run it with ``cdmpp serve`` (or ``uvicorn --factory cdmpp.service.app:create_app``); configure it with
-environment variables (see ``Settings``). Bad input never costs more than a 4xx: bodies are size-checked
-before parsing, bodies are parsed strictly here (UTF-8, finite numbers, no lone surrogates, bounded
-nesting), batches are capped, bad programs are named by index, and every prediction runs in a bounded
-thread pool under a deadline, so the event loop keeps answering health checks. Program text and JSON
-are parsed and featurized only in sandbox workers (``cdmpp.sandbox.pool``; threat model in serve/README.md).
+environment variables (see ``Settings``). Bad input never costs more than a 4xx: web pages are kept out
+(Host, Origin, Content-Type: ``BrowserGuard``), bodies are size-checked and must arrive in time before
+parsing, bodies are parsed strictly in a thread (UTF-8, finite numbers, no lone surrogates, bounded
+nesting, batch and string limits applied while parsing), bad programs are named by index, and every
+prediction runs in a bounded lane (``cdmpp.service.lanes``) that refuses at once what it could not
+start before the deadline, so the event loop keeps answering health checks and small requests are not
+stuck behind big ones. Program text and JSON are parsed and featurized only in sandbox workers
+(``cdmpp.sandbox.pool``; threat model in serve/README.md).
 """
 
 from __future__ import annotations
@@ -16,17 +19,20 @@ import hmac
 import os
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from importlib import resources
+from pathlib import Path
 
+import anyio
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import PlainTextResponse
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.responses import JSONResponse, PlainTextResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from cdmpp import defaults
+from cdmpp.defaults import MODEL as SHIPPED_MODEL
 from cdmpp.predict.predictor import Predictor, UnknownDeviceError
 from cdmpp.program.inputs import ProgramError
 from cdmpp.sandbox.pool import Sandbox
@@ -36,7 +42,8 @@ from cdmpp.service.schemas import (DeviceOut, DevicesResponse, ErrorBody, Health
                                    ModelsResponse, NetworkRequest, NetworkResponse, NetworkTaskOut, PredictionOut,
                                    PredictRequest, PredictResponse)
 from cdmpp.service.body import ApiError, error_response, validated, validation_errors
-from cdmpp.service.middleware import BodyLimit, RecordMetrics
+from cdmpp.service.lanes import SMALL, Lane, Saturated
+from cdmpp.service.middleware import BodyLimit, BrowserGuard, RecordMetrics
 
 
 @dataclass
@@ -59,6 +66,9 @@ class Settings:
     worker_user: str = "nobody"  # who the workers run as when the server runs as root
     dataset: str = defaults.DATASET  # /v1/network: measured programs (best-measured schedules)
     task_table: str = defaults.TASK_TABLE  # /v1/network: the networks and their tasks
+    body_timeout_s: float = 30.0  # the whole body must arrive within this (408 otherwise)
+    allowed_hosts: tuple[str, ...] = ()  # Host names besides loopback and the bound address ("name", "name:port", "*")
+    allowed_origins: tuple[str, ...] = ()  # browser origins allowed to call (e.g. "https://ui.example"; "*": any)
 
     @classmethod
     def from_env(cls, env: dict | None = None) -> "Settings":
@@ -80,10 +90,17 @@ class Settings:
             worker_user=env.get("CDMPP_WORKER_USER") or d.worker_user,
             dataset=env.get("CDMPP_DATASET") or d.dataset,
             task_table=env.get("CDMPP_TASK_TABLE") or d.task_table,
+            body_timeout_s=float(env.get("CDMPP_BODY_TIMEOUT_S", d.body_timeout_s)),
+            allowed_hosts=_names(env.get("CDMPP_ALLOWED_HOSTS", "")),
+            allowed_origins=_names(env.get("CDMPP_ALLOW_ORIGINS", "")),
         )
 
 
-ERRORS = {s: {"model": ErrorBody} for s in (401, 404, 413, 422, 503, 504)}
+def _names(value: str) -> tuple[str, ...]:
+    return tuple(x.strip() for x in value.replace(" ", ",").split(",") if x.strip())
+
+
+ERRORS = {s: {"model": ErrorBody} for s in (400, 401, 403, 404, 408, 413, 415, 421, 422, 503, 504)}
 
 
 # ---- dependencies ---------------------------------------------------------------------------------------
@@ -150,24 +167,44 @@ def create_app(settings: Settings | None = None, predictor: Predictor | None = N
             raise
         app.state.predictor = pred
         app.state.engine = engine
-        app.state.executor = ThreadPoolExecutor(max(1, settings.threads), thread_name_prefix="cdmpp-predict")
+        app.state.small = Lane("small", settings.threads)  # cached requests and requests of <= SMALL programs
+        app.state.large = Lane("large", settings.threads)  # the rest, in chunks of SMALL programs
+        app.state.parsing = anyio.CapacityLimiter(max(1, settings.threads))  # bodies parsed at once
         app.state.started = time.monotonic()
         try:
             yield
         finally:
-            app.state.executor.shutdown(wait=False, cancel_futures=True)
+            app.state.small.shutdown()
+            app.state.large.shutdown()
             engine.close()
 
     app = FastAPI(title="cdmpp", version="1", lifespan=lifespan,
                   description="Latency prediction for TVM tensor programs (CDMPP). Batch endpoint for compilers.")
     app.state.settings = settings
     app.state.metrics = metrics
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, timeout_s=settings.body_timeout_s)
+    if settings.allowed_origins:  # answers the CORS preflight of the allowed origins' pages
+        app.add_middleware(CORSMiddleware, allow_origins=list(settings.allowed_origins), allow_methods=["GET", "POST"],
+                           allow_headers=["Authorization", "Content-Type"])
+    app.add_middleware(BrowserGuard, allowed_hosts=settings.allowed_hosts, allowed_origins=settings.allowed_origins)
     app.add_middleware(RecordMetrics, metrics=metrics)  # added last = outermost: sees the 413s too
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError):
         return error_response(exc.status, exc.body, exc.headers)
+
+    @app.exception_handler(Saturated)
+    async def _saturated(request: Request, exc: Saturated):
+        return error_response(503, ErrorBody(detail=f"{exc}, past the {settings.timeout_s:g} s deadline "
+                                                    "(CDMPP_TIMEOUT_S); retry later", limit=settings.timeout_s),
+                              {"Retry-After": str(exc.retry_after)})
+
+    async def read(request: Request, model, list_field: str | None = None, max_items: int = 1 << 62):
+        """The body as ``model``, parsed in a worker thread (a 16 MiB body takes seconds to parse), at most
+        ``threads`` bodies at once, so that many big bodies cannot hold many times their size in objects."""
+        raw = await request.body()
+        return await anyio.to_thread.run_sync(validated, model, raw, list_field, max_items,
+                                              limiter=request.app.state.parsing)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError):
@@ -183,21 +220,28 @@ def create_app(settings: Settings | None = None, predictor: Predictor | None = N
         """Predict the latency of a batch of programs on one device (one model call for the whole batch).
 
         Body: ``PredictRequest`` as strict JSON (parsed here, not by FastAPI, so that NaN, huge numbers,
-        lone surrogates, invalid UTF-8 and deep nesting get a 422 that says where)."""
-        req = validated(PredictRequest, await request.body())
-        if len(req.programs) > settings.max_batch:
-            raise ApiError(413, ErrorBody(detail=f"batch of {len(req.programs)} programs is over the limit of "
-                                                 f"{settings.max_batch} (CDMPP_MAX_BATCH); split it",
-                                          limit=settings.max_batch))
+        lone surrogates, invalid UTF-8, deep nesting and too many programs are refused while parsing, with
+        a 422 or 413 that says where).
+
+        Cached requests and requests of at most ``SMALL`` programs run in the small lane; others in the
+        large lane, in chunks (``cdmpp.service.lanes``); a lane that could not start the work before the
+        deadline answers 503 with Retry-After at once."""
+        deadline = time.monotonic() + settings.timeout_s
+        req = await read(request, PredictRequest, "programs", settings.max_batch)
         if req.device not in predictor.devices():
             raise _unknown_device(UnknownDeviceError(req.device, predictor.devices()))
         cancel = threading.Event()
-        deadline = time.monotonic() + settings.timeout_s
-        loop = asyncio.get_running_loop()
-        job = loop.run_in_executor(request.app.state.executor, engine.predict, req.programs, req.device,
-                                   req.target, req.workload, cancel, deadline, req.order)
+        small, large = request.app.state.small, request.app.state.large
+        args = (req.programs, req.device, req.target, req.workload, cancel, deadline, req.order)
+
+        async def work():
+            preds = await small.run(1, deadline, cancel, _cached_or_small, engine, *args)
+            if preds is None:
+                preds = await large.run(len(req.programs), deadline, cancel, _in_chunks, engine, *args)
+            return preds
+
         try:
-            preds = await asyncio.wait_for(job, settings.timeout_s)
+            preds = await asyncio.wait_for(work(), max(0.0, deadline - time.monotonic()))
         except (asyncio.TimeoutError, Cancelled):
             cancel.set()  # a queued job never starts; a running one stops and its workers are killed
             raise ApiError(504, ErrorBody(detail=f"prediction took over {settings.timeout_s:g} s (CDMPP_TIMEOUT_S); "
@@ -243,11 +287,12 @@ def create_app(settings: Settings | None = None, predictor: Predictor | None = N
     async def network(request: Request, predictor: Predictor = Depends(get_predictor)) -> NetworkResponse:
         """Predict a whole network's latency on one device: the weighted sum of its tasks' programs
         (``cdmpp network``)."""
-        req = validated(NetworkRequest, await request.body())
+        req = await read(request, NetworkRequest)
         if req.device not in predictor.devices():
             raise _unknown_device(UnknownDeviceError(req.device, predictor.devices()))
-        job = asyncio.get_running_loop().run_in_executor(request.app.state.executor, network_prediction,
-                                                         req.network, req.device, req.schedules)
+        deadline = time.monotonic() + settings.timeout_s
+        job = request.app.state.large.run(SMALL, deadline, threading.Event(), network_prediction, req.network,
+                                          req.device, req.schedules)
         try:
             p = await asyncio.wait_for(job, settings.timeout_s)
         except asyncio.TimeoutError:
@@ -276,20 +321,37 @@ def create_app(settings: Settings | None = None, predictor: Predictor | None = N
         m = predictor.model
         training = {k: v for k, v in m.summary.items() if k not in ("members", "devices")}
         training["members"] = [{k: v for k, v in h.items() if k != "history"} for h in m.summary.get("members", [])]
-        return ModelsResponse(models=[ModelResponse(
-            model_version=predictor.version, path=predictor.path, featurizer_version=str(m.featurizer_version),
+        shipped = predictor.path is None or Path(predictor.path).resolve() == Path(SHIPPED_MODEL).resolve()
+        return ModelsResponse(models=[ModelResponse(  # never the path: it tells a caller about the host
+            model_version=predictor.version, shipped=shipped, featurizer_version=str(m.featurizer_version),
             runtime_featurizer_version=FEATURIZER_VERSION, devices=predictor.devices(),
             ensemble_members=len(m.members), calibration=m.calibration, training=training)])
 
-    @app.get("/healthz", response_model=HealthResponse)
-    def healthz(request: Request, predictor: Predictor = Depends(get_predictor)) -> HealthResponse:
-        """Liveness and readiness: "ok" once the model is loaded and every sandbox worker is ready;
-        "degraded" (still 200: it answers, with less capacity) while killed or crashed workers restart."""
-        sandbox = request.app.state.engine.sandbox
+    def health(request: Request) -> HealthResponse:
+        sandbox, state = request.app.state.engine.sandbox, request.app.state
         ready = sandbox.ready()
-        return HealthResponse(status="ok" if ready >= sandbox.procs else "degraded", model_version=predictor.version,
-                              uptime_s=round(time.monotonic() - request.app.state.started, 3),
+        return HealthResponse(status="ok" if ready >= sandbox.procs else "degraded",
+                              saturated=state.small.saturated(settings.timeout_s) or
+                              state.large.saturated(settings.timeout_s),
+                              model_version=state.predictor.version,
+                              uptime_s=round(time.monotonic() - state.started, 3),
                               workers_ready=ready, workers=sandbox.procs, worker_restarts=sandbox.restarts)
+
+    @app.get("/healthz", response_model=HealthResponse)
+    async def healthz(request: Request) -> HealthResponse:
+        """Liveness: "ok" once the model is loaded and every sandbox worker is ready; "degraded" (still
+        200: it answers, with less capacity) while killed or crashed workers restart; ``saturated`` when
+        new work would wait past the deadline. Answered on the event loop, never behind queued work."""
+        return health(request)
+
+    @app.get("/readyz", response_model=HealthResponse, responses={503: {"model": HealthResponse}})
+    async def readyz(request: Request):
+        """Readiness for a load balancer: 200 while the server can take work, 503 (with Retry-After) while
+        it is saturated or has no sandbox worker ready; the body is that of /healthz."""
+        h = health(request)
+        if h.saturated or h.workers_ready == 0:
+            return JSONResponse(h.model_dump(), status_code=503, headers={"Retry-After": "1"})
+        return h
 
     @app.get("/metrics", response_class=PlainTextResponse, dependencies=[Depends(require_token)])
     def prometheus(request: Request) -> PlainTextResponse:
@@ -302,3 +364,28 @@ def create_app(settings: Settings | None = None, predictor: Predictor | None = N
 
 def _unknown_device(e: UnknownDeviceError) -> ApiError:
     return ApiError(404, ErrorBody(detail=str(e), known_devices=e.known))
+
+
+def _cached_or_small(engine: PredictEngine, programs, device, target, workload, cancel, deadline, order):
+    """The small lane's job: a request answered wholly from the prediction cache, or one of at most
+    ``SMALL`` programs; None for a large request with new programs (the large lane's)."""
+    preds = engine.cached(programs, device, target, workload, order)
+    if preds is not None or len(programs) > SMALL:
+        return preds
+    return engine.predict(programs, device, target, workload, cancel, deadline, order)
+
+
+def _in_chunks(engine: PredictEngine, programs, device, target, workload, cancel, deadline, order):
+    """A large request as jobs of ``SMALL`` programs, so that between two of them the sandbox workers can
+    take a small request's job. Bad programs of every chunk are reported together, by request index."""
+    out, errors = [], []
+    for start in range(0, len(programs), SMALL):
+        if cancel.is_set():
+            raise Cancelled("request timed out")
+        try:
+            out += engine.predict(programs[start:start + SMALL], device, target, workload, cancel, deadline, order)
+        except BadPrograms as e:
+            errors += [(i + start, r) for i, r in e.errors]
+    if errors:
+        raise BadPrograms(errors, len(programs))
+    return out

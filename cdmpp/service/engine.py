@@ -145,6 +145,25 @@ class PredictEngine:
         """Positions of TVMScript items: their features come from workers that ran request code."""
         return {i for i, it in enumerate(programs) if is_tvmscript(it)}
 
+    def cached(self, programs: Sequence[Any], device: str, target: str | None = None, workload: Any = None,
+               order: bool = False) -> list[Prediction] | None:
+        """The predictions if every program is in the prediction cache, else None: a hash and a lookup per
+        item, no sandbox, no model, so the server answers such a request without queueing it behind new
+        work (``cdmpp.service.lanes``). Bad devices and targets are ``predict``'s to report (None)."""
+        p = self.predictor
+        kind = p.target_kind(device) if target is None and device in p.devices() else (target or "").strip()
+        if device not in p.devices() or kind not in TARGET_KINDS:
+            return None
+        shared = _digest(_json_bytes(workload)) if workload is not None else b""
+        keys = [(self._key(kind, item, shared), device.encode(), order) for item in programs]
+        with self._lock:
+            out = [self._preds.get(k) for k in keys]
+            if any(x is None for x in out):
+                return None
+            self.stats.prediction_hits += len(programs)
+            self.stats.programs_predicted += len(programs)
+        return out
+
     def features(self, programs: Sequence[Any], keys: list[bytes], indices: list[int], total: int, kind: str,
                  workload: Any = None, cancel: threading.Event | None = None, deadline: float | None = None) -> list:
         """``ProgramFeatures`` per item: from the digest cache, else parsed and featurized in the sandbox.

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 ProgramItem = str | dict[str, Any]
+MAX_NAME = 200  # characters of a device id or target: longer is a 422, refused before it is decoded
 
 
 class PredictRequest(BaseModel):
-    device: str = Field(description="device id, one of GET /v1/devices", examples=["amd-epyc-znver4-2t/llvm-avx512"])
+    model_config = ConfigDict(strict=True)  # JSON types as sent: "order": "true" is a 422, not true
+
+    device: str = Field(max_length=MAX_NAME, description="device id, one of GET /v1/devices",
+                        examples=["amd-epyc-znver4-2t/llvm-avx512"])
     programs: list[ProgramItem] = Field(
         description="scheduled programs: MetaSchedule workload+trace objects "
                     '({"workload": Workload.as_json(), "trace": Trace.as_json()}), as objects or as their JSON '
@@ -18,7 +22,7 @@ class PredictRequest(BaseModel):
                     'JSON text of {"trace": ...} with a shared workload (a trace as JSON values is thousands '
                     "of tiny objects to parse; as text it is parsed only if the server has not seen it). "
                     "TVMScript text only where the server runs with --allow-tvmscript (trusted callers)")
-    target: str | None = Field(None, description='"llvm" or "cuda"; default: the device\'s target kind')
+    target: str | None = Field(None, max_length=MAX_NAME, description='"llvm" or "cuda"; default: the device\'s target kind')
     workload: Any = Field(None, description="a workload shared by every workload+trace item without its own "
                                             "(the candidates of one tuning task share it; saves ~50 KB per item)")
     order: bool = Field(False, description="true: seconds that order the programs of one task best (a compiler's "
@@ -69,7 +73,8 @@ class DevicesResponse(BaseModel):
 
 class ModelResponse(BaseModel):
     model_version: str
-    path: str | None
+    shipped: bool = Field(description="the model shipped with cdmpp (else one the operator chose; its path is "
+                                      "not shown)")
     featurizer_version: str = Field(description="featurizer the checkpoint was trained with")
     runtime_featurizer_version: str = Field(description="featurizer this server runs")
     devices: list[str]
@@ -84,6 +89,7 @@ class ModelsResponse(BaseModel):
 
 class HealthResponse(BaseModel):
     status: str = Field(description='"ok", or "degraded" while sandbox workers restart')
+    saturated: bool = Field(False, description="new work would wait past the deadline (GET /readyz is then 503)")
     model_version: str
     uptime_s: float
     workers_ready: int = Field(description="sandbox workers ready to parse and featurize")
@@ -92,9 +98,12 @@ class HealthResponse(BaseModel):
 
 
 class NetworkRequest(BaseModel):
+    model_config = ConfigDict(strict=True)
+
     network: str = Field(max_length=100, description="network@batch from the server's task table",
                          examples=["resnet18@1"])
-    device: str = Field(description="device id, one of GET /v1/devices", examples=["amd-epyc-znver4-2t/llvm-avx512"])
+    device: str = Field(max_length=MAX_NAME, description="device id, one of GET /v1/devices",
+                        examples=["amd-epyc-znver4-2t/llvm-avx512"])
     schedules: Literal["best-measured", "default"] = Field(
         "best-measured", description="best-measured: per task the fastest program stored for the device in the "
                                      "server's dataset; default: TVM's unscheduled code")

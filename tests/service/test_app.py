@@ -44,11 +44,21 @@ def test_health_devices_models_docs(url, predictor):
     assert "/v1/predict" in httpx.get(url + "/openapi.json").json()["paths"]
 
 
-def test_metrics_and_caches(url, predictor, device, texts):
+@pytest.fixture(scope="module")
+def items(sampled):
+    """Workload+trace items of sampled schedules: their answers are cached (TVMScript's never are)."""
+    from cdmpp.program.inputs import workload_trace_json
+    from cdmpp.zoo import workloads
+
+    return [workload_trace_json(workloads.SAMPLES[name](), s.trace) for name, schs in sampled.items()
+            for s in schs[:3]]
+
+
+def test_metrics_and_caches(url, predictor, device, items):
     def counter(name):
         return float(next(_metric(url, name)).split()[-1])
 
-    body = {"device": device, "programs": texts[:5]}
+    body = {"device": device, "programs": items[:5]}
     assert httpx.post(url + "/v1/predict", json=body).status_code == 200
     preds, feats = counter("cdmpp_prediction_cache_hits_total"), counter("cdmpp_feature_cache_hits_total")
     first = httpx.post(url + "/v1/predict", json=body).json()["predictions"]
