@@ -1,6 +1,6 @@
 """The ``cdmpp`` command line: ``main`` parses and runs one command. Each sub-module holds the commands of
-one area (``measure``, ``evaluation``, ``service``) and only parses their options and calls the library;
-every command imports TVM/torch lazily."""
+one area (``predict``, ``devices``, ``measure``, ``evaluation``, ``service``) and only parses their options
+and calls the library; every command imports TVM/torch lazily."""
 
 from __future__ import annotations
 
@@ -9,14 +9,19 @@ import contextlib
 import signal
 import sys
 
+from cdmpp.cli.devices import add_devices_commands
 from cdmpp.cli.evaluation import add_eval_commands
 from cdmpp.cli.measure import add_measure_commands
+from cdmpp.cli.predict import VersionAction, add_predict_commands
 from cdmpp.cli.service import add_service_commands
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="cdmpp", description="Latency prediction for TVM tensor programs.")
+    p.add_argument("--version", action=VersionAction, help="print cdmpp's version and the shipped model's, and exit")
     sub = p.add_subparsers(dest="command", required=True)
+    add_predict_commands(sub)
+    add_devices_commands(sub)
     bsub = add_measure_commands(sub)
     add_service_commands(sub, bsub)
     add_eval_commands(sub)
@@ -57,7 +62,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             return int(args.func(args) or 0)
         except (ValueError, KeyError, FileNotFoundError) as e:
-            msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
+            plain_key = isinstance(e, KeyError) and type(e).__str__ is KeyError.__str__ and e.args  # str() quotes
+            msg = e.args[0] if plain_key else str(e)
             print(f"cdmpp {args.command}: {msg}", file=sys.stderr)
             return 2
         except (KeyboardInterrupt, RuntimeError) as e:

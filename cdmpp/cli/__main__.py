@@ -4,4 +4,5 @@ import sys
 
 from cdmpp.cli import main
 
-sys.exit(main())
+if __name__ == "__main__":  # sandbox workers start by forkserver: never run a command on import
+    sys.exit(main())
