@@ -12,15 +12,12 @@ PACKAGE = Path(__file__).resolve().parent
 
 def _shipped(name: str) -> str:
     """A file of the checkout's ``datasets/`` (beside ``cdmpp/``: a checkout or an editable install), else the
-    copy an installed wheel ships as package data (``cdmpp/datasets/``), so that every command finds it
-    from any folder. Under the working folder the path stays relative (what commands print and record)."""
+    copy an installed wheel ships as package data (``cdmpp/datasets/``): an absolute path, so that every
+    command finds it from any folder (and after a ``chdir``)."""
     path = PACKAGE.parent / "datasets" / name
     if not path.exists() and (PACKAGE / "datasets" / name).exists():
         path = PACKAGE / "datasets" / name
-    try:
-        return str(path.relative_to(Path.cwd()))
-    except (ValueError, OSError):
-        return str(path)
+    return str(path)
 
 
 DATASET = _shipped("measurements")  # measurement records (JSON lines), appended to by `cdmpp collect`
