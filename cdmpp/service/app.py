@@ -167,8 +167,8 @@ def create_app(settings: Settings | None = None, predictor: Predictor | None = N
             raise
         app.state.predictor = pred
         app.state.engine = engine
-        app.state.small = Lane("small", settings.threads)  # cached requests and requests of <= SMALL programs
-        app.state.large = Lane("large", settings.threads)  # the rest, in chunks of SMALL programs
+        app.state.small = Lane("small", settings.threads, 0.01)  # cached requests and those of <= SMALL programs
+        app.state.large = Lane("large", settings.threads, 0.01)  # the rest, in chunks of SMALL programs
         app.state.parsing = anyio.CapacityLimiter(max(1, settings.threads))  # bodies parsed at once
         app.state.started = time.monotonic()
         try:
