@@ -10,6 +10,9 @@ decide: every candidate is scored on the same held-out folds of the shots and th
 
 from __future__ import annotations
 
+import base64
+import gzip
+from types import SimpleNamespace
 from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
@@ -45,11 +48,14 @@ def _booster(rounds: int, base: float, seed: int, nthread: int, depth: int):
                             random_state=seed, base_score=base)
 
 
-def shots_target(programs: Sequence) -> tuple[np.ndarray, np.ndarray]:
-    """(log seconds, log(FLOPs + 1)): the shots-only model learns log time per FLOP, like the pooled GBT."""
-    y = np.log([p.seconds for p in programs])
-    scale = np.log(np.array([p.features.flops for p in programs], dtype=np.float64) + 1.0)
-    return y, scale
+def _labelled(programs: Sequence) -> list:
+    """Programs as objects with ``.features``: labelled programs as they are, bare ``ProgramFeatures`` wrapped."""
+    return [p if hasattr(p, "features") else SimpleNamespace(features=p) for p in programs]
+
+
+def log_flops(programs: Sequence) -> np.ndarray:
+    """log(FLOPs + 1): the shots-only model learns log time per FLOP, like the pooled GBT."""
+    return np.log(np.array([p.features.flops for p in programs], dtype=np.float64) + 1.0)
 
 
 class ShotChoice:
@@ -75,6 +81,7 @@ class ShotChoice:
         return kinds
 
     def _x(self, programs: Sequence, log_base: np.ndarray | None) -> np.ndarray:
+        programs = _labelled(programs)
         x = pooled_features(programs)
         return x if log_base is None else np.hstack([x, log_base[:, None].astype(np.float32)])
 
@@ -85,7 +92,8 @@ class ShotChoice:
         if not shots and self.base is None:
             raise ValueError("a shots-only model needs at least one shot")
         self.n_shots_ = len(shots)
-        y, scale = shots_target(shots) if shots else (np.zeros(0), np.zeros(0))
+        y = np.log([p.seconds for p in shots])
+        scale = log_flops(shots)
         log_base = self._log_base(shots) if shots else None
         kinds = self._kinds(len(shots))
         if len(shots) < 2 or kinds == ["base"]:
@@ -157,8 +165,14 @@ class ShotChoice:
                 model = _booster(part.rounds, float(np.median(t)), self.seed, self.nthread, 4).fit(xs, t)
             self.parts_.append((part, shift, model))
 
-    def predict(self, programs: Sequence) -> np.ndarray:
-        log_base = self._log_base(programs)
+    def predict(self, programs: Sequence, base_seconds: np.ndarray | None = None) -> np.ndarray:
+        """Seconds of ``programs`` (labelled programs or ``ProgramFeatures``) on the shots' device;
+        ``base_seconds``: the pretrained prediction of them, if the caller has it (else ``base`` is called)."""
+        programs = _labelled(programs)
+        if base_seconds is not None:
+            log_base = np.log(np.maximum(np.asarray(base_seconds, np.float64), 1e-12))
+        else:
+            log_base = None if self.base is None else self._log_base(programs)
         x = self._x(programs, log_base) if any(m is not None for _, _, m in self.parts_) else None
         logs = []
         for part, shift, model in self.parts_:
@@ -168,13 +182,40 @@ class ShotChoice:
                 logs.append(log_base + model.predict(x))
             else:
                 xs = x[:, :-1] if log_base is not None else x
-                logs.append(shots_target(programs)[1] + model.predict(xs))
+                logs.append(log_flops(programs) + model.predict(xs))
         if self.choice_.kind == "blend":
             w = self.choice_.weight
             return np.exp((1 - w) * logs[0] + w * logs[1])
         return np.exp(logs[0])
 
+    def to_state(self) -> dict:
+        """JSON-able: the choice, each part's shift and trees (XGBoost's binary JSON, gzipped, base64), the CV."""
+        parts = []
+        for part, shift, model in self.parts_:
+            trees = None if model is None else base64.b64encode(
+                gzip.compress(bytes(model.get_booster().save_raw("ubj")))).decode()
+            parts.append(dict(kind=part.kind, rounds=part.rounds, weight=part.weight, shift=shift, trees=trees))
+        return dict(choice=self.choice_._asdict(), parts=parts, n_shots=self.n_shots_, described=self.describe())
+
+    @classmethod
+    def from_state(cls, state: dict, base: Callable[[Sequence], np.ndarray] | None = None) -> "ShotChoice":
+        import xgboost as xgb
+
+        new = cls(base)
+        new.choice_, new.n_shots_, new.cv_, new.se_ = Candidate(**state["choice"]), state["n_shots"], {}, {}
+        new.parts_ = []
+        for p in state["parts"]:
+            model = None
+            if p["trees"]:
+                model = xgb.XGBRegressor()
+                model.load_model(bytearray(gzip.decompress(base64.b64decode(p["trees"]))))
+            new.parts_.append((Candidate(p["kind"], p["rounds"], p["weight"]), p["shift"], model))
+        new.described_ = state.get("described")
+        return new
+
     def describe(self) -> str:
+        if not hasattr(self, "cv_") or (not self.cv_ and getattr(self, "described_", None)):
+            return self.described_
         c = self.choice_
         what = {"base": "the pretrained prediction", "scaled": "the pretrained prediction x the shots' median ratio",
                 "ratio": f"the pretrained prediction x a {c.rounds}-tree GBT of the log ratio",

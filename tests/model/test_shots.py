@@ -63,3 +63,20 @@ def test_few_shots_only_scale_and_no_shots_keep_the_base(programs):
     assert none.choice_.kind == "base" and np.allclose(none.predict(test), base(test))
     with pytest.raises(ValueError, match="at least one shot"):
         ShotChoice(None).fit([])
+
+
+def test_a_fitted_choice_round_trips_through_json(programs):
+    """What a checkpoint stores (``to_state``) predicts what the fitted choice predicts."""
+    import json
+
+    from cdmpp.model.shots import ShotChoice
+
+    base = lambda ps: np.array([getattr(p, "features", p).flops * 1e-11 + 1e-6 for p in ps])  # noqa: E731
+    shots, test = _split(programs, 64)
+    for only in (None, ("shots",), ("ratio",)):
+        fitted = ShotChoice(base, seed=1, only=only).fit(shots)
+        again = ShotChoice.from_state(json.loads(json.dumps(fitted.to_state())), base)
+        assert np.allclose(again.predict(test), fitted.predict(test), rtol=1e-5)
+        feats = [p.features for p in test]  # bare ProgramFeatures and the caller's base prediction
+        assert np.allclose(again.predict(feats, base_seconds=base(test)), fitted.predict(test), rtol=1e-5)
+        assert again.describe() == fitted.describe()
