@@ -306,8 +306,8 @@ def test_abandoned_upload_counts_499_not_500(servers):
     plain, _ = servers
     for _ in range(3):
         with socket.create_connection(("127.0.0.1", plain.port)) as s:
-            s.sendall(b"POST /v1/predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                      b"Content-Length: 100000\r\n\r\n{\"device\": \"x\", \"progr")
+            s.sendall(b"POST /v1/predict HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: 100000\r\n\r\n{\"device\": \"x\", \"progr" % plain.port)
         time.sleep(0.2)
     deadline = time.monotonic() + 10
     while 'endpoint="/v1/predict",status="499"' not in httpx.get(plain.url + "/metrics").text:
