@@ -57,3 +57,32 @@ def test_model_version_changes_with_anything_an_answer_depends_on(predictor):
     assert model_hash(same) == model_hash(model)
     same.calibration["gbt_weight"] = 1.0 - model.calibration.get("gbt_weight", 0.0)
     assert model_hash(same) != model_hash(model)
+
+
+def test_adapting_by_choice_changes_only_that_device_and_survives_a_save(predictor, real, tmp_path):
+    """MECHANICS (labels of a real device, moved to a made-up one 5x slower): `cdmpp finetune`'s default
+    stores a ShotChoice for the device; its predictions move towards the shots, other devices' stay, and
+    the saved checkpoint predicts the same."""
+    import dataclasses
+
+    import numpy as np
+
+    from cdmpp.model.checkpoint import TrainedModel
+    from cdmpp.workflows import adapt_by_choice
+
+    trained = predictor.model
+    device = sorted(trained.device_specs.table)[0]
+    slow = "made-up-slow-chip-1t/llvm-avx2"
+    programs = [dataclasses.replace(p, device=slow, seconds=5 * p.seconds) for p in real[1].programs]
+    shots, test = programs[:60], programs[60:120]
+    new = adapt_by_choice(trained, shots, slow, {slow: trained.device_specs.table[device]})
+    feats = [p.features for p in test]
+    y = np.array([p.seconds for p in test])
+    after = np.mean(np.abs(new.predict(feats, slow)[0] - y) / y)
+    assert after < 0.5 * np.mean(np.abs(np.asarray(new.predict(feats, device)[0]) - y) / y)
+    assert np.allclose(new.predict(feats, device)[0], trained.predict(feats, device)[0])
+    assert slow not in trained.device_specs.table and not trained.shot_choices  # the original is untouched
+    new.save(tmp_path / "m")
+    again = TrainedModel.load(tmp_path / "m")
+    assert np.allclose(again.predict(feats, slow)[0], new.predict(feats, slow)[0], rtol=1e-5)
+    assert new.summary["finetune"]["how"] == "choice"

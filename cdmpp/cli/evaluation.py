@@ -150,7 +150,7 @@ def cmd_finetune(args) -> int:
         ids = f.read().split()
     try:
         model = finetune_checkpoint(args.model, args.dataset, args.device, ids, args.out, args.steps,
-                                    args.task_table, args.devices, scope=args.scope)
+                                    args.task_table, args.devices, scope=args.scope, how=args.how)
     except (ValueError, KeyError) as e:
         print(f"cdmpp finetune: {e}", file=sys.stderr)
         return 2
@@ -256,12 +256,15 @@ def add_eval_commands(sub) -> None:
     s.add_argument("--seed", type=int, default=0)
     s.set_defaults(func=cmd_sample)
 
-    ft = sub.add_parser("finetune", parents=[data], help="fine-tune a checkpoint with programs measured on a device "
-                                             "(kept only where cross-validation on them says it helps)")
+    ft = sub.add_parser("finetune", parents=[data], help="adapt a checkpoint to a device with programs measured there "
+                                             "(cross-validation on them chooses how)")
     ft.add_argument("--model", required=True, help="checkpoint folder")
     ft.add_argument("--device", required=True)
     ft.add_argument("--ids", required=True, help="file of record ids (from `cdmpp sample`)")
     ft.add_argument("--out", required=True, help="new checkpoint folder")
+    ft.add_argument("--how", choices=["choice", "network"], default="choice",
+                    help="choice (default): cross-validation on the shots picks the model's prediction as is, "
+                         "corrected by their ratio, a GBT of the shots alone or a blend; network: fine-tune the network")
     ft.add_argument("--steps", type=int, default=None,
                     help="Adam steps (default: about 20 passes over the shots, at most 100)")
     ft.add_argument("--scope", choices=["head", "all"], default="head",

@@ -66,6 +66,9 @@ class TrainedModel:
         self.calibration = calibration or {"level": 0.9, "q": 1.645, "delta": 1.0}
         self.featurizer_version = featurizer_version
         self.summary = summary or {}
+        # {device: cdmpp.model.shots.ShotChoice}: what `cdmpp finetune` learned from a device's measured
+        # programs, applied on top of the prediction for that device (``apply_shots``)
+        self.shot_choices: dict = {}
 
     # ---- inputs -------------------------------------------------------------------------------------
     def pack(self, programs) -> PackedPrograms:
@@ -177,7 +180,22 @@ class TrainedModel:
             if move is not None:
                 factor = move(mean) / mean
                 mean, lo, hi = mean * factor, lo * factor, hi * factor
+            if self.shot_choices:
+                factor = self.apply_shots(programs, devices, mean) / mean
+                mean, lo, hi = mean * factor, lo * factor, hi * factor
             out.append((mean, lo, hi))
+        return out
+
+    def apply_shots(self, programs, devices: str | Sequence[str], seconds: np.ndarray) -> np.ndarray:
+        """``seconds`` (the model's prediction) with each device's ``ShotChoice`` applied where it has one."""
+        names = [devices] * len(seconds) if isinstance(devices, str) else list(devices)
+        out = np.asarray(seconds, dtype=np.float64).copy()
+        for device, choice in self.shot_choices.items():
+            idx = [i for i, d in enumerate(names) if d == device]
+            if idx:
+                if isinstance(programs, PackedPrograms):
+                    raise ValueError(f"{device} has measured shots: predict it from ProgramFeatures, not packed programs")
+                out[idx] = choice.predict([programs[i] for i in idx], base_seconds=out[idx])
         return out
 
     def _through_anchors(self, programs, devices: str | Sequence[str]):
@@ -279,7 +297,8 @@ class TrainedModel:
                     feature_normalizer=self.feature_normalizer.to_dict(),
                     label_transform=self.label_transform.to_dict(), device_specs=self.device_specs.to_dict(),
                     calibration=self.calibration, featurizer_version=self.featurizer_version, summary=self.summary,
-                    program_inputs=self.program_inputs, anchors=self.anchors)
+                    program_inputs=self.program_inputs, anchors=self.anchors,
+                    shot_choices={d: c.to_state() for d, c in self.shot_choices.items()})
         gbt_file = directory / "gbt.ubj.gz"  # XGBoost's binary JSON, gzipped: a third of the text JSON's size
         if self.gbt is not None:
             gbt_file.write_bytes(gzip.compress(bytes(self.gbt.booster_.save_raw("ubj")), compresslevel=6))
@@ -314,10 +333,15 @@ class TrainedModel:
             gbt = PooledGBT({}, target=meta["gbt"]["target"], loss=meta["gbt"]["loss"])
             gbt.booster_ = xgb.Booster(params={"nthread": 1})
             gbt.booster_.load_model(bytearray(gzip.decompress((directory / meta["gbt"]["file"]).read_bytes())))
-        return cls(members, FeatureNormalizer.from_dict(meta["feature_normalizer"]),
-                   BoxCox.from_dict(meta["label_transform"]), DeviceSpecs.from_dict(meta["device_specs"]),
-                   meta["config"], meta["calibration"], meta["featurizer_version"], meta["summary"],
-                   meta.get("program_inputs"), gbt, meta.get("anchors"))
+        model = cls(members, FeatureNormalizer.from_dict(meta["feature_normalizer"]),
+                    BoxCox.from_dict(meta["label_transform"]), DeviceSpecs.from_dict(meta["device_specs"]),
+                    meta["config"], meta["calibration"], meta["featurizer_version"], meta["summary"],
+                    meta.get("program_inputs"), gbt, meta.get("anchors"))
+        if meta.get("shot_choices"):
+            from cdmpp.model.shots import ShotChoice
+
+            model.shot_choices = {d: ShotChoice.from_state(s) for d, s in meta["shot_choices"].items()}
+        return model
 
 
 class _OnDevice(NamedTuple):
