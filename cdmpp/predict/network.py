@@ -48,11 +48,16 @@ class NetworkPrediction:
 
 
 def _best_measured(dataset_dir: str, device: str) -> dict[str, tuple[object, float]]:
-    """task key → (trace JSON, label) of the fastest stored program of each task on ``device``."""
+    """task key → (trace JSON, label) of the fastest stored program of each task on ``device``; none when
+    there is no such folder (a store would create it)."""
+    import os
+
     from cdmpp.records.labels import label
     from cdmpp.records.store import RecordStore
 
     best: dict[str, tuple[object, float]] = {}
+    if not os.path.isdir(dataset_dir):
+        return best
     for rec in RecordStore(dataset_dir).iter_records(device):
         s = label(rec)
         if s is not None and (rec["task"] not in best or s < best[rec["task"]][1]):
