@@ -163,14 +163,16 @@ class Sandbox:
         self._idle.put(w)
 
     def _note_confinement(self, msg: dict) -> None:
-        seen = {"landlock": msg.get("landlock"), "detail": str(msg.get("confinement", ""))[:300]}
+        """Log the OS layers a worker reports (once per change): what it said, never trusted for more."""
+        seen = {"landlock": msg.get("landlock"), "detail": str(msg.get("confinement", ""))[:300],
+                "seccomp": bool(msg.get("seccomp")), "seccomp_detail": str(msg.get("seccomp_detail", ""))[:300]}
         if seen != self.confinement:
             self.confinement = seen
-            if seen["landlock"]:
-                log.info("sandbox workers confined by Landlock ABI %s: no %s", seen["landlock"], seen["detail"])
+            if seen["landlock"] and seen["seccomp"]:
+                log.info("sandbox workers confined: %s", self.confined())
             else:
-                log.warning("sandbox workers run without Landlock (%s): rlimits, the unprivileged user and the "
-                            "audit hook remain", seen["detail"])
+                log.warning("sandbox workers confined by %s only (landlock: %s; seccomp: %s)", self.confined(),
+                            seen["detail"], seen["seccomp_detail"])
 
     def _spawn(self) -> _Worker:
         """Fork a worker from the zygote, which imported and warmed up TVM once, so a replacement is ready
@@ -324,8 +326,10 @@ class Sandbox:
         c = self.confinement
         if not c:
             return "unknown (no worker started yet)"
-        layers = ["rlimits", "audit hook"] + (["unprivileged user"] if os.geteuid() == 0 else [])
-        return (f"landlock ABI {c['landlock']}, " if c["landlock"] else "no landlock, ") + ", ".join(layers)
+        layers = [f"landlock ABI {c['landlock']}"] if c["landlock"] else []
+        layers += ["seccomp"] if c["seccomp"] else []
+        layers += ["rlimits"] + (["unprivileged user"] if os.geteuid() == 0 else []) + ["audit hook"]
+        return ", ".join(layers)
 
     @staticmethod
     def _blame(its, ixs, how: str, errors: list, retry: list, retried: bool) -> None:
@@ -451,7 +455,7 @@ class _Zygote:
     def __init__(self, kinds: tuple[str, ...], timeout: float):
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         env = {k: os.environ[k] for k in _ENV_KEEP if k in os.environ}
-        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)  # the imports the parent has
+        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p and os.path.exists(p))  # the parent's imports
         env["TVM_NUM_THREADS"] = "1"
         try:
             self.proc = subprocess.Popen([sys.executable, "-m", "cdmpp.sandbox.zygote", str(child.fileno()),
@@ -529,14 +533,18 @@ class _Zygote:
             self.proc.kill()
 
 
-_ZYGOTE: _Zygote | None = None
+_ZYGOTES: dict[tuple[str, ...], _Zygote] = {}
 _ZYGOTE_LOCK = threading.Lock()
 
 
 def _zygote(kinds: tuple[str, ...], timeout: float) -> _Zygote:
-    """This process's zygote, started on first use (again if it died), warmed up for ``kinds``."""
-    global _ZYGOTE
+    """A zygote of this process warmed up for every kind of ``kinds`` (a worker would otherwise build a
+    missing target itself: cuda takes ~25 s), started on first use, again if it died."""
     with _ZYGOTE_LOCK:
-        if _ZYGOTE is None or _ZYGOTE.dead:
-            _ZYGOTE = _Zygote(kinds, timeout)
-    return _ZYGOTE
+        for have, z in list(_ZYGOTES.items()):
+            if z.dead:
+                del _ZYGOTES[have]
+            elif set(kinds) <= set(have):
+                return z
+        z = _ZYGOTES[tuple(kinds)] = _Zygote(kinds, timeout)
+        return z

@@ -6,7 +6,7 @@ folder, keeps an allow-listed environment, sends its output to /dev/null, limits
 ``RLIMIT_AS``, no core dumps, ``RLIMIT_FSIZE`` 0, CPU seconds per program ``RLIMIT_CPU``, re-armed per item:
 SIGXCPU kills a worker stuck in C code), drops to ``nobody`` when the server runs as root, confines itself
 with Landlock where the kernel has it (no file created, written, truncated or removed anywhere, no exec, no
-TCP: ``cdmpp.sandbox.confine``) and installs an audit hook that refuses file writes, processes, sockets and
+TCP) and a seccomp filter (the same by syscall, plus no sockets: ``cdmpp.sandbox.confine``) and installs an audit hook that refuses file writes, processes, sockets and
 ``ctypes`` from Python. The audit hook is defence in depth, not a boundary; Landlock, the process limits and
 the unprivileged user are. Nothing a worker says about itself is trusted: the parent validates its answers
 and decides when it retires (``cdmpp.sandbox.pool``)."""
@@ -181,7 +181,8 @@ def worker_main(job_fd: int, answer_fd: int, folder: str, mem_mb: int, item_cpu_
     for keep in sorted({in_fd, out_fd}):
         os.closerange(lo, keep)
         lo = keep + 1
-    os.closerange(lo, 1 << 20)
+    top = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    os.closerange(lo, top if 0 < top < 1 << 24 else 1 << 20)  # close_range(2): as fast for any bound
     os.chdir(folder)
     for key in list(os.environ):  # the zygote's environment is allow-listed already; keep it that way
         if key not in ("PATH", "LANG", "TVM_NUM_THREADS"):
@@ -227,7 +228,7 @@ def worker_main(job_fd: int, answer_fd: int, folder: str, mem_mb: int, item_cpu_
             view = view[os.write(out_fd, view):]
 
     from cdmpp.program.inputs import parse_target
-    from cdmpp.sandbox.confine import landlock
+    from cdmpp.sandbox.confine import landlock, seccomp
 
     warm_up()  # a no-op when forked from the zygote
     targets = {k: _WARM.get(k) or parse_target(k) for k in kinds}
@@ -239,7 +240,8 @@ def worker_main(job_fd: int, answer_fd: int, folder: str, mem_mb: int, item_cpu_
     import ctypes  # not dumpable: /proc/self/mem and friends closed to this process's own user
 
     ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 4
-    abi, detail = landlock()  # single-threaded still: Landlock binds this thread and those it starts
+    abi, detail = landlock()  # single-threaded still: both bind this thread and those it starts later
+    filtered, filter_detail = seccomp()
 
     def exit_with_parent():  # the zygote exits with the server; a worker must not outlive them
         while os.getppid() == parent:
@@ -252,7 +254,8 @@ def worker_main(job_fd: int, answer_fd: int, folder: str, mem_mb: int, item_cpu_
         subprocess._posixsubprocess = None
     sys.modules.pop("_posixsubprocess", None)
     sys.addaudithook(_audit_hook(os.path.realpath(folder), leaving))
-    send({"ready": True, "pid": os.getpid(), "landlock": abi, "confinement": detail})
+    send({"ready": True, "pid": os.getpid(), "landlock": abi, "confinement": detail, "seccomp": filtered,
+          "seccomp_detail": filter_detail})
     while True:
         msg = json.loads(read(struct.unpack(">I", read(4))[0]))
         try:

@@ -205,3 +205,44 @@ def test_worker_answers_are_validated_as_untrusted_input():
                      {"feats": "x", "errors": []}):
         with pytest.raises((ValueError, KeyError, TypeError)):
             _validate(nonsense, [3])
+
+
+def test_seccomp_filter_denies_file_changes_sockets_and_exec_on_its_own(tmp_path):
+    """The second layer without Landlock (as on a kernel that lacks it): the same attempts fail with
+    EPERM, as do sockets and signals to other processes; reading, threads and signals to itself work."""
+    import platform
+    import socket
+
+    if platform.machine() != "x86_64":
+        pytest.skip("the filter is written for x86_64")
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        try:
+            from cdmpp.sandbox.confine import seccomp
+
+            done = [seccomp()[0]]
+            attempts = [lambda: open(tmp_path / "new", "w"), lambda: os.truncate(victim, 0),
+                        lambda: open(victim, "a"), lambda: os.unlink(victim), lambda: os.mkdir(tmp_path / "d"),
+                        lambda: os.rename(victim, tmp_path / "moved"), lambda: socket.socket(),
+                        lambda: os.kill(os.getppid(), 0), lambda: os.execv("/bin/true", ["true"])]
+            for a in attempts:
+                try:
+                    a()
+                    done.append(True)
+                except OSError:
+                    done.append(False)
+            os.kill(os.getpid(), 0)
+            done.append(victim.read_text() == "precious" and bool(os.listdir(tmp_path)))
+            os.write(w, json.dumps(done).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    out = json.loads(os.read(r, 4096) or b"[]")
+    os.waitpid(pid, 0)
+    assert out and out[0], "seccomp() did not apply"
+    assert not any(out[1:-1]), f"allowed under the seccomp filter: {out}"
+    assert out[-1] and victim.read_text() == "precious" and sorted(os.listdir(tmp_path)) == ["victim"]
