@@ -524,10 +524,14 @@ class FastMeasurer:
         self._quiet = False  # the last run phase saw a quiet machine: no need to wait a second first
 
     def close(self) -> None:
+        from cdmpp.measure.stop import STOP
+
         self.builders.close(kill=True)
         if self.helper:
             self.helper.close(kill=True)
-        self.runner.close()
+        # stopped (a signal, the budget): the runner holds nothing to keep, and may still be importing TVM,
+        # deaf to a polite request for 5 s
+        self.runner.close(kill=STOP.is_set())
         remove_dir(self.tmp_root)
 
     def _hold_helper(self, stop: bool) -> None:
