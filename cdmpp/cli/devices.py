@@ -11,9 +11,9 @@ import sys
 from cdmpp import defaults
 
 
-def trained_devices(model: str | os.PathLike | None = None) -> tuple[str, set[str] | None, set[str]]:
-    """(model version, ids the checkpoint trained on or None if it does not say, ids it has specs of), read
-    from its ``predictor.json`` alone: listing devices needs no torch."""
+def trained_devices(model: str | os.PathLike | None = None) -> tuple[str, set[str] | None]:
+    """(model version, ids the checkpoint trained on or None if it does not say), read from its
+    ``predictor.json`` alone: listing devices needs no torch."""
     path = os.path.join(model or defaults.MODEL, "predictor.json")
     if not os.path.exists(path):
         raise FileNotFoundError(f"no cdmpp checkpoint at {os.path.dirname(path)} (expected predictor.json)")
@@ -21,8 +21,7 @@ def trained_devices(model: str | os.PathLike | None = None) -> tuple[str, set[st
         meta = json.load(f)
     summary = meta.get("summary") or {}
     train = summary.get("train_devices")
-    known = set(((meta.get("device_specs") or {}).get("table") or {}))
-    return str(summary.get("model_version") or "unversioned"), set(train) if train is not None else None, known
+    return str(summary.get("model_version") or "unversioned"), set(train) if train is not None else None
 
 
 def _number(v, unit: str = "") -> str:
@@ -35,15 +34,13 @@ def cmd_devices(args) -> int:
     if not os.path.exists(args.devices):
         raise FileNotFoundError(f"no device table at {args.devices} (pass --devices PATH)")
     table = DeviceTable(args.devices)
-    version, trained, known = trained_devices(args.model)
+    version, trained = trained_devices(args.model)
 
     def status(i):
-        if trained is None or i in trained:
-            return "yes"
-        return "no (specs only)" if i in known else "no (new to it)"
+        return "yes" if trained is None or i in trained else "no"
 
     if args.json:
-        print(json.dumps([{**s.to_dict(), "trained": status(s.id).startswith("yes")} for s in table], indent=1))
+        print(json.dumps([{**s.to_dict(), "trained": status(s.id) == "yes"} for s in table], indent=1))
         return 0
     head = ("id", "kind", "threads", "GHz", "SIMD", "L3 KiB", "mem GB/s", "GFLOP/s", "trained", "note")
     rows = [(s.id, s.kind, str(s.threads), _number(s.clock_ghz), _number(s.simd_width_bits), _number(s.l3_kb),

@@ -220,9 +220,12 @@ def _print_table(rows: list[dict]) -> None:
 
 def add_predict_commands(sub) -> None:
     p = sub.add_parser("predict", help="predict programs' latency on devices (table or JSON)",
-                       description="Predict the latency of scheduled TVM programs: seconds, a 90 %% interval and "
+                       description="Predict the latency of scheduled TVM programs: seconds, a 90 % interval and "
                                    "flags saying where a prediction lies outside what the model was trained on "
-                                   "(device_untrained, target_kind_mismatch, features_out_of_range).")
+                                   "(device_untrained: the model never measured the device, it predicts from its "
+                                   "specs; features_out_of_range: the program lies outside the training programs). "
+                                   "Exit status 2 when a program cannot be read or predicted (named on stderr); "
+                                   "the others are still printed.")
     p.add_argument("programs", nargs="+", metavar="PROGRAM",
                    help="a TVMScript file, a JSON file of workload + trace programs (one, a list, or a service "
                         "request), or a MetaSchedule JSON database folder (every tuning record)")
