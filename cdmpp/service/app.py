@@ -356,7 +356,8 @@ def create_app(settings: Settings | None = None, predictor: Predictor | None = N
     @app.get("/metrics", response_class=PlainTextResponse, dependencies=[Depends(require_token)])
     def prometheus(request: Request) -> PlainTextResponse:
         """Prometheus text format: requests, latency histogram, programs predicted, feature-cache hits."""
-        return PlainTextResponse(metrics.render(request.app.state.engine),
+        state = request.app.state
+        return PlainTextResponse(metrics.render(state.engine, (state.small, state.large)),
                                  media_type="text/plain; version=0.0.4; charset=utf-8")
 
     return app

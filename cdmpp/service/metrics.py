@@ -12,7 +12,8 @@ from collections import defaultdict
 from cdmpp.service.engine import PredictEngine
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
-ENDPOINTS = ("/v1/predict", "/v1/devices", "/v1/models", "/healthz", "/metrics", "/docs", "/openapi.json")
+ENDPOINTS = ("/v1/predict", "/v1/network", "/v1/devices", "/v1/models", "/healthz", "/readyz", "/metrics", "/docs",
+             "/openapi.json")
 
 
 class Metrics:
@@ -42,7 +43,7 @@ class Metrics:
                 counts[-1] += 1
             self.sums[ep] += seconds
 
-    def render(self, engine: PredictEngine | None) -> str:
+    def render(self, engine: PredictEngine | None, lanes: tuple = ()) -> str:
         lines: list[str] = []
 
         def family(name: str, kind: str, help_: str) -> None:
@@ -84,4 +85,16 @@ class Metrics:
             ):
                 family(name, kind, help_)
                 lines.append(f"{name} {value:.6f}" if isinstance(value, float) else f"{name} {value}")
+        for name, kind, help_, get in (
+            ("cdmpp_lane_running", "gauge", "Jobs running in each lane (small: cached and small requests; large: "
+             "the rest, in chunks).", lambda lane: lane.running()),
+            ("cdmpp_lane_queued", "gauge", "Jobs waiting for a thread of each lane.", lambda lane: lane.queued()),
+            ("cdmpp_lane_wait_seconds", "gauge", "Estimated wait before a new job of each lane starts (503 when "
+             "past the deadline).", lambda lane: round(lane.wait_estimate(), 3)),
+            ("cdmpp_lane_refused_total", "counter", "Requests refused at once (503) because they could not start "
+             "before their deadline.", lambda lane: lane.refused),
+        ):
+            if lanes:
+                family(name, kind, help_)
+                lines += [f'{name}{{lane="{lane.name}"}} {get(lane)}' for lane in lanes]
         return "\n".join(lines) + "\n"
