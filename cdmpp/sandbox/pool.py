@@ -62,6 +62,8 @@ class _Worker:
             if len(self.buf) >= 4 + n:
                 msg = json.loads(bytes(self.buf[4:4 + n]))
                 del self.buf[:4 + n]
+                if not isinstance(msg, dict):
+                    raise ValueError("an answer that is not a JSON object")
                 return msg
         return None
 
@@ -296,7 +298,7 @@ class Sandbox:
                     try:
                         fs, errs = _validate(msg, ixs)
                         p_s, f_s = float(msg.get("parse_s", 0.0)), float(msg.get("feat_s", 0.0))
-                    except (KeyError, TypeError, ValueError, RecursionError) as e:  # a subverted or broken worker
+                    except (KeyError, TypeError, ValueError, OverflowError, RecursionError) as e:  # subverted or broken
                         self._blame(its, ixs, f"answered nonsense ({str(e)[:200]}); {self._retire(w)}", errors,
                                     retry, True)
                         continue

@@ -89,3 +89,21 @@ def test_what_a_tvmscript_worker_computed_is_never_cached(engine, device, items)
     assert engine.predict([SAMPLE], device)[0].seconds == pytest.approx(a.seconds)
     assert engine.cache_len() == 1 and len(engine._preds) == 1
     assert engine.sandbox.restarts == 0  # TVMScript workers were retired as planned, not as failures
+
+
+@pytest.mark.slow  # the app's sandbox warms up every target kind of the model (cuda: ~25 s)
+def test_over_http_the_poisoned_item_is_a_422_not_a_500(predictor, device, items):
+    """The issue's request: a 500 for the whole batch, the same 500 ever after. Now a 422 naming item 1,
+    the same the second time, and the good item alone is answered."""
+    httpx = pytest.importorskip("httpx")
+    from cdmpp.service.app import Settings, create_app
+    from cdmpp.service.background import BackgroundServer
+
+    good, inf = items
+    with BackgroundServer(create_app(Settings(featurize_procs=1), predictor)) as u:
+        for _ in range(2):
+            r = httpx.post(u + "/v1/predict", json={"device": device, "programs": [good, inf]}, timeout=120)
+            assert r.status_code == 422, r.text
+            assert [e["index"] for e in r.json()["errors"]] == [1] and "finite" in r.json()["errors"][0]["reason"]
+        r = httpx.post(u + "/v1/predict", json={"device": device, "programs": [good]}, timeout=120)
+        assert r.status_code == 200 and math.isfinite(r.json()["predictions"][0]["seconds"])
