@@ -157,8 +157,10 @@ def twin_priors(sp, device_table: dict) -> list:
     return [amdahl.fit([p for p in sp.train if p.device == source[0]]), TwinRoofline(sp.twins, s_spec, t_spec)]
 
 
-def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | None = None) -> None:
-    """Every setting of ``opts`` for one seed (split seed = model seed), rows appended to ``opts.runs``."""
+def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | None = None, every=None) -> None:
+    """Every setting of ``opts`` for one seed (split seed = model seed), rows appended to ``opts.runs``.
+    ``every``: the dataset of every device (leave-one-chip-out); without it a caller's ``ds`` is used as
+    is, else every device is loaded."""
     import torch
 
     from cdmpp.evaluation.harness import recipe_config
@@ -169,8 +171,9 @@ def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | Non
     from cdmpp.model.training import mape_scale
 
     torch.set_num_threads(max(1, opts.threads))
-    given = ds  # a caller's dataset is used as is, leave-one-chip-out included
-    ds = ds if ds is not None else load_pinned(opts)
+    given = ds
+    only_chips = set(opts.settings) == {"leave-one-chip-out"}
+    ds = ds if ds is not None or only_chips else load_pinned(opts)
     if device_table is None:
         from cdmpp.devices.table import DeviceTable
 
@@ -247,7 +250,7 @@ def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | Non
     if "leave-one-chip-out" in opts.settings:
         from cdmpp.evaluation.chips import held_out_chips, run_chip
 
-        every = given if given is not None else load_pinned(opts, every_device=True)
+        every = every if every is not None else given if given is not None else load_pinned(opts, every_device=True)
         for chip in held_out_chips(opts, every, device_table):
             run_chip(opts, seed, every, device_table, chip, out, train_cdmpp, _k_value)
         del every
@@ -518,9 +521,10 @@ def run_protocol(opts: ProtocolOptions, jobs: int = 1, command: str = "", summar
         tasks.sort(key=lambda t: (not t[0].settings[0].startswith("cross-device"), t[1]))  # longest first
         run_in_processes(run_seed, tasks, jobs)
     else:
-        ds = load_pinned(opts)
+        ds = load_pinned(opts) if set(opts.settings) - {"leave-one-chip-out"} else None
+        every = load_pinned(opts, every_device=True) if "leave-one-chip-out" in opts.settings else None
         for s in opts.seeds:
-            run_seed(opts, s, ds)
+            run_seed(opts, s, ds, every=every)
     summary = (aggregate_curve if opts.train_fractions else aggregate)(opts.runs, command)
     summary["options"] = {**asdict(opts), "started": start}
     if summary_path:
