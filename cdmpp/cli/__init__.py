@@ -11,6 +11,7 @@ import sys
 
 from cdmpp.cli.devices import add_devices_commands
 from cdmpp.cli.evaluation import add_eval_commands
+from cdmpp.cli.imports import add_import_commands
 from cdmpp.cli.measure import add_measure_commands
 from cdmpp.cli.predict import VersionAction, add_predict_commands
 from cdmpp.cli.service import add_service_commands
@@ -25,6 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     bsub = add_measure_commands(sub)
     add_service_commands(sub, bsub)
     add_eval_commands(sub)
+    add_import_commands(sub)
     return p
 
 

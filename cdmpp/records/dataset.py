@@ -127,6 +127,9 @@ def load_dataset(dataset_dir: str, task_table, devices=None, networks=None, task
     """Every successfully measured record of ``dataset_dir`` (filtered), featurized (cached)."""
     from tqdm import tqdm
 
+    from cdmpp.records.importers import with_imported_workloads
+
+    task_table = with_imported_workloads(task_table, dataset_dir)  # tasks of imported tuning logs
     store = RecordStore(dataset_dir)
     report = LoadReport()
     cache = FeatureCache(cache_dir or defaults.cache_dir(dataset_dir))
@@ -232,6 +235,9 @@ def attach_loops(ds: Dataset, dataset_dir: str, task_table, cache_dir: str = LOO
         cached.update((str(h), loops[off[i]:off[i + 1]]) for i, h in enumerate(hashes))
     todo = {h: fs for h, fs in need.items() if h not in cached}
     if todo:
+        from cdmpp.records.importers import with_imported_workloads
+
+        task_table = with_imported_workloads(task_table, dataset_dir)
         cached.update(_walk_loops(todo, dataset_dir, task_table, cache_dir, progress))
     for h, fs in need.items():
         for f in fs:

@@ -1,24 +1,35 @@
-"""Bring records measured elsewhere (another machine's dataset folder) into a dataset, with provenance.
+"""Bring records measured elsewhere into a dataset, with provenance: another machine's dataset folder
+(``import_store``) or a MetaSchedule JSON database (``import_metaschedule``, ``cdmpp import metaschedule``).
 
 A lent machine writes the same store format (``cdmpp.records.store``); its records and run entries are appended
 here unchanged, except for an ``imported`` note on each run entry (from where, when). Records already
 present (same id) are skipped, so importing the same folder twice adds nothing.
 
 ``python -m cdmpp.records.importers SRC_DIR [--dataset datasets/measurements]``
+
+A MetaSchedule database (TVM 0.27's ``database_workload.json`` + ``database_tuning_record.json``) holds, per
+tuning record, a trace, its workload's index, the measured ``run_secs`` and the target. Each trace is
+replayed on its workload (so the record's program and hash are the collector's), and becomes a record of
+the collector's shape. Workloads the project's task table lacks go to ``workloads.jsonl`` beside the
+records (``WORKLOADS``), which ``load_dataset`` reads as an extension of the table.
 """
 
 from __future__ import annotations
 
 import argparse
 import glob
+import hashlib
 import json
+import math
 import os
 import shutil
 import sys
 import time
 
 from cdmpp import defaults
-from cdmpp.records.store import LoadReport, RecordStore, read_records, slug
+from cdmpp.records.store import LoadReport, RecordStore, read_records, record_id, slug
+
+WORKLOADS = "workloads.jsonl"  # a dataset's own workloads: {"key", "name", "mod_json", "source"} per line
 
 
 def import_store(src: str, dataset_dir: str, seal: bool = True) -> dict:
@@ -58,12 +69,225 @@ def import_store(src: str, dataset_dir: str, seal: bool = True) -> dict:
         store.append(dev, recs)
         if seal:
             store.seal(dev)
+    _merge_workloads(dataset_dir, imported_workloads(src).values(), None)
     for name in ("PROVENANCE.md",):
         if os.path.exists(os.path.join(src, name)):
             for dev in devices:
                 shutil.copyfile(os.path.join(src, name), os.path.join(dataset_dir, f"provenance-{slug(dev)}.md"))
     return {"records": sum(map(len, new.values())), "devices": sorted(devices), "runs": runs_added,
             "already_present": report.duplicates, "problems": report.problems}
+
+
+def imported_workloads(dataset_dir: str) -> dict:
+    """Task key -> ``Task`` of the dataset's ``workloads.jsonl`` (empty without one; unreadable lines skipped)."""
+    from cdmpp.zoo.tasks import Task
+
+    path = os.path.join(dataset_dir, WORKLOADS)
+    out = {}
+    if os.path.exists(path):
+        with open(path, "rb") as f:
+            for line in f:
+                try:
+                    d = json.loads(line)
+                    out.setdefault(d["key"], Task(d["key"], d["name"], d["mod_json"]))
+                except (ValueError, KeyError, TypeError):
+                    continue
+    return out
+
+
+def with_imported_workloads(task_table, dataset_dir: str):
+    """``task_table`` plus the dataset's own workloads it lacks (a copy), so that records of tasks outside
+    the project's table (imported tuning logs) still rebuild; the table itself when there are none."""
+    have = task_table.tasks if task_table is not None else {}
+    extra = {k: t for k, t in imported_workloads(dataset_dir).items() if k not in have}
+    if not extra:
+        return task_table
+    from cdmpp.zoo.tasks import TaskTable
+
+    return TaskTable(tasks={**have, **extra}, meta=dict(task_table.meta) if task_table is not None else {})
+
+
+def _merge_workloads(dataset_dir: str, tasks, source: str | None) -> int:
+    """Append the tasks whose key ``workloads.jsonl`` lacks (``source``: the file they came from); returns
+    how many."""
+    have = imported_workloads(dataset_dir)
+    new = [t for t in tasks if t.key not in have]
+    if new:
+        with open(os.path.join(dataset_dir, WORKLOADS), "a") as f:
+            for t in new:
+                f.write(json.dumps({"key": t.key, "name": t.name, "mod_json": t.mod_json,
+                                    "source": source}) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+    return len(new)
+
+
+FAILED_RUN_S = 1e9  # MetaSchedule stores a failed build or run as run_secs [1e10]
+
+
+def _ms_key(task: str, trace) -> str:
+    """The dedupe key of a tuning record: its workload and its trace (replaying it is not needed to know
+    that it was imported before)."""
+    return hashlib.sha256(f"{task}|{json.dumps(trace, separators=(',', ':'))}".encode()).hexdigest()[:20]
+
+
+def _task_name(mod) -> str:
+    """A workload's name: its function's global symbol unless that is ``main`` (``tune_tir``), else the
+    names of its top-level blocks."""
+    func = next(iter(mod.functions.values()))
+    name = str((func.attrs or {}).get("global_symbol", "main"))
+    if name != "main":
+        return name
+    try:
+        from tvm.s_tir import Schedule
+
+        sch = Schedule(mod)
+        return "+".join(sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))) or name
+    except Exception:  # no root block: keep the symbol
+        return name
+
+
+def _target_kind(device: str) -> str:
+    return "cuda" if "cuda" in device else "llvm"  # as the loader featurizes (cdmpp.records.dataset)
+
+
+def import_metaschedule(db_dir: str, dataset_dir: str, device: str, task_table=None, device_table=None,
+                        ids_out: str | None = None, batch: int = 1000) -> dict:
+    """Append the tuning records of the MetaSchedule JSON database in ``db_dir`` to ``dataset_dir`` as
+    records of ``device``; returns a summary (counts, per-line problems, the records' ids).
+
+    A record whose line does not parse, whose workload is missing, whose run_secs are empty, non-finite
+    or MetaSchedule's failure mark, or whose trace does not replay is counted and reported by line, never
+    fatal. Idempotent: a tuning record already imported (same device, workload and trace) is skipped before
+    its replay; a second tuning record of a program already stored adds nothing either. ``ids_out``:
+    write the ids of every record of the database now in the dataset (new or not), one a line, for
+    ``cdmpp finetune --ids``."""
+    from cdmpp.program import tvm_env
+
+    tvm = tvm_env.setup()
+    from tvm.s_tir.meta_schedule.database import Workload
+
+    from cdmpp.program.features import program_hash
+    from cdmpp.program.inputs import apply_trace
+    from cdmpp.zoo.tasks import Task, task_key
+
+    t0 = time.perf_counter()
+    wl_path, rec_path = (os.path.join(db_dir, f"database_{n}.json") for n in ("workload", "tuning_record"))
+    for p in (wl_path, rec_path):
+        if not os.path.exists(p):
+            raise FileNotFoundError(f"{db_dir}: no {os.path.basename(p)} (not a MetaSchedule JSON database)")
+    problems: list[str] = []
+    counts = {"added": 0, "already_present": 0, "same_program": 0, "unreadable": 0, "workload_missing": 0,
+              "no_run_secs": 0, "failed_run": 0, "does_not_replay": 0, "wrong_target_kind": 0}
+    workloads: list = []  # by index: (task key, mod) or None
+    new_tasks: list = []
+    with open(wl_path, "rb") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                mod = Workload.from_json(json.loads(line)).mod
+                key = task_key(mod)
+            except Exception as e:  # a torn line or one TVM cannot load
+                problems.append(f"{wl_path}:{lineno}: unreadable workload ({e.__class__.__name__}: {str(e)[:120]})")
+                workloads.append(None)
+                continue
+            workloads.append((key, mod))
+            if task_table is None or key not in task_table.tasks:
+                new_tasks.append(Task(key, _task_name(mod), tvm.ir.save_json(mod)))
+    store = RecordStore(dataset_dir)
+    have_ids, have_keys = set(), {}
+    for r in store.iter_records(device, traces=False):
+        have_ids.add(r["id"])
+        if r.get("ms_key"):
+            have_keys[r["ms_key"]] = r["id"]
+    spec = device_table.get(device).to_dict() if device_table is not None and device in device_table else None
+    run_id = None  # the run entry is written with the first new record: a re-import adds nothing
+    new_workloads = _merge_workloads(dataset_dir, new_tasks, os.path.abspath(wl_path))
+    ids: list[str] = []
+    pending: list[dict] = []
+    src = os.path.abspath(rec_path)
+    with open(rec_path, "rb") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            where = f"{rec_path}:{lineno}"
+            try:
+                widx, (trace, run_secs, target, _args) = json.loads(line)
+                wl = workloads[widx] if isinstance(widx, int) and 0 <= widx < len(workloads) else None
+            except (ValueError, TypeError) as e:
+                counts["unreadable"] += 1
+                problems.append(f"{where}: unreadable tuning record ({e.__class__.__name__})")
+                continue
+            if wl is None:
+                counts["workload_missing"] += 1
+                problems.append(f"{where}: workload {widx} is missing or unreadable")
+                continue
+            try:
+                secs = [float(s) for s in run_secs or ()]
+            except (TypeError, ValueError):
+                secs = [math.nan]
+            if not secs or not all(math.isfinite(s) and s > 0 for s in secs):
+                counts["no_run_secs"] += 1
+                problems.append(f"{where}: run_secs {run_secs!r} are empty or not finite positive numbers")
+                continue
+            if max(secs) >= FAILED_RUN_S:
+                counts["failed_run"] += 1
+                problems.append(f"{where}: a failed build or run (run_secs {run_secs!r})")
+                continue
+            kind = target.get("kind") if isinstance(target, dict) else None
+            if kind != _target_kind(device):
+                counts["wrong_target_kind"] += 1
+                problems.append(f"{where}: target kind {kind!r}, but {device} is featurized as "
+                                f"{_target_kind(device)} (a GPU device's id names cuda)")
+                continue
+            key, mod = wl
+            mkey = _ms_key(key, trace)
+            if mkey in have_keys:
+                counts["already_present"] += 1
+                ids.append(have_keys[mkey])
+                continue
+            try:
+                phash = program_hash(apply_trace(mod, trace))
+            except Exception as e:  # ProgramError, or a trace of the wrong shape
+                counts["does_not_replay"] += 1
+                problems.append(f"{where}: trace does not replay on workload {widx}: {str(e).splitlines()[-1][:200]}")
+                continue
+            rid = record_id(device, key, phash)
+            have_keys[mkey] = rid
+            ids.append(rid)
+            if rid in have_ids:
+                counts["same_program"] += 1
+                continue
+            have_ids.add(rid)
+            if run_id is None:
+                run_id = store.add_run({
+                    "device": device, "spec": spec, "tvm_version": tvm.__version__,
+                    "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "command": " ".join(sys.argv),
+                    "imported": {"from": os.path.abspath(db_dir), "format": "metaschedule-json"}})
+            known = task_table.tasks.get(key) if task_table is not None else None
+            pending.append({  # the collector's shape, "trace" right before "seconds" (store._without_trace)
+                "id": rid, "device": device, "task": key,
+                "task_name": known.name if known else _task_name(mod),
+                "networks": sorted(known.occurrences) if known else [], "program_hash": phash,
+                "trace": trace, "seconds": secs, "error": None, "run": run_id,
+                "source": f"{src}:{lineno}", "target": json.dumps(target, sort_keys=True), "ms_key": mkey})
+            counts["added"] += 1
+            if len(pending) >= batch:
+                store.append(device, pending)
+                pending = []
+    store.append(device, pending)
+    ids = list(dict.fromkeys(ids))
+    if ids_out:
+        with open(ids_out, "w") as f:
+            f.write("".join(i + "\n" for i in ids))
+    seconds = time.perf_counter() - t0
+    return {"device": device, "run": run_id, **counts, "errors": sum(v for k, v in counts.items() if k not in (
+                "added", "already_present", "same_program")),
+            "records_in_dataset": len(ids), "workloads": len(workloads), "new_workloads": new_workloads,
+            "spec": spec is not None, "seconds": round(seconds, 2),
+            "records_per_s": round((counts["added"] + counts["already_present"]) / max(seconds, 1e-9), 1),
+            "ids_file": ids_out, "problems": problems}
 
 
 def main(argv=None) -> int:

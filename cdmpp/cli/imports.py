@@ -1,0 +1,55 @@
+"""``cdmpp import metaschedule``: tuning logs users already have, as records of a device."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from cdmpp import defaults
+
+
+def cmd_import_metaschedule(args) -> int:
+    from cdmpp.devices.table import DeviceTable
+    from cdmpp.records.importers import import_metaschedule
+    from cdmpp.zoo.tasks import TaskTable
+
+    table = DeviceTable(args.devices)
+    if args.device not in table:
+        print(f"cdmpp import: {args.device} has no spec in {args.devices}: its records are imported without one; "
+              f"`cdmpp finetune --device {args.device}` needs it there", file=sys.stderr)
+    r = import_metaschedule(args.dir, args.dataset, args.device, TaskTable.load(args.task_table), table,
+                            ids_out=args.ids_out)
+    problems = r.pop("problems")
+    for p in problems[:args.show_problems]:
+        print(f"cdmpp import: {p}", file=sys.stderr)
+    if len(problems) > args.show_problems:
+        print(f"cdmpp import: ... and {len(problems) - args.show_problems} more problems", file=sys.stderr)
+    print(json.dumps(r))
+    if args.ids_out:
+        print(f"cdmpp import: {r['records_in_dataset']} record ids in {args.ids_out}; adapt a model with "
+              f"`cdmpp finetune --model M --device {args.device} --ids {args.ids_out} --dataset {args.dataset} "
+              f"--out OUT`", file=sys.stderr)
+    return 0 if r["records_in_dataset"] or not r["errors"] else 1
+
+
+def add_import_commands(sub) -> None:
+    p = sub.add_parser("import", help="bring tuning logs measured elsewhere into a dataset")
+    isub = p.add_subparsers(dest="format", required=True)
+    ms = isub.add_parser("metaschedule", help="a MetaSchedule JSON database (database_workload.json + "
+                         "database_tuning_record.json): every tuning record's trace replayed, appended as a record",
+                         description="Replays every tuning record of a MetaSchedule JSON database (TVM 0.27) on its "
+                         "workload and appends it, with all its run_secs, as a record of DEVICE. A record that "
+                         "does not load, replay or carry valid run_secs is reported by line and skipped; a "
+                         "second import of the same database adds nothing. Exit status 1 when no record of the "
+                         "database made it into the dataset.")
+    ms.add_argument("dir", help="the database folder (tune_tir's / tune_relax's work_dir)")
+    ms.add_argument("--device", required=True, help="the device the database was measured on (an id; "
+                    "fine-tuning needs its spec in --devices)")
+    ms.add_argument("--dataset", default=defaults.DATASET, help="dataset folder to append to")
+    ms.add_argument("--task-table", default=defaults.TASK_TABLE, help="workloads found here keep their task "
+                    "key, name and networks; others go to the dataset's workloads.jsonl")
+    ms.add_argument("--devices", default=defaults.DEVICES, help="device spec table (the spec goes to the run's provenance)")
+    ms.add_argument("--ids-out", metavar="FILE", help="write the ids of the database's records in the dataset "
+                    "here, one a line (for `cdmpp finetune --ids FILE`)")
+    ms.add_argument("--show-problems", type=int, default=20, metavar="N", help="print at most N problem lines")
+    ms.set_defaults(func=cmd_import_metaschedule)
