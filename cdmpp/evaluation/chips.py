@@ -7,7 +7,8 @@ Rows (``protocol-runs.jsonl`` form, setting ``leave-one-chip-out``, ``chip`` nam
 * ``cdmpp``: the pretrained model's prediction; with shots, ``ShotChoice`` on it (the shipped k-shot
   path: the prediction as is, × the shots' median ratio, × a GBT of the log ratio, a GBT of the shots
   alone, or a blend, whichever cross-validation on the shots prefers);
-* ``cdmpp, fine-tune``: the network fine-tuned on the shots (``checked_finetune``), for comparison;
+* ``cdmpp, fine-tune`` (method ``cdmpp-finetune``, KMeans shots only): the network fine-tuned on the shots
+  (``checked_finetune``), for comparison;
 * ``pooled GBT``: the pooled GBT of the other devices (+ the shots: its ``adapt``), and
   ``pooled GBT, shots chosen``: ``ShotChoice`` on it, so the peer gets the same k-shot path;
 * ``shots-only GBT``: XGBoost on the k shots alone, its size chosen by cross-validation on them;
@@ -94,7 +95,7 @@ def run_chip(opts, seed: int, ds, device_table: dict, chip: str, out, train_cdmp
                     pred = choice.predict(test)
                     out.row("leave-one-chip-out", opts.label + suffix, _metrics(test, pred), train_seconds=cdmpp_secs,
                             choice=choice.describe(), **n)
-                    if "cdmpp-finetune" in opts.methods:
+                    if "cdmpp-finetune" in opts.methods and sampler == "kmeans":  # the comparison, at its cost
                         tuned = model.adapt(shots)
                         mean, lo, hi, order = tuned.predict_interval_and_order(test)
                         out.row("leave-one-chip-out", opts.label + ", fine-tune" + suffix,
