@@ -76,6 +76,7 @@ class _Worker:
             c.close()
         shutil.rmtree(self.folder, ignore_errors=True)
         rc = self.proc.exitcode
+        self.proc.forget()
         if rc is not None and rc < 0:
             name = signal.Signals(-rc).name
             return {"SIGXCPU": "ran out of its CPU-time limit", "SIGKILL": "was killed",
@@ -432,11 +433,13 @@ class _Proc:
     ``join`` (the zygote, its parent, reaps it and says how it ended)."""
 
     def __init__(self, zygote: "_Zygote", pid: int):
-        self.zygote, self.pid = zygote, pid
+        self.zygote, self.pid, self._rc = zygote, pid, None
 
     @property
     def exitcode(self) -> int | None:
-        return self.zygote.exits.get(self.pid)
+        if self._rc is None:
+            self._rc = self.zygote.exits.get(self.pid)
+        return self._rc
 
     def kill(self) -> None:
         self.zygote.kill(self.pid)
@@ -444,6 +447,12 @@ class _Proc:
     def join(self, timeout: float = 30.0) -> None:
         with self.zygote.cond:
             self.zygote.cond.wait_for(lambda: self.pid in self.zygote.exits, timeout)
+
+    def forget(self) -> None:
+        """Drop the zygote's record of this exit (kept here), so the table does not grow with every worker."""
+        if self.exitcode is not None:
+            with self.zygote.cond:
+                self.zygote.exits.pop(self.pid, None)
 
 
 # what the zygote's environment may hold: nothing of the server's (tokens), only what Python and TVM need
@@ -492,12 +501,16 @@ class _Zygote:
                 break
             msg = json.loads(data)
             if "exit" in msg:
+                pids.discard(int(msg["exit"]))
                 with self.cond:
                     self.exits[int(msg["exit"])] = int(msg["rc"])
                     self.cond.notify_all()
             else:
                 if "pid" in msg and not msg.get("ready"):
-                    pids.add(int(msg["pid"]))
+                    pid = int(msg["pid"])
+                    pids.add(pid)
+                    with self.cond:  # a reused pid: an earlier worker's exit is not this one's
+                        self.exits.pop(pid, None)
                 self.replies.put(msg)
         # the zygote died (its workers exit when they see it gone): say so to every waiter
         with self.cond:
