@@ -100,6 +100,7 @@ _DENY_X86_64 = {  # changing files, running programs, reaching other processes o
     "tkill": 200, "fanotify_init": 300, "quotactl": 179, "swapon": 167, "swapoff": 168, "reboot": 169,
 }
 _OPEN, _OPENAT, _KILL, _TGKILL = 2, 257, 62, 234
+_FORK, _VFORK, _CLONE, _CLONE3, _CLONE_THREAD, _ENOSYS = 57, 58, 56, 435, 0x10000, 0x00050000 | 38
 
 
 class _Filter(ctypes.Structure):
@@ -112,19 +113,23 @@ class _Prog(ctypes.Structure):
 
 def _bpf(pid: int) -> list[tuple[int, int, int, int]]:
     """The filter: 32-bit (int 0x80) and x32 syscalls refused, the calls of ``_DENY_X86_64`` refused,
-    ``open``/``openat`` refused with any writing flag, ``kill``/``tgkill`` only for ``pid`` itself."""
+    ``open``/``openat`` refused with any writing flag, ``kill``/``tgkill`` only for ``pid`` itself, new
+    threads but no new processes (``fork``, ``vfork``, ``clone`` without CLONE_THREAD)."""
     LD, JEQ, JGE, JSET, RET = 0x20, 0x15, 0x35, 0x45, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ|K, ..., BPF_RET|K
     prog: list = []  # (code, jt, jf, k) with jt/jf as labels until resolved
     arg = lambda i: 16 + 8 * i  # offsetof(struct seccomp_data, args[i]), low 32 bits (little endian)
     prog += [(LD, 0, 0, 4), (JEQ, "nr", "deny", _AUDIT_ARCH_X86_64)]
     prog += [("nr", LD, 0, 0, 0), (JGE, "deny", 0, 0x40000000)]
     prog += [(JEQ, "open", 0, _OPEN), (JEQ, "openat", 0, _OPENAT), (JEQ, "self", 0, _KILL), (JEQ, "self", 0, _TGKILL)]
+    prog += [(JEQ, "deny", 0, _FORK), (JEQ, "deny", 0, _VFORK), (JEQ, "clone", 0, _CLONE), (JEQ, "nosys", 0, _CLONE3)]
     prog += [(JEQ, "deny", 0, nr) for nr in sorted(set(_DENY_X86_64.values()))]
     prog += [(RET, 0, 0, _ALLOW)]
     prog += [("open", LD, 0, 0, arg(1)), (JSET, "deny", 0, _OPEN_WRITE), (RET, 0, 0, _ALLOW)]
     prog += [("openat", LD, 0, 0, arg(2)), (JSET, "deny", 0, _OPEN_WRITE), (RET, 0, 0, _ALLOW)]
     prog += [("self", LD, 0, 0, arg(0)), (JEQ, 0, "deny", pid & 0xFFFFFFFF), (RET, 0, 0, _ALLOW)]
-    prog += [("deny", RET, 0, 0, _EPERM)]
+    prog += [("clone", LD, 0, 0, arg(0)), (JSET, "allow", "deny", _CLONE_THREAD)]  # threads, not processes
+    prog += [("nosys", RET, 0, 0, _ENOSYS)]  # clone3's flags are out of reach: glibc falls back to clone
+    prog += [("allow", RET, 0, 0, _ALLOW), ("deny", RET, 0, 0, _EPERM)]
     where = {ins[0]: i for i, ins in enumerate(prog) if isinstance(ins[0], str)}
     out = []
     for i, ins in enumerate(prog):
@@ -150,4 +155,5 @@ def seccomp() -> tuple[bool, str]:
         return False, f"PR_SET_NO_NEW_PRIVS failed ({os.strerror(ctypes.get_errno())})"
     if libc.prctl(22, 2, ctypes.byref(prog), 0, 0) != 0:  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
         return False, f"seccomp filter refused ({os.strerror(ctypes.get_errno())})"
-    return True, "opening files for writing, creating, removing, renaming, exec, sockets, ptrace, signals to others"
+    return True, ("opening files for writing, creating, removing, renaming, exec, new processes, sockets, ptrace, "
+                  "signals to others")

@@ -209,7 +209,8 @@ def test_worker_answers_are_validated_as_untrusted_input():
 
 def test_seccomp_filter_denies_file_changes_sockets_and_exec_on_its_own(tmp_path):
     """The second layer without Landlock (as on a kernel that lacks it): the same attempts fail with
-    EPERM, as do sockets and signals to other processes; reading, threads and signals to itself work."""
+    EPERM, as do sockets, new processes and signals to other processes; reading, threads and signals to
+    itself work."""
     import platform
     import socket
 
@@ -228,7 +229,8 @@ def test_seccomp_filter_denies_file_changes_sockets_and_exec_on_its_own(tmp_path
             attempts = [lambda: open(tmp_path / "new", "w"), lambda: os.truncate(victim, 0),
                         lambda: open(victim, "a"), lambda: os.unlink(victim), lambda: os.mkdir(tmp_path / "d"),
                         lambda: os.rename(victim, tmp_path / "moved"), lambda: socket.socket(),
-                        lambda: os.kill(os.getppid(), 0), lambda: os.execv("/bin/true", ["true"])]
+                        lambda: os.kill(os.getppid(), 0), lambda: os.execv("/bin/true", ["true"]),
+                        lambda: os.fork() or os._exit(0)]  # a child that got through exits at once
             for a in attempts:
                 try:
                     a()
@@ -236,6 +238,11 @@ def test_seccomp_filter_denies_file_changes_sockets_and_exec_on_its_own(tmp_path
                 except OSError:
                     done.append(False)
             os.kill(os.getpid(), 0)
+            import threading
+
+            t = threading.Thread(target=lambda: None)
+            t.start()
+            t.join()
             done.append(victim.read_text() == "precious" and bool(os.listdir(tmp_path)))
             os.write(w, json.dumps(done).encode())
         finally:
