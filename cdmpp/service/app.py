@@ -167,8 +167,9 @@ def create_app(settings: Settings | None = None, predictor: Predictor | None = N
             raise
         app.state.predictor = pred
         app.state.engine = engine
-        app.state.small = Lane("small", settings.threads, 0.01)  # cached requests and those of <= SMALL programs
-        app.state.large = Lane("large", settings.threads, 0.01)  # the rest, in chunks of SMALL programs
+        # prior paces: a small job ~0.1 s; a new program ~11 ms of a sandbox worker's CPU, more when shared
+        app.state.small = Lane("small", settings.threads, 0.1)  # cached requests, those of <= SMALL new programs
+        app.state.large = Lane("large", settings.threads, 0.02)  # the rest, in chunks of SMALL programs
         app.state.parsing = anyio.CapacityLimiter(max(1, settings.threads))  # bodies parsed at once
         app.state.started = time.monotonic()
         try:
@@ -217,7 +218,7 @@ def create_app(settings: Settings | None = None, predictor: Predictor | None = N
               openapi_extra=body_schema)
     async def predict(request: Request, predictor: Predictor = Depends(get_predictor),
                       engine: PredictEngine = Depends(get_engine)) -> PredictResponse:
-        """Predict the latency of a batch of programs on one device (one model call for the whole batch).
+        """Predict the latency of a batch of programs on one device.
 
         Body: ``PredictRequest`` as strict JSON (parsed here, not by FastAPI, so that NaN, huge numbers,
         lone surrogates, invalid UTF-8, deep nesting and too many programs are refused while parsing, with
@@ -227,7 +228,11 @@ def create_app(settings: Settings | None = None, predictor: Predictor | None = N
         large lane, in chunks (``cdmpp.service.lanes``); a lane that could not start the work before the
         deadline answers 503 with Retry-After at once."""
         deadline = time.monotonic() + settings.timeout_s
-        req = await read(request, PredictRequest, "programs", settings.max_batch)
+        try:  # parsing waits for a slot too (a body of 16 MiB takes seconds): bounded by the deadline as well
+            req = await asyncio.wait_for(read(request, PredictRequest, "programs", settings.max_batch),
+                                         settings.timeout_s)
+        except asyncio.TimeoutError:
+            raise Saturated("body parsing", settings.timeout_s) from None
         if req.device not in predictor.devices():
             raise _unknown_device(UnknownDeviceError(req.device, predictor.devices()))
         cancel = threading.Event()
@@ -235,9 +240,9 @@ def create_app(settings: Settings | None = None, predictor: Predictor | None = N
         args = (req.programs, req.device, req.target, req.workload, cancel, deadline, req.order)
 
         async def work():
-            preds = await small.run(1, deadline, cancel, _cached_or_small, engine, *args)
-            if preds is None:
-                preds = await large.run(len(req.programs), deadline, cancel, _in_chunks, engine, *args)
+            preds, new = await small.run(1, deadline, cancel, _cached_or_small, engine, *args)
+            if preds is None:  # weighed by its new programs
+                preds = await large.run(new, deadline, cancel, _in_chunks, engine, *args, report=True)
             return preds
 
         try:
@@ -292,7 +297,7 @@ def create_app(settings: Settings | None = None, predictor: Predictor | None = N
             raise _unknown_device(UnknownDeviceError(req.device, predictor.devices()))
         deadline = time.monotonic() + settings.timeout_s
         job = request.app.state.large.run(SMALL, deadline, threading.Event(), network_prediction, req.network,
-                                          req.device, req.schedules)
+                                          req.device, req.schedules, learn=False)
         try:
             p = await asyncio.wait_for(job, settings.timeout_s)
         except asyncio.TimeoutError:
@@ -369,24 +374,30 @@ def _unknown_device(e: UnknownDeviceError) -> ApiError:
 
 def _cached_or_small(engine: PredictEngine, programs, device, target, workload, cancel, deadline, order):
     """The small lane's job: a request answered wholly from the prediction cache, or one of at most
-    ``SMALL`` programs; None for a large request with new programs (the large lane's)."""
-    preds = engine.cached(programs, device, target, workload, order)
-    if preds is not None or len(programs) > SMALL:
-        return preds
-    return engine.predict(programs, device, target, workload, cancel, deadline, order)
+    ``SMALL`` new programs: (predictions, 0); else (None, its new programs), for the large lane."""
+    cached = engine.cached(programs, device, target, workload, order)
+    new = len(programs) if cached is None else sum(p is None for p in cached)
+    if new == 0:
+        return cached, 0
+    if new > SMALL:
+        return None, new
+    return engine.predict(programs, device, target, workload, cancel, deadline, order), new
 
 
-def _in_chunks(engine: PredictEngine, programs, device, target, workload, cancel, deadline, order):
+def _in_chunks(engine: PredictEngine, programs, device, target, workload, cancel, deadline, order, progress):
     """A large request as jobs of ``SMALL`` programs, so that between two of them the sandbox workers can
-    take a small request's job. Bad programs of every chunk are reported together, by request index."""
+    take a small request's job; ``progress`` learns the lane's pace from each. Bad programs of every chunk
+    are reported together, by request index."""
     out, errors = [], []
     for start in range(0, len(programs), SMALL):
         if cancel.is_set():
             raise Cancelled("request timed out")
+        chunk = programs[start:start + SMALL]
         try:
-            out += engine.predict(programs[start:start + SMALL], device, target, workload, cancel, deadline, order)
+            out += engine.predict(chunk, device, target, workload, cancel, deadline, order)
         except BadPrograms as e:
             errors += [(i + start, r) for i, r in e.errors]
+        progress(len(chunk))
     if errors:
         raise BadPrograms(errors, len(programs))
     return out

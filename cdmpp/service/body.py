@@ -155,6 +155,8 @@ def parse_body(raw: bytes, list_field: str | None = None, max_items: int = 1 << 
             except json.JSONDecodeError as e:
                 raise BadBody(f"body: not JSON: {e}") from None
             _check_value(key, "body: a field name")
+            if len(key) > MAX_KEY:
+                raise BadBody(f"body: a field name is longer than {MAX_KEY} characters (character {i})")
             if key in out:
                 raise BadBody(f"body: field {key!r} given twice")
             if len(out) >= MAX_FIELDS:

@@ -146,10 +146,11 @@ class PredictEngine:
         return {i for i, it in enumerate(programs) if is_tvmscript(it)}
 
     def cached(self, programs: Sequence[Any], device: str, target: str | None = None, workload: Any = None,
-               order: bool = False) -> list[Prediction] | None:
-        """The predictions if every program is in the prediction cache, else None: a hash and a lookup per
-        item, no sandbox, no model, so the server answers such a request without queueing it behind new
-        work (``cdmpp.service.lanes``). Bad devices and targets are ``predict``'s to report (None)."""
+               order: bool = False) -> list[Prediction | None] | None:
+        """Each program's cached prediction, None where there is none: a hash and a lookup per item, no
+        sandbox, no model, so the server answers a wholly cached request without queueing it behind new
+        work, and weighs the rest by its new programs (``cdmpp.service.lanes``). Bad devices and targets
+        are ``predict``'s to report (None). Counted in the stats only when every program was cached."""
         p = self.predictor
         kind = p.target_kind(device) if target is None and device in p.devices() else (target or "").strip()
         if device not in p.devices() or kind not in TARGET_KINDS:
@@ -159,7 +160,7 @@ class PredictEngine:
         with self._lock:
             out = [self._preds.get(k) for k in keys]
             if any(x is None for x in out):
-                return None
+                return out
             self.stats.prediction_hits += len(programs)
             self.stats.programs_predicted += len(programs)
         return out
