@@ -99,7 +99,7 @@ def run(json_out: str | None) -> dict:
         watcher.start()
 
         # 1. bodies that are not strict JSON or not a request
-        for seed in (1, 2):
+        for seed in (1, 2, 3):
             for b in malformed_bodies(device, good, random.Random(seed)):
                 c.post("malformed", b)
 
