@@ -141,3 +141,41 @@ def mean_over_chips(rows: Sequence[dict]) -> float:
     for r in rows:
         by_chip.setdefault(r["chip"], []).append(r["metrics"]["mape"])
     return float(np.mean([np.mean(v) for v in by_chip.values()])) if by_chip else math.nan
+
+
+PEERS = ("pooled GBT", "pooled GBT, shots chosen", "shots-only GBT")
+
+
+def chips_markdown(summary: dict, label: str = "cdmpp", sampler: str = "kmeans") -> str:
+    """Per held-out chip and over every chip: for each k, cdmpp's MAPE and within-task Spearman beside the
+    best peer on each metric (``PEERS``, the best chosen per metric and row), the network fine-tune and
+    the chip's own full-data GBT (a ceiling)."""
+    rows = summary.get("leave-one-chip-out", {})
+    chips = sorted({m.rsplit(" @ ", 1)[1] for m in rows if " @ " in m} - {"every chip"})
+    lines = []
+    for chip in ["every chip", *chips]:
+        if not any(m.endswith(" @ " + chip) for m in rows):
+            continue
+        ref = rows.get(f"chip's own GBT (reference) @ {chip}")
+        lines += [f"**{chip}**" + (f" (the chip's own GBT on all its other programs: MAPE {100 * ref['mape']:.1f} %, "
+                                    f"Spearman {ref['spearman']:.3f})" if ref else ""), "",
+                  f"| k ({sampler} shots) | {label} MAPE | best peer MAPE | {label} / peer | {label} Spearman | "
+                  f"best peer Spearman | {label}, fine-tune MAPE | seeds |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+        for k in LOCO_KS:
+            suffix = "" if k == "0" else f" k={k} ({sampler})"
+            e = rows.get(f"{label}{suffix} @ {chip}")
+            peers = [(p, rows[f"{p}{suffix} @ {chip}"]) for p in PEERS if f"{p}{suffix} @ {chip}" in rows]
+            if not e or not peers:
+                continue
+            best = min(peers, key=lambda pe: pe[1]["mape"])
+            rank = max(peers, key=lambda pe: pe[1].get("spearman", -1.0))
+            tuned = rows.get(f"{label}, fine-tune{suffix} @ {chip}")
+            lines.append(f"| {k} | {_pct(e, 'mape')} | {_pct(best[1], 'mape')} ({best[0]}) | "
+                         f"{e['mape'] / best[1]['mape']:.2f} | {e['spearman']:.3f} | {rank[1]['spearman']:.3f} ({rank[0]}) | "
+                         f"{_pct(tuned, 'mape')} | {e['seeds']} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _pct(entry: dict | None, key: str) -> str:
+    return f"{100 * entry[key]:.1f} ± {100 * entry[key + '_std']:.1f} %" if entry and key in entry else "—"

@@ -553,6 +553,8 @@ def headline(summary: dict, label: str = "cdmpp") -> str:
 
 def summary_markdown(summary: dict) -> str:
     """``reports/summary.md``: the command, the headline table and every setting's table."""
+    from cdmpp.evaluation.chips import chips_markdown
+
     opts = summary.get("options", {})
     seeds = ", ".join(str(s) for s in opts.get("seeds", [])) or "see rows"
     return "\n".join([
@@ -560,5 +562,7 @@ def summary_markdown(summary: dict) -> str:
         f"Command: `{summary.get('command', '')}` ({summary.get('created', '')}); protocol: docs/evaluation.md; "
         f"every row of every seed: {opts.get('runs', 'reports/protocol-runs.jsonl')}. Mean ± std over seeds {seeds}.", "",
         "## Headline (MAPE)", "", headline(summary), "",
+        *(["## Leave-one-chip-out (each k: cdmpp beside the best peer on each metric)", "", chips_markdown(summary)]
+          if "leave-one-chip-out" in summary else []),
         "## Every setting and method", "", markdown(summary)]) + "\n"
 

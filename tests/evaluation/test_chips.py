@@ -75,6 +75,11 @@ def test_protocol_rows_and_the_mean_over_chips(three_devices, chip_table, tmp_pa
     both = summary["shots-only GBT k=16 (random) @ every chip"]
     per = [summary[f"shots-only GBT k=16 (random) @ {c}"]["mape"] for c in ("fake chip A", "fake chip B")]
     assert both["seeds"] == 2 and both["mape"] == pytest.approx(sum(per) / 2)
+    from cdmpp.evaluation.chips import chips_markdown
+
+    table = chips_markdown({"leave-one-chip-out": summary}, label="pooled GBT", sampler="random")
+    assert "**every chip**" in table and "**fake chip B** (the chip's own GBT" in table
+    assert sum(line.startswith("| 16 |") for line in table.splitlines()) == 3  # every chip + two chips
 
 
 def test_an_unknown_chip_is_a_clear_error(three_devices, chip_table):
