@@ -264,3 +264,16 @@ def test_work_that_cannot_start_in_time_is_refused_at_once(predictor, device, ta
         while httpx.get(u + "/readyz").status_code != 200:
             assert time.monotonic() < deadline, "readyz never recovered"
             time.sleep(0.1)
+
+
+def test_operator_names_from_the_environment_and_host_parsing():
+    from cdmpp.service.app import Settings
+    from cdmpp.service.middleware import _split_host
+
+    s = Settings.from_env({"CDMPP_ALLOWED_HOSTS": "cdmpp.internal, api.example:443", "CDMPP_ALLOW_ORIGINS":
+                           "https://ui.example", "CDMPP_BODY_TIMEOUT_S": "5"})
+    assert s.allowed_hosts == ("cdmpp.internal", "api.example:443") and s.allowed_origins == ("https://ui.example",)
+    assert s.body_timeout_s == 5.0 and Settings.from_env({}).allowed_hosts == ()
+    assert _split_host("LocalHost.:8000") == ("localhost", 8000)
+    assert _split_host("[::1]:8000") == ("::1", 8000) and _split_host("[::1]") == ("::1", None)
+    assert _split_host("a:b") == ("", None) and _split_host("[::1]x") == ("", None)
