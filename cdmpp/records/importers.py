@@ -179,7 +179,7 @@ def import_metaschedule(db_dir: str, dataset_dir: str, device: str, task_table=N
     problems: list[str] = []
     counts = {"added": 0, "already_present": 0, "same_program": 0, "unreadable": 0, "workload_missing": 0,
               "no_run_secs": 0, "failed_run": 0, "does_not_replay": 0, "wrong_target_kind": 0}
-    workloads: list = []  # by index: (task key, mod) or None
+    workloads: list = []  # by index: (task key, mod, name) or None
     new_tasks: list = []
     with open(wl_path, "rb") as f:
         for lineno, line in enumerate(f, 1):
@@ -192,9 +192,10 @@ def import_metaschedule(db_dir: str, dataset_dir: str, device: str, task_table=N
                 problems.append(f"{wl_path}:{lineno}: unreadable workload ({e.__class__.__name__}: {str(e)[:120]})")
                 workloads.append(None)
                 continue
-            workloads.append((key, mod))
-            if task_table is None or key not in task_table.tasks:
-                new_tasks.append(Task(key, _task_name(mod), tvm.ir.save_json(mod)))
+            known = task_table.tasks.get(key) if task_table is not None else None
+            workloads.append((key, mod, known.name if known else _task_name(mod)))
+            if known is None:
+                new_tasks.append(Task(key, workloads[-1][2], tvm.ir.save_json(mod)))
     store = RecordStore(dataset_dir)
     have_ids, have_keys = set(), {}
     for r in store.iter_records(device, traces=False):
@@ -241,7 +242,7 @@ def import_metaschedule(db_dir: str, dataset_dir: str, device: str, task_table=N
                 problems.append(f"{where}: target kind {kind!r}, but {device} is featurized as "
                                 f"{_target_kind(device)} (a GPU device's id names cuda)")
                 continue
-            key, mod = wl
+            key, mod, name = wl
             mkey = _ms_key(key, trace)
             if mkey in have_keys:
                 counts["already_present"] += 1
@@ -268,7 +269,7 @@ def import_metaschedule(db_dir: str, dataset_dir: str, device: str, task_table=N
             known = task_table.tasks.get(key) if task_table is not None else None
             pending.append({  # the collector's shape, "trace" right before "seconds" (store._without_trace)
                 "id": rid, "device": device, "task": key,
-                "task_name": known.name if known else _task_name(mod),
+                "task_name": name,
                 "networks": sorted(known.occurrences) if known else [], "program_hash": phash,
                 "trace": trace, "seconds": secs, "error": None, "run": run_id,
                 "source": f"{src}:{lineno}", "target": json.dumps(target, sort_keys=True), "ms_key": mkey})

@@ -12,8 +12,6 @@ from tests.data import DEVICES_JSON, TASKS
 DEVICE = "amd-epyc-znver4-2t/llvm-avx512"  # in the device table and the shipped model
 TRIALS = 16
 
-pytestmark = pytest.mark.slow  # tuning takes ~40 s here
-
 
 @pytest.fixture(scope="module")
 def tuned(tmp_path_factory):
@@ -59,6 +57,7 @@ def _lines(path):
     return path.read_text().splitlines()
 
 
+@pytest.mark.slow  # the database's tuning takes ~40 s here
 def test_every_record_replays_with_its_run_secs_and_label(tuned, tmp_path, monkeypatch):
     from tvm.s_tir import meta_schedule as ms
 
@@ -103,6 +102,7 @@ def _plain(obj):
     return to_json_value(obj)
 
 
+@pytest.mark.slow
 def test_reimport_adds_nothing(tuned, tmp_path):
     ds = tmp_path / "ds"
     first = _import(tuned, ds)
@@ -113,6 +113,7 @@ def test_reimport_adds_nothing(tuned, tmp_path):
     assert len(_lines(tmp_path / "ids.txt")) == TRIALS
 
 
+@pytest.mark.slow
 def test_bad_lines_are_reported_and_skipped(tuned, tmp_path):
     db = tmp_path / "db"
     shutil.copytree(tuned, db, ignore=shutil.ignore_patterns("logs"))
@@ -135,6 +136,7 @@ def test_bad_lines_are_reported_and_skipped(tuned, tmp_path):
     assert rec[8][1][0][0][0][0] == "GetSBlock"
 
 
+@pytest.mark.slow
 def test_cli_and_finetune_from_the_imported_ids(tuned, tmp_path, monkeypatch, capsys):
     """`cdmpp import metaschedule` writes the ids; `cdmpp finetune` adapts the shipped model from them."""
     from cdmpp.cli import main
@@ -151,3 +153,22 @@ def test_cli_and_finetune_from_the_imported_ids(tuned, tmp_path, monkeypatch, ca
                  "--out", str(tmp_path / "ft"), *common]) == 0
     assert f"({TRIALS} programs measured on {DEVICE})" in capsys.readouterr().out
     assert main(["import", "metaschedule", str(tmp_path), "--device", DEVICE, *common]) == 2  # not a database
+
+
+def test_dataset_workloads_extend_the_task_table_and_travel_with_the_records(tmp_path):
+    """``workloads.jsonl`` adds the tasks the table lacks (never replaces one); ``import_store`` carries it."""
+    from cdmpp.records.importers import WORKLOADS, import_store, with_imported_workloads
+    from cdmpp.records.store import RecordStore
+    from cdmpp.zoo.tasks import Task, TaskTable
+
+    table = TaskTable(tasks={"a" * 16: Task("a" * 16, "known", "{}")})
+    src = tmp_path / "lent"
+    RecordStore(str(src)).append("d", [{"id": "d|b|1", "device": "d", "task": "b" * 16, "seconds": [1e-5]}])
+    (src / WORKLOADS).write_text(json.dumps({"key": "b" * 16, "name": "mm", "mod_json": "{}"}) + "\n"
+                                 + json.dumps({"key": "a" * 16, "name": "other", "mod_json": "{}"}) + "\n{torn")
+    assert with_imported_workloads(table, str(tmp_path)) is table  # no workloads.jsonl: the table as is
+    ext = with_imported_workloads(table, str(src))
+    assert ext["a" * 16].name == "known" and ext["b" * 16].name == "mm" and len(table) == 1
+    import_store(str(src), str(tmp_path / "ds"))
+    import_store(str(src), str(tmp_path / "ds"))
+    assert len(_lines(tmp_path / "ds" / WORKLOADS)) == 2
