@@ -53,7 +53,8 @@ def target_kind_problem(features, kind: str) -> str | None:
 # Out-of-distribution flags (``Prediction.ood``): why a prediction deserves less trust than the model's
 # validation error suggests.
 DEVICE_UNTRAINED = "device_untrained"  # the device had no training data (predicted from its specs only)
-FEATURES_OUT_OF_RANGE = "features_out_of_range"  # a leaf feature lies far outside the training values
+FEATURES_OUT_OF_RANGE = "features_out_of_range"  # leaf features outside the training values move the prediction
+RISK_FACTOR = 1.1  # out-of-range inputs flag a prediction when holding them at the training range moves it this much
 
 
 @dataclass
@@ -62,6 +63,7 @@ class Prediction:
     lo90: float
     hi90: float
     ood: tuple[str, ...] = ()  # empty: program and device lie inside what the model was trained on
+    out_of_range: tuple[str, ...] = ()  # with features_out_of_range: the feature columns beyond the training range
 
     @property
     def in_distribution(self) -> bool:
@@ -146,6 +148,10 @@ class Predictor:
         the training leaves' [min, max] of its column (checkpoints that record it), or, for older
         checkpoints, differs from a column that was constant in training or is not finite: values the model
         certainly never saw. (A z-score rule flagged half of ordinary programs: rare binary columns.)"""
+        return [flags for flags, _ in self._ood(features, device)]
+
+    def _ood(self, features: Sequence, device: str) -> list[tuple[tuple[str, ...], np.ndarray]]:
+        """Per program: (flags, boolean mask of its leaf values outside the training range)."""
         common = []
         if not self.trained_on(device):
             common.append(DEVICE_UNTRAINED)
@@ -165,8 +171,27 @@ class Predictor:
                 else:
                     far = const & (np.abs(x - center) > 1e-3 * (1.0 + np.abs(center)))
                 far = far | ~np.isfinite(x)
-            out.append(tuple(common + ([FEATURES_OUT_OF_RANGE] if far.any() else [])))
+            out.append((tuple(common + ([FEATURES_OUT_OF_RANGE] if far.any() else [])), far))
         return out
+
+    def _at_risk(self, features: Sequence, device: str, seconds: np.ndarray) -> list[bool]:
+        """Whether each flagged program's prediction moves by more than ``RISK_FACTOR`` when its out-of-range
+        values are held at the training range: a value beyond it the model does not lean on (an allocation
+        size of 0, as Ansor-lowered programs have) is no reason to distrust the answer."""
+        import copy
+
+        norm = self.model.feature_normalizer
+        lo, hi = getattr(norm, "min_", None), getattr(norm, "max_", None)
+        if lo is None or hi is None or not features:
+            return [True] * len(features)
+        clipped = []
+        for f in features:
+            g = copy.copy(f)
+            g.leaf_features = np.clip(np.nan_to_num(np.asarray(f.leaf_features, np.float64)), lo, hi).astype(np.float32)
+            clipped.append(g)
+        held = self.model.predict(clipped, device)[0]
+        ratio = np.abs(np.log(np.maximum(held, 1e-30) / np.maximum(seconds, 1e-30)))
+        return list(ratio > np.log(RISK_FACTOR))
 
     # ---- featurization with a cache ---------------------------------------------------------------
     def featurize(self, programs: Sequence, target: str = "llvm", trusted: bool = False) -> list:
@@ -249,8 +274,21 @@ class Predictor:
             err.errors = [{"index": i, "reason": r} for i, r in errors]
             raise err
         mean, lo, hi = self.model.predict(list(features), device, order=order)
-        flags = self.ood_flags(features, device, target_kind)
-        return [Prediction(float(m), float(a), float(b), f) for m, a, b, f in zip(mean, lo, hi, flags)]
+        found = self._ood(features, device)
+        far = [i for i, (flags, _) in enumerate(found) if FEATURES_OUT_OF_RANGE in flags]
+        risky = dict(zip(far, self._at_risk([features[i] for i in far], device, mean[far])))
+        from cdmpp.program.features import FEATURE_NAMES
+
+        out = []
+        for i, (m, a, b) in enumerate(zip(mean, lo, hi)):
+            flags, mask = found[i]
+            names: tuple[str, ...] = ()
+            if i in risky and not risky[i]:
+                flags = tuple(x for x in flags if x != FEATURES_OUT_OF_RANGE)
+            elif i in risky:
+                names = tuple(FEATURE_NAMES[c] for c in np.nonzero(mask.any(axis=0))[0])
+            out.append(Prediction(float(m), float(a), float(b), flags, names))
+        return out
 
     def predict(self, programs: Sequence, device: str, trusted: bool = False, target: str | None = None,
                 order: bool = False) -> list[Prediction]:

@@ -115,3 +115,33 @@ def test_a_device_of_the_table_the_model_never_saw_is_predicted_from_its_specs(p
     assert all(np.isfinite(x.seconds) and x.seconds > 0 and DEVICE_UNTRAINED in x.ood for x in got)
     with pytest.raises(UnknownDeviceError, match="cdmpp devices add"):
         p.predict_features(feats, "no-such-device-1t/llvm-avx2")
+
+
+def test_out_of_range_names_the_inputs_and_fires_only_where_the_prediction_moves(predictor, device, sampled):
+    """A value beyond the training range is flagged, with its column named, only when holding it at the
+    range moves the prediction by more than RISK_FACTOR (issue 52: 99.7 % of foreign programs were flagged)."""
+    import copy
+
+    from cdmpp.predict.predictor import FEATURES_OUT_OF_RANGE, RISK_FACTOR
+    from cdmpp.program.features import FEATURE_NAMES
+
+    f = featurize(sampled["matmul"][0].mod)
+    norm = predictor.model.feature_normalizer
+    base = predictor.predict_features([f], device)[0].seconds
+    moved = []
+    for col in range(N_FEATURES):
+        if col in range(49, 57):  # GPU binding columns: a CPU program stays a CPU program
+            continue
+        g = copy.copy(f)
+        g.leaf_features = f.leaf_features.copy()
+        g.leaf_features[:, col] = norm.max_[col] + 10.0 * (1.0 + abs(norm.max_[col]))
+        p = predictor.predict_features([g], device)[0]
+        held = predictor.predict_features([f], device)[0].seconds  # the column at the range ~ the original
+        if FEATURES_OUT_OF_RANGE in p.ood:
+            assert p.out_of_range == (FEATURE_NAMES[col],)
+            moved.append(col)
+        else:
+            assert p.out_of_range == () and held == base
+    assert moved, "some column must matter"
+    assert len(moved) < N_FEATURES - 8, "a column the model ignores must not flag"
+    assert RISK_FACTOR > 1
