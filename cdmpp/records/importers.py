@@ -165,6 +165,8 @@ def import_metaschedule(db_dir: str, dataset_dir: str, device: str, task_table=N
     from cdmpp.program import tvm_env
 
     tvm = tvm_env.setup()
+    if _target_kind(device) == "cuda":  # tensor-core traces name the CUDA intrinsics
+        tvm_env.load_cuda_intrinsics()
     from tvm.s_tir.meta_schedule.database import Workload
 
     from cdmpp.program.features import program_hash

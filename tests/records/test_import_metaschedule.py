@@ -172,3 +172,31 @@ def test_dataset_workloads_extend_the_task_table_and_travel_with_the_records(tmp
     import_store(str(src), str(tmp_path / "ds"))
     import_store(str(src), str(tmp_path / "ds"))
     assert len(_lines(tmp_path / "ds" / WORKLOADS)) == 2
+
+
+def test_a_task_of_the_table_keeps_its_key_name_and_networks(tmp_path):
+    """A database over a zoo task (as ``tune_relax`` of a zoo network writes) needs no workloads.jsonl."""
+    from cdmpp.program import tvm_env
+
+    tvm_env.setup()
+    from tvm.s_tir import meta_schedule as ms
+
+    from cdmpp.measure.schedules import sample_schedules
+    from cdmpp.records.importers import WORKLOADS
+    from cdmpp.records.store import RecordStore
+    from cdmpp.zoo.tasks import TaskTable, load_task_mod
+
+    task = min((t for t in TaskTable.load(str(TASKS)) if "matmul" in t.name), key=lambda t: len(t.mod_json))
+    mod, target = load_task_mod(task), tvm_env.make_target("llvm", num_cores=2)
+    (tmp_path / "db").mkdir()
+    db = ms.database.JSONDatabase(work_dir=str(tmp_path / "db"))
+    wl = db.commit_workload(mod)
+    schs = sample_schedules(mod, target, 3, seed=0)
+    for sch in schs:
+        db.commit_tuning_record(ms.database.TuningRecord(sch.trace, wl, [2e-5, 1e-5], target,
+                                                         ms.arg_info.ArgInfo.from_prim_func(mod["main"])))
+    r = _import(tmp_path / "db", tmp_path / "ds")
+    assert r["added"] == len(schs) and r["new_workloads"] == 0 and not (tmp_path / "ds" / WORKLOADS).exists()
+    for rec in RecordStore(str(tmp_path / "ds")).iter_records():
+        assert (rec["task"], rec["task_name"], rec["networks"]) == (task.key, task.name, sorted(task.occurrences))
+        assert rec["seconds"] == [2e-5, 1e-5]
