@@ -140,12 +140,24 @@ def evaluate(seconds, tasks, predicted=None, lo=None, hi=None, rank_key=None, mi
         if not np.all(np.isfinite(p)):
             raise ValueError(f"{int((~np.isfinite(p)).sum())} predictions are not finite")
         out.update(regression_metrics(seconds, p))
+        out["mape_fast10"] = fast_share_mape(seconds, p, tasks)
     key = rank_key if rank_key is not None else predicted
     if key is not None:
         out.update(ranking_metrics(seconds, key, tasks, min_group))
     if lo is not None and hi is not None:
         out["coverage90"] = interval_coverage(seconds, lo, hi)
     return out
+
+
+def fast_share_mape(seconds, predicted, tasks, share: float = 0.1) -> float:
+    """MAPE on each task's fastest ``share`` of programs (at least one per task): where a tuner looks,
+    and where random schedules rarely go (DESIGN.md §5, "Fast programs")."""
+    y, p = np.asarray(seconds, dtype=np.float64), np.asarray(predicted, dtype=np.float64)
+    groups: dict = {}
+    for i, t in enumerate(tasks):
+        groups.setdefault(t, []).append(i)
+    fast = [i for idx in groups.values() for i in sorted(idx, key=lambda j: y[j])[:max(1, int(round(share * len(idx))))]]
+    return float(np.mean(np.abs(p[fast] - y[fast]) / y[fast])) if fast else float("nan")
 
 
 def _mean(values: list[float]) -> float:

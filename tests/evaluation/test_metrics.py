@@ -98,3 +98,15 @@ def test_within_task_spearman_matches_scipy_per_task_with_ties_and_constant_task
             expected.append(r if np.isfinite(r) else 0.0)
     assert ev.within_task_spearman(y, key, tasks) == pytest.approx(np.mean(expected), abs=1e-12)
     assert math.isnan(ev.within_task_spearman([1.0, 2.0], [1.0, 2.0], ["a", "a"]))
+
+
+def test_fast_share_mape_by_hand():
+    """Each task's fastest tenth (at least one program): task a's fastest is off by 50 %, task b's by 0."""
+    from cdmpp.evaluation.metrics import evaluate, fast_share_mape
+
+    seconds = [1.0, 2.0, 3.0, 10.0, 20.0]
+    predicted = [1.5, 2.0, 9.0, 10.0, 99.0]
+    tasks = ["a", "a", "a", "b", "b"]
+    assert fast_share_mape(seconds, predicted, tasks) == 0.25
+    assert fast_share_mape(seconds, predicted, tasks, share=1.0) == (0.5 + 0 + 2 + 0 + 3.95) / 5
+    assert evaluate(seconds, tasks, predicted)["mape_fast10"] == 0.25
