@@ -113,7 +113,11 @@ def _merge_workloads(dataset_dir: str, tasks, source: str | None) -> int:
     have = imported_workloads(dataset_dir)
     new = [t for t in tasks if t.key not in have]
     if new:
-        with open(os.path.join(dataset_dir, WORKLOADS), "a") as f:
+        path = os.path.join(dataset_dir, WORKLOADS)
+        torn = os.path.exists(path) and os.path.getsize(path) and open(path, "rb").read()[-1:] != b"\n"
+        with open(path, "a") as f:
+            if torn:  # a write cut short: end its line, which is then skipped as unreadable
+                f.write("\n")
             for t in new:
                 f.write(json.dumps({"key": t.key, "name": t.name, "mod_json": t.mod_json,
                                     "source": source}) + "\n")

@@ -57,6 +57,12 @@ def _lines(path):
     return path.read_text().splitlines()
 
 
+def _plain(obj):
+    from cdmpp.program.inputs import to_json_value
+
+    return to_json_value(obj)
+
+
 @pytest.mark.slow  # the database's tuning takes ~40 s here
 def test_every_record_replays_with_its_run_secs_and_label(tuned, tmp_path, monkeypatch):
     from tvm.s_tir import meta_schedule as ms
@@ -94,12 +100,6 @@ def test_every_record_replays_with_its_run_secs_and_label(tuned, tmp_path, monke
     loaded = load_dataset(str(ds), TaskTable.load(str(TASKS)), progress=False)
     assert len(loaded) == TRIALS and {p.record_id for p in loaded.programs} == set(recs)
     assert sorted(p.seconds for p in loaded.programs) == pytest.approx(sorted(label(x) for x in recs.values()))
-
-
-def _plain(obj):
-    from cdmpp.program.inputs import to_json_value
-
-    return to_json_value(obj)
 
 
 @pytest.mark.slow
@@ -157,7 +157,7 @@ def test_cli_and_finetune_from_the_imported_ids(tuned, tmp_path, monkeypatch, ca
 
 def test_dataset_workloads_extend_the_task_table_and_travel_with_the_records(tmp_path):
     """``workloads.jsonl`` adds the tasks the table lacks (never replaces one); ``import_store`` carries it."""
-    from cdmpp.records.importers import WORKLOADS, import_store, with_imported_workloads
+    from cdmpp.records.importers import WORKLOADS, import_store, imported_workloads, with_imported_workloads
     from cdmpp.records.store import RecordStore
     from cdmpp.zoo.tasks import Task, TaskTable
 
@@ -172,6 +172,12 @@ def test_dataset_workloads_extend_the_task_table_and_travel_with_the_records(tmp
     import_store(str(src), str(tmp_path / "ds"))
     import_store(str(src), str(tmp_path / "ds"))
     assert len(_lines(tmp_path / "ds" / WORKLOADS)) == 2
+    with open(tmp_path / "ds" / WORKLOADS, "a") as f:
+        f.write('{"key": "c')  # a write cut short
+    with open(src / WORKLOADS, "w") as f:
+        f.write(json.dumps({"key": "d" * 16, "name": "new", "mod_json": "{}"}) + "\n")
+    import_store(str(src), str(tmp_path / "ds"))
+    assert sorted(imported_workloads(str(tmp_path / "ds"))) == ["a" * 16, "b" * 16, "d" * 16]
 
 
 def test_a_task_of_the_table_keeps_its_key_name_and_networks(tmp_path):
