@@ -4,13 +4,16 @@ programs with k = 0, 1 %, 5 %, 16 and 64 of its programs measured (KMeans and ra
 
 Rows (``protocol-runs.jsonl`` form, setting ``leave-one-chip-out``, ``chip`` naming the held-out one):
 
-* ``cdmpp``: the pretrained model's prediction; with shots, ``ShotChoice`` on it (the shipped k-shot
-  path: the prediction as is, × the shots' median ratio, × a GBT of the log ratio, a GBT of the shots
-  alone, or a blend, whichever cross-validation on the shots prefers);
+* ``cdmpp``: the pretrained model's prediction (a new CPU chip through its anchor, moved by Amdahl's law
+  and the per-thread peak ratio: ``cdmpp.model.physics``); with shots, ``ShotChoice`` on it (the shipped
+  k-shot path: the prediction as is, × the shots' median ratio, × a GBT of the log ratio, a GBT of the
+  shots alone, or a blend, whichever cross-validation on the shots prefers); ``cdmpp, direct`` (k = 0):
+  the network asked for the new chip from its specs, without the transfer;
 * ``cdmpp, fine-tune`` (method ``cdmpp-finetune``, KMeans shots only): the network fine-tuned on the shots
   (``checked_finetune``), for comparison;
 * ``pooled GBT``: the pooled GBT of the other devices (+ the shots: its ``adapt``), and
-  ``pooled GBT, shots chosen``: ``ShotChoice`` on it, so the peer gets the same k-shot path;
+  ``pooled GBT, spec transfer``: the same GBT through cdmpp's transfer, with ``ShotChoice`` on it, so
+  the peer gets the same physics and the same k-shot path;
 * ``shots-only GBT``: XGBoost on the k shots alone, its size chosen by cross-validation on them;
 * ``chip's own GBT (reference)``: a pooled GBT trained on every labelled program of the chip outside the
   test (the pool), the ceiling a full collection on the chip would reach.
@@ -20,6 +23,7 @@ Twins are grouped: no program of the chip's test set is in training on any devic
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 from typing import Sequence
@@ -73,8 +77,11 @@ def run_chip(opts, seed: int, ds, device_table: dict, chip: str, out, train_cdmp
         cdmpp_base = _Memo(model.predict)
     gbt = None
     if "pooled-gbt" in opts.methods:
+        from cdmpp.evaluation.methods.twin_ratio import AmdahlTransfer
+        from cdmpp.model.physics import fork_join_by_device
+
         gbt, gbt_secs = gbt_on(base.train, base.val)
-        gbt_base = _Memo(gbt.predict)
+        transfer = _Memo(AmdahlTransfer(gbt, fork_join_by_device(base.train, device_table), device_table).predict)
         pool = _chip_pool(ds, base)
         val_, train_ = splits._split_by_key(pool, lambda p: p.features.program_hash, [0.1],
                                             splits._rng(seed, "chip-reference", chip))
@@ -105,14 +112,18 @@ def run_chip(opts, seed: int, ds, device_table: dict, chip: str, out, train_cdmp
                     out.row("leave-one-chip-out", opts.label, _metrics(test, mean, lo, hi, order),
                             train_seconds=cdmpp_secs, val_mape=model.model_.summary["val"]["mape"],
                             epochs=sum(len(r.get("history", [])) for r in model.model_.summary["members"]), **n)
+                    direct = copy.copy(model.model_)
+                    direct.anchors = None  # every device predicted by the network from its specs
+                    mean, lo, hi = direct.predict([p.features for p in test], [p.device for p in test])
+                    out.row("leave-one-chip-out", opts.label + ", direct", _metrics(test, mean, lo, hi),
+                            train_seconds=cdmpp_secs, **n)
             if gbt is not None:
                 g = gbt.adapt(shots) if k else gbt
                 out.row("leave-one-chip-out", "pooled GBT" + suffix, _metrics(test, g.predict(test)),
                         train_seconds=gbt_secs, **n)
-                if k:
-                    choice = ShotChoice(gbt_base, seed=seed, nthread=opts.threads).fit(shots)
-                    out.row("leave-one-chip-out", "pooled GBT, shots chosen" + suffix,
-                            _metrics(test, choice.predict(test)), train_seconds=gbt_secs, choice=choice.describe(), **n)
+                moved = ShotChoice(transfer, seed=seed, nthread=opts.threads).fit(shots)
+                out.row("leave-one-chip-out", "pooled GBT, spec transfer" + suffix, _metrics(test, moved.predict(test)),
+                        train_seconds=gbt_secs, choice=moved.describe(), **n)
             if k:
                 alone = ShotChoice(None, seed=seed, nthread=opts.threads, only=("shots",)).fit(shots)
                 out.row("leave-one-chip-out", "shots-only GBT" + suffix, _metrics(test, alone.predict(test)),
@@ -143,7 +154,7 @@ def mean_over_chips(rows: Sequence[dict]) -> float:
     return float(np.mean([np.mean(v) for v in by_chip.values()])) if by_chip else math.nan
 
 
-PEERS = ("pooled GBT", "pooled GBT, shots chosen", "shots-only GBT")
+PEERS = ("pooled GBT", "pooled GBT, spec transfer", "shots-only GBT")
 
 
 def chips_markdown(summary: dict, label: str = "cdmpp", sampler: str = "kmeans") -> str:

@@ -95,27 +95,48 @@ def _parts(device: str) -> tuple[str, str, str]:
     return re.sub(r"-\d+t$", "", head), kind, isa
 
 
-def anchor_device(device: str, trained: Sequence[str], table: dict) -> str | None:
-    """The trained device a prediction for ``device`` is made on and moved from by ``amdahl_seconds``:
-    None (predicted directly) when ``device`` was trained on, is not a CPU (``llvm``) device, or runs a
-    thread count some trained CPU device ran: then its other specs (a slower chip) move the prediction as
-    the model learned, which did better than the law alone on a Zen 3 chip at 1 thread. Otherwise the
-    trained CPU device of the same ISA, then the same hardware, then the closest thread count
-    (reports/study-issue19.md, round 25)."""
+def anchor_device(device: str, trained: Sequence[str], table: dict, cross_chip: bool = True) -> str | None:
+    """The trained device a prediction for ``device`` is made on and moved from by ``move``: None
+    (predicted directly) when ``device`` was trained on or is not a CPU (``llvm``) device.
+
+    A chip the model trained on, at a thread count it never ran: the trained CPU device of the same ISA,
+    then the same hardware, then the closest thread count (reports/study-issue19.md, round 25); at a
+    thread count some trained device ran, directly. A chip it never trained on (``cross_chip``): the
+    trained CPU device of the closest thread count, then the same ISA, moved by Amdahl's law and the
+    two chips' per-thread peaks (``move``), which a network cannot extrapolate from a handful of training
+    chips (issue 52; reports/leave-one-chip-out.md)."""
     if device in trained:
         return None
     hardware, kind, isa = _parts(device)
     cpus = [d for d in trained if _parts(d)[1] == "llvm"]
     cores = table[device].get("cores")
-    if kind != "llvm" or not cpus or not cores or any(float(table[d]["cores"]) == float(cores) for d in cpus):
+    if kind != "llvm" or not cpus or not cores:
         return None
     cores = float(cores)
+    new_chip = all(_parts(d)[0] != hardware for d in cpus)
+    if new_chip and cross_chip:
+        return min(cpus, key=lambda d: (abs(math.log(float(table[d]["cores"]) / cores)), _parts(d)[2] != isa, d))
+    if any(float(table[d]["cores"]) == cores for d in cpus):
+        return None
 
     def distance(d):
         h, _, i = _parts(d)
         return i != isa, h != hardware, abs(math.log(float(table[d]["cores"]) / cores)), d
 
     return min(cpus, key=distance)
+
+
+def per_thread_peak_ratio(src: str, dst: str, table: dict) -> float:
+    """How much longer a program takes per thread on ``dst``'s chip than on ``src``'s: the ratio of their
+    per-thread peak FLOP/s (clock x SIMD width x FMA units, as probed), 1 between devices of one chip.
+    On twins it moved Zen 4 labels to Zen 3 within 38 % MAPE (46 % unmoved) and, after Amdahl's law,
+    2-thread Zen 4 labels to a 16-thread Xeon within 38 % (52 % by the law alone)."""
+    if _parts(src)[0] == _parts(dst)[0]:
+        return 1.0
+    s, d = table[src], table[dst]
+    if not all(x.get("peak_gflops") and x.get("cores") for x in (s, d)):
+        return 1.0
+    return (float(s["peak_gflops"]) / float(s["cores"])) / (float(d["peak_gflops"]) / float(d["cores"]))
 
 
 def fork_join_by_device(samples: Sequence, table: dict) -> dict[str, float]:
@@ -134,13 +155,15 @@ def fork_join_by_device(samples: Sequence, table: dict) -> dict[str, float]:
 def move(seconds: Sequence[float], features: Sequence, from_devices: Sequence[str], to_devices: Sequence[str],
          table: dict, fork_join: dict[str, float]) -> np.ndarray:
     """Each latency on its ``from_devices`` entry moved to its ``to_devices`` entry by ``amdahl_seconds``
-    (unchanged where the two are the same); the fork/join cost is the anchor's, whichever side it is on."""
+    and, between chips, ``per_thread_peak_ratio`` (unchanged where the two are the same); the fork/join
+    cost is the anchor's, whichever side it is on."""
     seconds = np.asarray(seconds, dtype=np.float64)
     out = seconds.copy()
     for src, dst in set(zip(from_devices, to_devices)) - {(d, d) for d in to_devices}:
         idx = np.flatnonzero([(a, b) == (src, dst) for a, b in zip(from_devices, to_devices)])
         out[idx] = amdahl_seconds(seconds[idx], [features[i] for i in idx], int(table[src]["cores"]),
                                   int(table[dst]["cores"]), fork_join.get(src, fork_join.get(dst, 0.0)))
+        out[idx] *= per_thread_peak_ratio(src, dst, table)
     return out
 
 

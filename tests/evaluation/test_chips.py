@@ -70,7 +70,7 @@ def test_protocol_rows_and_the_mean_over_chips(three_devices, chip_table, tmp_pa
     got = {(r["chip"], r["method"]) for r in rows}
     for chip in ("fake chip A", "fake chip B"):
         assert {(chip, "pooled GBT"), (chip, "pooled GBT k=16 (random)"), (chip, "shots-only GBT k=16 (random)"),
-                (chip, "pooled GBT, shots chosen k=16 (random)"), (chip, "chip's own GBT (reference)")} <= got
+                (chip, "pooled GBT, spec transfer k=16 (random)"), (chip, "pooled GBT, spec transfer"), (chip, "chip's own GBT (reference)")} <= got
     summary = aggregate(str(runs), "test")["leave-one-chip-out"]
     both = summary["shots-only GBT k=16 (random) @ every chip"]
     per = [summary[f"shots-only GBT k=16 (random) @ {c}"]["mape"] for c in ("fake chip A", "fake chip B")]

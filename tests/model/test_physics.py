@@ -47,8 +47,25 @@ def test_anchor_device_prefers_the_isa_then_the_chip_then_the_thread_count():
     assert anchor_device("other-1t/llvm-avx512", ["chip-2t/llvm-avx512", "chip-8t/llvm-avx512"], TABLE) == "chip-2t/llvm-avx512"
     assert anchor_device("gpu/cuda-sm90", trained, TABLE) is None  # the law is about CPU threads
     assert anchor_device("chip-1t/llvm-avx512", ["gpu/cuda-sm90"], TABLE) is None
-    # a thread count the model trained on: the chip's other specs move it, not the law
-    assert anchor_device("other-1t/llvm-avx512", ["chip-2t/llvm-avx512", "chip-1t/llvm-avx512"], TABLE) is None
+    # a chip never trained on goes through the closest thread count, even one the model trained on
+    assert anchor_device("other-1t/llvm-avx512", ["chip-2t/llvm-avx512", "chip-1t/llvm-avx512"], TABLE) == "chip-1t/llvm-avx512"
+    assert anchor_device("other-1t/llvm-avx512", ["chip-2t/llvm-avx512", "chip-1t/llvm-avx512"], TABLE,
+                         cross_chip=False) is None  # the old rule: its other specs move it
+
+
+def test_a_new_chip_is_moved_by_its_per_thread_peak():
+    """Between chips the move multiplies by the per-thread peak ratio (a chip half as fast per thread takes
+    twice as long); between devices of one chip it is Amdahl's law alone."""
+    from cdmpp.model.physics import move, per_thread_peak_ratio
+
+    table = {**TABLE, "slow-1t/llvm-avx2": {**SPEC, "cores": 1, "peak_gflops": 50}}
+    assert per_thread_peak_ratio("chip-1t/llvm-avx512", "slow-1t/llvm-avx2", table) == pytest.approx(4.0)
+    assert per_thread_peak_ratio("chip-2t/llvm-avx512", "chip-1t/llvm-avx512", table) == 1.0
+    rng = np.random.default_rng(0)
+    feats = [parallel_program(rng) for _ in range(5)]
+    secs = rng.uniform(1e-4, 1e-2, 5)
+    np.testing.assert_allclose(move(secs, feats, ["chip-1t/llvm-avx512"] * 5, ["slow-1t/llvm-avx2"] * 5, table, {}),
+                               4.0 * secs)
 
 
 def test_a_device_never_trained_on_is_predicted_on_its_anchor_and_moved_by_amdahls_law(tmp_path):
