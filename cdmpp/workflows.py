@@ -109,9 +109,10 @@ def finetune_checkpoint(model_path: str, dataset: str, device: str, ids: Sequenc
 
     ``how="choice"`` (default): ``ShotChoice`` on the checkpoint's prediction, stored with the model and
     applied to every later prediction for ``device`` (cross-validation on the shots picks the prediction as
-    is, corrected by the shots' ratio or a GBT of it, a GBT of the shots alone, or a blend: on held-out
-    chips this beat fine-tuning the network, reports/leave-one-chip-out.md). ``how="network"``: fine-tune
-    the network (``checked_finetune``; ``steps``, ``scope`` "head" or "all" as there).
+    is, corrected by the shots' ratio or a GBT of it, a GBT of the shots alone, or a blend; on an unseen
+    CPU the network fine-tune ended 2x worse than a GBT of the shots alone, which is now one of the
+    candidates: reports/leave-one-chip-out.md). ``how="network"``: fine-tune the network
+    (``checked_finetune``; ``steps``, ``scope`` "head" or "all" as there).
 
     An id names a program by its task and program hash (``device|task|hash``), so ids sampled from
     another device's records match this device's measurements of the same programs.
