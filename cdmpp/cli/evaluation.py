@@ -201,7 +201,9 @@ def add_eval_commands(sub) -> None:
     proto.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                        help="a training setting on top of the recipe (TOML value; repeatable), e.g. pooling=\"sum\"")
     proto.add_argument("--label", default="cdmpp", help="row name of the cdmpp model (ablations)")
-    proto.add_argument("--minutes", type=float, default=4.0, help="cap on each cdmpp training run (default 4)")
+    proto.add_argument("--minutes", type=float, default=120.0,
+                       help="safety cap on each cdmpp training run (default 120); the recipe's epochs are the budget, "
+                            "so a loaded machine gives the same model (--set epochs=N to change it)")
     proto.add_argument("--device-ids", default="amd-epyc-znver4-2t/llvm-avx512,amd-epyc-znver4-1t/llvm-avx512",
                        help="devices whose programs are used (pinned, so added data does not move the numbers)")
     proto.add_argument("--target-device", default="amd-epyc-znver4-1t/llvm-avx512")

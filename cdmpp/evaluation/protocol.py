@@ -77,7 +77,7 @@ class ProtocolOptions:
     overrides: dict = field(default_factory=dict)  # TrainConfig keys on top of the recipe (ablations)
     label: str = "cdmpp"  # row name of the cdmpp model (an ablation's name in a study)
     gbt_label: str = "pooled GBT"  # row name of the pooled GBT (a study's variant of it)
-    minutes: float = 4.0  # cap on one cdmpp training run
+    minutes: float = 120.0  # safety cap on one cdmpp training run: the recipe's epochs are the budget
     runs: str = defaults.PROTOCOL_RUNS
     threads: int = 1
     train_fractions: Sequence[float] = ()  # a learning curve: random-new / cross-model on these shares of training
