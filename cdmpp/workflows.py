@@ -102,6 +102,23 @@ def sample_ids(k: int, pool: str, device: str, model_path: str | None = None, sa
     return [cands[i].record_id for i in splits.choose_shots(cands, k, sampler, seed, emb)]
 
 
+def sample_features(k: int, features: Sequence, model_path: str | None = None, sampler: str = "kmeans",
+                    seed: int = 0) -> list[int]:
+    """Indices of the ``k`` of ``features`` (``ProgramFeatures`` of any programs: TVMScript files, a
+    MetaSchedule database, ...) worth measuring: KMeans on the model's embeddings, else on mean-pooled
+    normalized features, the program nearest each centroid."""
+    from types import SimpleNamespace
+
+    if not features:
+        return []
+    if model_path:
+        emb = TrainedModel.load(model_path).embed(list(features))
+    else:
+        wrapped = [SimpleNamespace(features=f) for f in features]
+        emb = splits.model_free_embedding(wrapped, wrapped)
+    return [int(i) for i in splits.choose_shots(features, min(k, len(features)), sampler, seed, emb)]
+
+
 def finetune_checkpoint(model_path: str, dataset: str, device: str, ids: Sequence[str], out: str,
                         steps: int | None = None, task_table: str = defaults.TASK_TABLE,
                         devices: str = defaults.DEVICES, scope: str | None = None, how: str = "choice"):

@@ -130,6 +130,14 @@ def cmd_train(args) -> int:
 def cmd_sample(args) -> int:
     from cdmpp.workflows import sample_ids
 
+    if bool(args.pool) == bool(args.programs):
+        print("cdmpp sample: give either --pool DATASET (with --device) or --programs PATH...", file=sys.stderr)
+        return 2
+    if args.programs:
+        return _sample_programs(args)
+    if not args.device:
+        print("cdmpp sample: --pool needs --device (the device to measure on; its programs are skipped)", file=sys.stderr)
+        return 2
     ids = sample_ids(args.k, args.pool, args.device, args.model, args.sampler, args.task_table, args.seed)
     text = "\n".join(ids) + ("\n" if ids else "")
     if args.out:
@@ -139,6 +147,34 @@ def cmd_sample(args) -> int:
     else:
         sys.stdout.write(text)
     return 0 if ids else 1
+
+
+def _sample_programs(args) -> int:
+    """``cdmpp sample --programs``: the k of any featurizable programs to measure, by name."""
+    from cdmpp.cli.predict import featurize_named, read_programs
+    from cdmpp.predict.predictor import Predictor
+    from cdmpp.program.inputs import ProgramError
+    from cdmpp.workflows import sample_features
+
+    try:
+        named = read_programs(args.programs)
+    except (OSError, ProgramError) as e:
+        print(f"cdmpp sample: {e}", file=sys.stderr)
+        return 2
+    predictor = Predictor.load(args.model)
+    feats, errors = featurize_named(predictor, [p for _, p in named], args.target, args.trusted)
+    for i, reason in sorted(errors.items()):
+        print(f"cdmpp sample: {named[i][0]}: {reason} (skipped)", file=sys.stderr)
+    ok = [i for i, f in enumerate(feats) if f is not None]
+    chosen = sample_features(args.k, [feats[i] for i in ok], args.model, args.sampler, args.seed)
+    text = "".join(named[ok[i]][0] + "\n" for i in chosen)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text)
+        print(f"wrote {len(chosen)} program names to {args.out}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return 0 if chosen else 1
 
 
 def cmd_finetune(args) -> int:
@@ -249,8 +285,13 @@ def add_eval_commands(sub) -> None:
 
     s = sub.add_parser("sample", help="choose k programs to measure on a new device (KMeans on embeddings)")
     s.add_argument("--k", type=int, required=True)
-    s.add_argument("--pool", required=True, help="dataset folder whose programs are the candidates")
-    s.add_argument("--device", required=True, help="the device to measure on (its programs are skipped)")
+    s.add_argument("--pool", help="dataset folder whose programs are the candidates (prints record ids)")
+    s.add_argument("--programs", nargs="+", metavar="PATH",
+                   help="or any programs: TVMScript files, workload + trace JSON, MetaSchedule database folders "
+                        "(prints the chosen programs' names)")
+    s.add_argument("--target", default="llvm", choices=("llvm", "cuda"), help="--programs: their target kind")
+    s.add_argument("--trusted", action="store_true", help="--programs: parse in this process, not a sandbox")
+    s.add_argument("--device", help="--pool: the device to measure on (its programs are skipped)")
     s.add_argument("--model", help="checkpoint whose embeddings to cluster (default: model-free features)")
     s.add_argument("--sampler", choices=("kmeans", "random"), default="kmeans")
     s.add_argument("--out", help="write the record ids here (default: stdout)")

@@ -24,3 +24,24 @@ def test_threads_reach_the_protocol_options():
     assert _protocol_options(parse(["protocol"])).threads == 1
     assert _protocol_options(parse(["protocol", "--threads", "2"])).threads == 2
     assert _protocol_options(parse(["learning-curve", "--threads", "2"]), ("random-new",)).threads == 2
+
+
+def test_sample_chooses_among_any_programs(sampled, tmp_path, capsys):
+    """`cdmpp sample --programs`: TVMScript files (not only the project's own records) are candidates; the
+    chosen ones are printed by name, a file that does not parse is named and skipped."""
+    from cdmpp.cli import main
+
+    paths = []
+    for name, schedules in sampled.items():
+        for i, s in enumerate(schedules[:3]):
+            path = tmp_path / f"{name}-{i}.tvmscript"
+            path.write_text(s.mod.script())
+            paths.append(str(path))
+    bad = tmp_path / "bad.tvmscript"
+    bad.write_text("this is not TVMScript")
+    out = tmp_path / "chosen.txt"
+    assert main(["sample", "--k", "4", "--programs", *paths, str(bad), "--trusted", "--out", str(out)]) == 0
+    chosen = out.read_text().split()
+    assert len(chosen) == len(set(chosen)) == 4 and set(chosen) <= set(paths)
+    assert "bad.tvmscript" in capsys.readouterr().err
+    assert main(["sample", "--k", "4"]) == 2  # neither --pool nor --programs
