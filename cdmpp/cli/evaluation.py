@@ -35,9 +35,13 @@ def cmd_eval(args) -> int:
 def _protocol_options(args, default_settings=None, **more):
     import tomllib
 
+    from cdmpp.evaluation import splits
     from cdmpp.evaluation.protocol import SETTINGS, ProtocolOptions
 
     overrides = tomllib.loads("\n".join(args.set)) if args.set else {}
+    if args.locked:  # the locked test: its own seeds and held-out networks, to report, never to choose
+        args.seeds = ",".join(str(s) for s in splits.LOCKED_SEEDS)
+        more.setdefault("held_out", splits.LOCKED_HELD_OUT_NETWORKS)
     return ProtocolOptions(dataset=args.dataset, task_table=args.task_table, devices=args.devices,
                            device_ids=_csv(args.device_ids), target_device=args.target_device,
                            settings=_csv(args.settings) if args.settings else list(default_settings or SETTINGS), seeds=[int(s) for s in _csv(args.seeds)],
@@ -229,7 +233,10 @@ def add_eval_commands(sub) -> None:
     proto.add_argument("--settings", help="settings to run (default: all five; learning-curve: random-new,cross-model)")
     proto.add_argument("--chips", help="leave-one-chip-out: chips to hold out, by their devices' hardware name "
                                        "(default: every chip with >= 2,000 programs and under half of the data)")
-    proto.add_argument("--seeds", default="0,1,2", help="split and model seeds (default 0,1,2)")
+    proto.add_argument("--seeds", default="0,1,2", help="split and model seeds (default 0,1,2: the development seeds)")
+    proto.add_argument("--locked", action="store_true",
+                       help="the locked test: seeds 1000-1002 and cross-model held-out networks googlenet, gpt2_small, "
+                            "dcgan_gen, which no recipe choice has seen (run to report, never to choose)")
     proto.add_argument("--methods", default="cdmpp,pooled-gbt",
                        help="cdmpp, pooled-gbt (with the seen-programs baselines), twins (only those: twin-Amdahl, twin-roofline and twin-ratio), pooled-gbt-roofline, pooled-gbt-latency, pooled-gbt-mape (the GBT on log(latency / roofline bound), on log latency, on log latency with a MAPE loss), xgb (TVM's XGBModel), mlp (Tenset MLP)")
     proto.add_argument("--peer-minutes", type=float, default=2.0, help="cap on each xgb / mlp training run (default 2)")

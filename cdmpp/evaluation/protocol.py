@@ -83,6 +83,7 @@ class ProtocolOptions:
     train_fractions: Sequence[float] = ()  # a learning curve: random-new / cross-model on these shares of training
     limit: int | None = None  # only the first N records (smoke runs)
     chips: Sequence[str] = ()  # leave-one-chip-out: chips to hold out (default: every chip with enough data)
+    held_out: Sequence[str] = splits.HELD_OUT_NETWORKS  # cross-model's test networks (locked: LOCKED_HELD_OUT_NETWORKS)
     chip_ks: Sequence[str] = ("0", "1%", "5%", "16", "64")  # leave-one-chip-out's shot counts
 
 
@@ -96,11 +97,13 @@ def load_pinned(opts: ProtocolOptions, every_device: bool = False):
                         devices=None if every_device else list(opts.device_ids), limit=opts.limit, progress=False)
 
 
-def setting_splits(ds, setting: str, seed: int, fractions: Sequence[float] = ()) -> list:
-    """[(fraction, split)] of ``random-new`` or ``cross-model``: without ``fractions`` the whole split
-    (fraction None); else one split per fraction of its training programs (nested: a smaller share is
-    part of every larger one), validation and test those of the whole split."""
-    full = splits.random_split(ds, seed) if setting == "random-new" else splits.cross_model_split(ds, seed=seed)
+def setting_splits(ds, setting: str, seed: int, fractions: Sequence[float] = (),
+                   held_out: Sequence[str] = splits.HELD_OUT_NETWORKS) -> list:
+    """[(fraction, split)] of ``random-new`` or ``cross-model`` (``held_out`` networks): without ``fractions``
+    the whole split (fraction None); else one split per fraction of its training programs (nested: a
+    smaller share is part of every larger one), validation and test those of the whole split."""
+    full = (splits.random_split(ds, seed) if setting == "random-new"
+            else splits.cross_model_split(ds, held_out, seed=seed))
     if not fractions:
         return [(None, full)]
     return [(f, splits.subsample_train(replace(full, info=dict(full.info)), f, seed)) for f in fractions]
@@ -222,7 +225,7 @@ def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | Non
                    if m in opts.methods}
 
     for setting in [s for s in opts.settings if s in ("random-new", "cross-model")]:
-        for fraction, split in setting_splits(ds, setting, seed, opts.train_fractions):
+        for fraction, split in setting_splits(ds, setting, seed, opts.train_fractions, opts.held_out):
             n = dict(programs=len(split.test), n_train=len(split.train))
             if fraction is not None:  # a learning-curve row: kept out of the summary (see aggregate)
                 n["train_fraction"] = fraction

@@ -30,6 +30,11 @@ from typing import Callable, Sequence
 import numpy as np
 
 HELD_OUT_NETWORKS = ("resnet18", "mobilenet_v2", "bert_tiny")
+# The locked test (DESIGN.md §5, issue 55): seeds and held-out networks no recipe choice has looked at.
+# Every study round until 29 Nov chose on seeds 0-2 and the networks above; these are run to report,
+# once per recipe change (`cdmpp protocol --locked`), never to choose.
+LOCKED_SEEDS = (1000, 1001, 1002)
+LOCKED_HELD_OUT_NETWORKS = ("googlenet", "gpt2_small", "dcgan_gen")
 
 
 @dataclass

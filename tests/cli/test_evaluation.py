@@ -45,3 +45,18 @@ def test_sample_chooses_among_any_programs(sampled, tmp_path, capsys):
     assert len(chosen) == len(set(chosen)) == 4 and set(chosen) <= set(paths)
     assert "bad.tvmscript" in capsys.readouterr().err
     assert main(["sample", "--k", "4"]) == 2  # neither --pool nor --programs
+
+
+def test_locked_test_has_its_own_seeds_and_networks():
+    """`cdmpp protocol --locked`: seeds and held-out networks no development choice has seen."""
+    from cdmpp.cli import build_parser
+    from cdmpp.cli.evaluation import _protocol_options
+    from cdmpp.evaluation import splits
+    from cdmpp.zoo.tasks import TaskTable
+    from tests.data import TASKS
+
+    opts = _protocol_options(build_parser().parse_args(["protocol", "--locked"]), ks=["0"])
+    assert list(opts.seeds) == list(splits.LOCKED_SEEDS) and not set(opts.seeds) & {0, 1, 2}
+    assert set(opts.held_out) == set(splits.LOCKED_HELD_OUT_NETWORKS)
+    assert not set(opts.held_out) & set(splits.HELD_OUT_NETWORKS)
+    assert set(splits.LOCKED_HELD_OUT_NETWORKS) <= set(TaskTable.load(str(TASKS)).networks())
