@@ -42,7 +42,7 @@ from cdmpp.service.schemas import (DeviceOut, DevicesResponse, ErrorBody, Health
                                    ModelsResponse, NetworkRequest, NetworkResponse, NetworkTaskOut, PredictionOut,
                                    PredictRequest, PredictResponse)
 from cdmpp.service.body import ApiError, error_response, validated, validation_errors
-from cdmpp.service.lanes import SMALL, Lane, Saturated
+from cdmpp.service.lanes import JOB_UNITS, SMALL, Lane, Saturated
 from cdmpp.service.middleware import BodyLimit, BrowserGuard, RecordMetrics
 
 
@@ -167,8 +167,9 @@ def create_app(settings: Settings | None = None, predictor: Predictor | None = N
             raise
         app.state.predictor = pred
         app.state.engine = engine
-        # prior paces: a small job ~0.1 s; a new program ~11 ms of a sandbox worker's CPU, more when shared
-        app.state.small = Lane("small", settings.threads, 0.1)  # cached requests, those of <= SMALL new programs
+        # jobs are weighed in new programs (+ JOB_UNITS for a job's own work: hashing, the model); prior
+        # pace: a new program costs ~11 ms of a sandbox worker's CPU, more when jobs share the workers
+        app.state.small = Lane("small", settings.threads, 0.02)  # requests of <= SMALL new programs
         app.state.large = Lane("large", settings.threads, 0.02)  # the rest, in chunks of SMALL programs
         app.state.parsing = anyio.CapacityLimiter(max(1, settings.threads))  # bodies parsed at once
         app.state.started = time.monotonic()
@@ -224,9 +225,9 @@ def create_app(settings: Settings | None = None, predictor: Predictor | None = N
         lone surrogates, invalid UTF-8, deep nesting and too many programs are refused while parsing, with
         a 422 or 413 that says where).
 
-        Cached requests and requests of at most ``SMALL`` programs run in the small lane; others in the
-        large lane, in chunks (``cdmpp.service.lanes``); a lane that could not start the work before the
-        deadline answers 503 with Retry-After at once."""
+        A request answered wholly from the prediction cache is answered at once; one of at most ``SMALL``
+        new programs runs in the small lane, others in the large lane, in chunks (``cdmpp.service.lanes``);
+        a lane that could not do the work before the deadline answers 503 with Retry-After at once."""
         deadline = time.monotonic() + settings.timeout_s
         try:  # parsing waits for a slot too (a body of 16 MiB takes seconds): bounded by the deadline as well
             req = await asyncio.wait_for(read(request, PredictRequest, "programs", settings.max_batch),
@@ -240,10 +241,17 @@ def create_app(settings: Settings | None = None, predictor: Predictor | None = N
         args = (req.programs, req.device, req.target, req.workload, cancel, deadline, req.order)
 
         async def work():
-            preds, new = await small.run(1, deadline, cancel, _cached_or_small, engine, *args)
-            if preds is None:  # weighed by its new programs
-                preds = await large.run(new, deadline, cancel, _in_chunks, engine, *args, report=True)
-            return preds
+            # the cache first, on a thread of its own (a hash and a lookup per item): a wholly cached
+            # request never queues behind new work, and the rest is weighed by its new programs
+            cached = await anyio.to_thread.run_sync(engine.cached, req.programs, req.device, req.target,
+                                                    req.workload, req.order)
+            new = len(req.programs) if cached is None else sum(p is None for p in cached)
+            if new == 0:
+                return cached
+            if new <= SMALL:
+                return await small.run(new + JOB_UNITS, deadline, cancel, engine.predict, *args)
+            return await large.run(new + JOB_UNITS * -(-len(req.programs) // SMALL), deadline, cancel, _in_chunks,
+                                   engine, *args, report=True)
 
         try:
             preds = await asyncio.wait_for(work(), max(0.0, deadline - time.monotonic()))
@@ -372,18 +380,6 @@ def _unknown_device(e: UnknownDeviceError) -> ApiError:
     return ApiError(404, ErrorBody(detail=str(e), known_devices=e.known))
 
 
-def _cached_or_small(engine: PredictEngine, programs, device, target, workload, cancel, deadline, order):
-    """The small lane's job: a request answered wholly from the prediction cache, or one of at most
-    ``SMALL`` new programs: (predictions, 0); else (None, its new programs), for the large lane."""
-    cached = engine.cached(programs, device, target, workload, order)
-    new = len(programs) if cached is None else sum(p is None for p in cached)
-    if new == 0:
-        return cached, 0
-    if new > SMALL:
-        return None, new
-    return engine.predict(programs, device, target, workload, cancel, deadline, order), new
-
-
 def _in_chunks(engine: PredictEngine, programs, device, target, workload, cancel, deadline, order, progress):
     """A large request as jobs of ``SMALL`` programs, so that between two of them the sandbox workers can
     take a small request's job; ``progress`` learns the lane's pace from each. Bad programs of every chunk
@@ -397,7 +393,7 @@ def _in_chunks(engine: PredictEngine, programs, device, target, workload, cancel
             out += engine.predict(chunk, device, target, workload, cancel, deadline, order)
         except BadPrograms as e:
             errors += [(i + start, r) for i, r in e.errors]
-        progress(len(chunk))
+        progress(len(chunk) + JOB_UNITS)
     if errors:
         raise BadPrograms(errors, len(programs))
     return out
