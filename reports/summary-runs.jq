@@ -4,7 +4,7 @@
 #   jq -c -f reports/summary-runs.jq reports/study-runs.jsonl > reports/summary-runs.jsonl
 #   cdmpp protocol --summarize-only --runs reports/summary-runs.jsonl --summary reports/summary.json
 # random-new: round 27 (its MAPE equals round 22's; ranked by the order prediction) and round 22's MAPE-loss GBT;
-# cross-model: round 22; cross-device-new: round 27 (the Amdahl transfer, order weight on the shots);
+# cross-model: round 21 (cdmpp, 05:27-06:06 UTC) and round 22 (the GBT); cross-device-new: round 27 (the Amdahl transfer, order weight on the shots);
 # cross-device-seen: round 26 (cdmpp, cdmpp + twin, the twin baselines); both cross-device settings' latency
 # GBTs (with and without the transfer): round 25 (28 Nov 15:09-16:16 UTC). Rounds: reports/study-issue19.md.
 select(
