@@ -31,7 +31,7 @@ class Saturated(Exception):
     def __init__(self, lane: str, wait_s: float):
         self.lane, self.wait_s = lane, wait_s
         self.retry_after = max(1, math.ceil(wait_s))
-        super().__init__(f"the server is saturated: {lane} work would wait ~{wait_s:.0f} s")
+        super().__init__(f"the server is saturated: {lane} work would end in ~{wait_s:.0f} s")
 
 
 class Lane:
@@ -91,6 +91,9 @@ class Lane:
         def work():
             if cancel.is_set() or time.monotonic() > deadline:  # its request gave up while it queued
                 raise Cancelled("request timed out before it started")
+            if self.running() and units * self.pace > deadline - time.monotonic():  # the pace learnt while it
+                self.refused += 1  # queued says it would end in a 504: say so now, and leave the time to others
+                raise Saturated(self.name, units * self.pace)
             job[1] = t0 = last = time.monotonic()
 
             def progress(k: int) -> None:
