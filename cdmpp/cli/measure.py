@@ -77,7 +77,20 @@ def cmd_collect(args) -> int:
         print("cdmpp collect: no task matches the filters (--tasks takes exact names; --tasks-like substrings)",
               file=sys.stderr)
         return 2
-    if args.target == "cuda":
+    devices = DeviceTable(args.devices)
+    if args.rpc_tracker or args.device:  # a remote device: its spec, probed on it, is in the table
+        if not (args.rpc_tracker and args.device and args.rpc_key):
+            print("cdmpp collect: --rpc-tracker, --rpc-key and --device go together (a local collect probes this "
+                  "machine)", file=sys.stderr)
+            return 2
+        if args.device not in devices.ids():
+            print(f"cdmpp collect: --device {args.device}: not in {args.devices}; probe the remote machine there "
+                  "(`cdmpp devices probe --threads N > spec.json`) and add it here (`cdmpp devices add spec.json`)",
+                  file=sys.stderr)
+            return 2
+        device = devices.get(args.device)
+        target = device.make_target()
+    elif args.target == "cuda":
         from cdmpp.devices.cuda import probe_cuda_gpu
 
         device = probe_cuda_gpu()
@@ -87,8 +100,8 @@ def cmd_collect(args) -> int:
         # a probe under load is taken again after up to two short waits: together at most a tenth of the budget
         wait_s = 5.0 if deadline is None else min(5.0, 60 * args.budget_minutes / 10 / 2)
         device = probe_local_cpu(threads, mcpu=args.mcpu, wait_s=wait_s)
-    devices = DeviceTable(args.devices)
-    _store_probe(devices, device)
+    if not args.rpc_tracker:
+        _store_probe(devices, device)
     if args.programs_from and args.programs_from not in devices.ids():
         print(f"cdmpp collect: --programs-from {args.programs_from}: unknown device (see {args.devices})", file=sys.stderr)
         return 2
@@ -248,8 +261,12 @@ def add_measure_commands(sub):
     c.add_argument("--min-repeat-ms", type=int, default=15, help="minimum duration of one repeat (15)")
     c.add_argument("--cache-flush", action="store_true", help="flush the CPU cache before each repeat")
     c.add_argument("--seed", type=int, default=0)
-    c.add_argument("--rpc-tracker", help="HOST:PORT of a TVM RPC tracker (measure remotely)")
-    c.add_argument("--rpc-key", default="", help="device key at the tracker")
+    c.add_argument("--rpc-tracker", help="HOST:PORT of a TVM RPC tracker: build here, run on its servers "
+                                         "(with --rpc-key and --device; README: a measurement farm)")
+    c.add_argument("--rpc-key", default="", help="the servers' key at the tracker")
+    c.add_argument("--device", metavar="ID", help="with --rpc-tracker: the remote device's id in --devices (its "
+                                                  "spec probed there, `cdmpp devices add`ed here); records and "
+                                                  "target are that device's")
     _add_artifacts_arg(c)
     _add_guard_args(c)
     c.set_defaults(func=cmd_collect)

@@ -62,7 +62,8 @@ def collect(tasks, dataset_dir: str, device, target, per_task: int = 32, budget_
     cfg = cfg or MeasureConfig()
     store = RecordStore(dataset_dir)
     done = store.done_ids(device.id)
-    run_id = store.add_run(run_provenance(device, target, cfg, rpc, per_task=per_task, seed=seed))
+    run_id = store.add_run(run_provenance(device, target, cfg, rpc, per_task=per_task, seed=seed,
+                                          measurer="metaschedule"))
     measurer = Measurer(target, cfg, rpc, pause_flag=os.path.join(dataset_dir, "PAUSE"), artifact_dir=artifact_dir)
     measurer.on_wait = lambda waited: bar.set_postfix_str(f"waiting {waited:.0f}s for a quiet machine")
     task_list = sorted(tasks, key=lambda t: t.key)
@@ -82,7 +83,7 @@ def collect(tasks, dataset_dir: str, device, target, per_task: int = 32, budget_
                 "id": record_id(device.id, task.key, phash), "device": device.id, "task": task.key,
                 "task_name": task.name, "networks": sorted(task.occurrences), "program_hash": phash,
                 "trace": to_json_value(sch.trace.as_json()), **measurement_fields(secs, err, build_s, others, cfg, run_id),
-            })
+                "stable": is_stable(secs, cfg) if secs else None})
             stats["failed" if err else "measured"] += 1
         store.append(device.id, recs)
         bar.update(len(pending))

@@ -157,6 +157,8 @@ class Measurer:
                                                                                   budget_s=cfg.run_budget_s))
         self.device_type = "cuda" if "gpu" in [str(k) for k in target.keys] else "cpu"
         self.guard = CpuGuard()
+        if rpc:  # this machine's load says nothing of the remote's, and a server on this machine would count
+            self.guard.enabled = False  # as another process: every batch re-run max_tries times
         self.pause_flag = pause_flag  # while this file exists, nothing is built or run
         self.artifact_dir = artifact_dir  # built programs kept for later passes (``measure``'s ``keys``)
         self._artifact_salt = f"{tvm.__version__}|{target}"  # another TVM or target: another build
