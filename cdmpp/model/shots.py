@@ -53,9 +53,6 @@ def _labelled(programs: Sequence) -> list:
     return [p if hasattr(p, "features") else SimpleNamespace(features=p) for p in programs]
 
 
-def log_flops(programs: Sequence) -> np.ndarray:
-    """log(FLOPs + 1): the shots-only model learns log time per FLOP, like the pooled GBT."""
-    return np.log(np.array([p.features.flops for p in programs], dtype=np.float64) + 1.0)
 
 
 class ShotChoice:
@@ -93,7 +90,9 @@ class ShotChoice:
             raise ValueError("a shots-only model needs at least one shot")
         self.n_shots_ = len(shots)
         y = np.log([p.seconds for p in shots])
-        scale = log_flops(shots)
+        # the shots-only GBT learns log seconds itself (log FLOPs is one of its inputs): a time-per-FLOP
+        # target multiplied back by FLOPs put programs far from the shots' sizes off by 1000x and more
+        scale = np.zeros(len(shots))
         log_base = self._log_base(shots) if shots else None
         kinds = self._kinds(len(shots))
         if len(shots) < 2 or kinds == ["base"]:
@@ -182,7 +181,7 @@ class ShotChoice:
                 logs.append(log_base + model.predict(x))
             else:
                 xs = x[:, :-1] if log_base is not None else x
-                logs.append(log_flops(programs) + model.predict(xs))
+                logs.append(model.predict(xs).astype(np.float64))
         if self.choice_.kind == "blend":
             w = self.choice_.weight
             return np.exp((1 - w) * logs[0] + w * logs[1])

@@ -338,6 +338,7 @@ def create_app(settings: Settings | None = None, predictor: Predictor | None = N
         return ModelsResponse(models=[ModelResponse(  # never the path: it tells a caller about the host
             model_version=predictor.version, shipped=shipped, featurizer_version=str(m.featurizer_version),
             runtime_featurizer_version=FEATURIZER_VERSION, devices=predictor.devices(),
+            trained_devices=sorted(m.summary.get("train_devices") or m.device_specs.table),
             ensemble_members=len(m.members), calibration=m.calibration, training=training)])
 
     def health(request: Request) -> HealthResponse:
@@ -348,7 +349,8 @@ def create_app(settings: Settings | None = None, predictor: Predictor | None = N
                               state.large.saturated(settings.timeout_s),
                               model_version=state.predictor.version,
                               uptime_s=round(time.monotonic() - state.started, 3),
-                              workers_ready=ready, workers=sandbox.procs, worker_restarts=sandbox.restarts)
+                              workers_ready=ready, workers=sandbox.procs, worker_restarts=sandbox.restarts,
+                              confinement=sandbox.confined())
 
     @app.get("/healthz", response_model=HealthResponse)
     async def healthz(request: Request) -> HealthResponse:

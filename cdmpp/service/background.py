@@ -13,7 +13,7 @@ import time
 
 
 class BackgroundServer:
-    def __init__(self, app, host: str = "127.0.0.1", port: int = 0, startup_timeout_s: float = 240.0):
+    def __init__(self, app, host: str = "127.0.0.1", port: int = 0, startup_timeout_s: float = 600.0):
         import uvicorn
 
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)

@@ -77,7 +77,9 @@ class ModelResponse(BaseModel):
                                       "not shown)")
     featurizer_version: str = Field(description="featurizer the checkpoint was trained with")
     runtime_featurizer_version: str = Field(description="featurizer this server runs")
-    devices: list[str]
+    devices: list[str] = Field(description="devices it answers for: those it was trained on and those of the "
+                                           "device table, predicted from their specs (flag device_untrained)")
+    trained_devices: list[str] = Field(description="devices whose measurements it was trained on")
     ensemble_members: int
     calibration: dict[str, Any]
     training: dict[str, Any] = Field(description="training summary (sizes, validation accuracy, time)")
@@ -95,6 +97,7 @@ class HealthResponse(BaseModel):
     workers_ready: int = Field(description="sandbox workers ready to parse and featurize")
     workers: int = Field(description="sandbox workers configured")
     worker_restarts: int = Field(description="workers killed (deadline, limits, crashes) and replaced so far")
+    confinement: str = Field("", description="the layers sandbox workers run under (serve/README.md, Threat model)")
 
 
 class NetworkRequest(BaseModel):

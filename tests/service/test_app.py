@@ -40,6 +40,8 @@ def test_health_devices_models_docs(url, predictor):
     m = httpx.get(url + "/v1/models").json()["models"][0]
     assert m["model_version"] == predictor.version and m["devices"] == predictor.devices()
     assert m["ensemble_members"] == len(predictor.model.members) and "n_train" in m["training"]
+    assert m["trained_devices"] == sorted(predictor.model.summary["train_devices"]) and set(m["trained_devices"]) <= set(m["devices"])
+    assert h["confinement"]  # which layers the sandbox workers run under
     assert httpx.get(url + "/docs").status_code == 200
     assert "/v1/predict" in httpx.get(url + "/openapi.json").json()["paths"]
 
