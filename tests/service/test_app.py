@@ -156,7 +156,8 @@ def test_timeout_504(predictor, device, sampled):
         assert r.status_code == 504 and "CDMPP_TIMEOUT_S" in r.json()["detail"]
         with pytest.raises(ServiceError) as e:
             Client(u, retries=0).predict(fresh, device)
-        assert e.value.status == 504
+        # the first overrun taught admission this server's pace: it may now refuse at once (503) instead
+        assert e.value.status in (503, 504)
         assert httpx.get(u + "/healthz").status_code == 200
 
 
