@@ -61,7 +61,7 @@ class ShotChoice:
     the candidate ``choice_`` that cross-validation on the shots found best, the base itself unless that
     candidate beats it by more than the standard error of the paired difference (KMeans shots sit in the
     pool's sparse corners, where a correction can look better than it is: on leave-one-chip-out without
-    this rule 1 % shots moved cdmpp from 41.9 to 44.0 % MAPE); ``cv_`` holds every candidate's held-out
+    this rule 1 % shots moved cdmpp from 41.8 to 44.4 % MAPE); ``cv_`` holds every candidate's held-out
     MAPE, ``se_`` its standard error.
 
     ``only``: restrict the candidates to these kinds (``("shots",)`` is the shots-only GBT peer).
