@@ -143,14 +143,19 @@ def cmd_sample(args) -> int:
         print("cdmpp sample: --pool needs --device (the device to measure on; its programs are skipped)", file=sys.stderr)
         return 2
     ids = sample_ids(args.k, args.pool, args.device, args.model, args.sampler, args.task_table, args.seed)
-    text = "\n".join(ids) + ("\n" if ids else "")
-    if args.out:
-        with open(args.out, "w") as f:
+    return _write_chosen(ids, args.out, "record ids")
+
+
+def _write_chosen(lines: list[str], out: str | None, what: str) -> int:
+    """The chosen programs, one per line, to ``out`` or stdout; exit status 1 when none was chosen."""
+    text = "".join(line + "\n" for line in lines)
+    if out:
+        with open(out, "w") as f:
             f.write(text)
-        print(f"wrote {len(ids)} record ids to {args.out}", file=sys.stderr)
+        print(f"wrote {len(lines)} {what} to {out}", file=sys.stderr)
     else:
         sys.stdout.write(text)
-    return 0 if ids else 1
+    return 0 if lines else 1
 
 
 def _sample_programs(args) -> int:
@@ -171,14 +176,7 @@ def _sample_programs(args) -> int:
         print(f"cdmpp sample: {named[i][0]}: {reason} (skipped)", file=sys.stderr)
     ok = [i for i, f in enumerate(feats) if f is not None]
     chosen = sample_features(args.k, [feats[i] for i in ok], args.model, args.sampler, args.seed)
-    text = "".join(named[ok[i]][0] + "\n" for i in chosen)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text)
-        print(f"wrote {len(chosen)} program names to {args.out}", file=sys.stderr)
-    else:
-        sys.stdout.write(text)
-    return 0 if chosen else 1
+    return _write_chosen([named[ok[i]][0] for i in chosen], args.out, "program names")
 
 
 def cmd_finetune(args) -> int:
