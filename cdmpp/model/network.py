@@ -204,10 +204,16 @@ class PackedPrograms:
     leaves gets one all-zero leaf at position 0 so attention always has a key to look at. Loop tokens,
     when packed, are stored the same way: ``loops [N_loops, 3]`` (``ProgramFeatures.loops``) and
     ``loop_offsets [n_programs + 1]``.
+
+    The arrays may be memory-mapped (``cdmpp.model.feature_store``): then ``transform`` (a row-wise map such as
+    ``FeatureNormalizer.transform``) normalizes the rows a batch gathers instead of a normalized copy of every
+    row, and ``release`` is called every 64 batches to hand the pages read back to the kernel.
     """
 
     def __init__(self, leaves: np.ndarray, positions: np.ndarray, offsets: np.ndarray, stats: np.ndarray | None = None,
-                 loops: np.ndarray | None = None, loop_offsets: np.ndarray | None = None):
+                 loops: np.ndarray | None = None, loop_offsets: np.ndarray | None = None,
+                 transform: Callable[[np.ndarray], np.ndarray] | None = None, release: Callable[[], None] | None = None):
+        self.transform, self.release, self._batches = transform, release, 0
         self.leaves = np.ascontiguousarray(leaves, dtype=np.float32)
         self.positions = np.ascontiguousarray(positions, dtype=np.int64)
         self.offsets = np.ascontiguousarray(offsets, dtype=np.int64)
@@ -281,6 +287,11 @@ class PackedPrograms:
         """The same programs with other leaf rows (e.g. normalized), stats and loops kept."""
         return PackedPrograms(leaves, self.positions, self.offsets, self.stats, self.loops, self.loop_offsets)
 
+    def with_transform(self, transform: Callable[[np.ndarray], np.ndarray]) -> "PackedPrograms":
+        """The same programs, their rows mapped by ``transform`` as batches gather them (the leaves stay as stored)."""
+        return PackedPrograms(self.leaves, self.positions, self.offsets, self.stats, self.loops, self.loop_offsets,
+                              transform, self.release)
+
     def pooled(self) -> np.ndarray:
         """Per program ``[n, 3F]``: sum / 8, max and mean of its leaf rows (as packed, i.e. normalized
         when the pack is): the pooled GBT's view of a program, for the ``pooled_inputs`` recipe option."""
@@ -303,8 +314,14 @@ class PackedPrograms:
         mask = slots[None, :] < lengths[:, None]
         rows = np.where(mask, self.offsets[idx][:, None] + slots[None, :], 0)
         x = self.leaves[rows]
+        if self.transform is not None:
+            x = self.transform(x)
         x[~mask] = 0.0
         pos = np.where(mask, self.positions[rows], 0)
+        if self.release is not None:
+            self._batches += 1
+            if self._batches % 64 == 0:
+                self.release()
         return torch.from_numpy(x), torch.from_numpy(pos), torch.from_numpy(mask)
 
     def loop_batch(self, idx: np.ndarray | None = None) -> tuple | None:

@@ -33,6 +33,8 @@ from tqdm.auto import tqdm
 from cdmpp import defaults
 from cdmpp.model.adaptation import discrepancy
 from cdmpp.model.checkpoint import TrainedModel, current_featurizer_version
+from cdmpp.model.distributed import Runner
+from cdmpp.model.feature_store import FeatureStore, TrainingColumns, check_store_recipe
 from cdmpp.model.network import CDMPPModel, PackedPrograms, bucketed_batches, length_sorted_batches
 from cdmpp.model.physics import fork_join_by_device
 from cdmpp.model.transforms import BoxCox, DeviceSpecs, FeatureNormalizer
@@ -108,6 +110,7 @@ class TrainConfig:
     # run
     seed: int = 0
     max_minutes: float = 10.0
+    max_steps: int = 0  # > 0: each run stops after this many steps (benchmarks, smoke runs)
     progress: bool = True
 
     def __post_init__(self):
@@ -241,9 +244,10 @@ def _prepare(samples: Sequence[LabeledProgram], trained: TrainedModel, dev_index
     return _Split(pack, rows, trained.label_transform.transform(seconds).astype(np.float32), seconds, extra, offset)
 
 
-def fit(config: TrainConfig, train_set: Sequence[LabeledProgram], val_set: Sequence[LabeledProgram] | None = None,
-        target_pool: Sequence[LabeledProgram] | None = None, *, device_table: dict[str, dict[str, float]] | None = None,
-        featurizer_version: str | None = None) -> TrainedModel:
+def fit(config: TrainConfig, train_set: Sequence[LabeledProgram] | FeatureStore,
+        val_set: Sequence[LabeledProgram] | None = None, target_pool: Sequence[LabeledProgram] | None = None, *,
+        device_table: dict[str, dict[str, float]] | None = None, featurizer_version: str | None = None,
+        device: str = "cpu") -> TrainedModel:
     """Train an ensemble of ``config.ensemble`` members; return the ``TrainedModel``.
 
     Samples are ``LabeledProgram`` or anything with ``features``, ``device`` and ``seconds`` attributes.
@@ -254,25 +258,36 @@ def fit(config: TrainConfig, train_set: Sequence[LabeledProgram], val_set: Seque
     all devices share a zero spec vector.
     ``target_pool`` (unlabeled) switches on domain adaptation unless ``config.da == "none"``, or
     ``config.da_when == "new-device"`` and every pool device has training labels.
+
+    ``train_set`` may be a ``FeatureStore`` (read memory-mapped, batch by batch; needs a ``val_set``, and a
+    recipe without the GBT blend, Amdahl anchors, pooled inputs or robust scaling, which read every program).
+    ``device``: ``cpu``, ``cuda`` or ``auto`` (``cdmpp.model.distributed``); in a torch process group (torchrun)
+    the ranks share each batch, and only rank 0 goes on past the transformer's training: other ranks return its
+    members uncalibrated (``summary["rank"]``), rank 0's model is the result.
     """
     start = time.monotonic()
     deadline = start + 60.0 * config.max_minutes
-    train_set = list(train_set)
+    runner = Runner(device)
+    if isinstance(train_set, FeatureStore):
+        check_store_recipe(config, val_set)
+    else:
+        train_set = list(train_set)
     if not val_set:
         perm = np.random.default_rng(config.seed).permutation(len(train_set))
         n_val = max(1, int(round(config.val_fraction * len(train_set))))
         val_set = [train_set[i] for i in perm[:n_val]]
         train_set = [train_set[i] for i in perm[n_val:]]
     target_pool = list(target_pool or []) if config.da != "none" else []
-    if config.da_when == "new-device" and {s.device for s in target_pool} <= {s.device for s in train_set}:
+    cols = TrainingColumns.of(train_set, config.loop_tokens)
+    if config.da_when == "new-device" and {s.device for s in target_pool} <= set(cols.devices):
         target_pool = []
 
-    all_devices = sorted({s.device for s in [*train_set, *val_set, *target_pool]})
+    all_devices = sorted(set(cols.devices) | {s.device for s in [*val_set, *target_pool]})
     specs = DeviceSpecs(device_table if device_table is not None else {d: {} for d in all_devices})
-    specs.fit([s.device for s in train_set])
-    raw = PackedPrograms.from_programs([s.features for s in train_set], loops=config.loop_tokens)
-    normalizer = FeatureNormalizer(config.feature_scaling).fit(raw.leaves)
-    labels = BoxCox().fit([s.seconds for s in train_set], 0.0 if config.label == "log" else None)
+    specs.fit(cols.devices)
+    raw = cols.raw
+    normalizer = cols.fit_normalizer(FeatureNormalizer(config.feature_scaling))
+    labels = BoxCox().fit(cols.seconds, 0.0 if config.label == "log" else None)
     program_inputs = None
     if (config.program_inputs or config.roofline or config.pooled_inputs) and raw.stats is not None:
         program_inputs = dict(mean=raw.stats.mean(axis=0).tolist(), std=np.maximum(raw.stats.std(axis=0), 1e-6).tolist())
@@ -287,29 +302,31 @@ def fit(config: TrainConfig, train_set: Sequence[LabeledProgram], val_set: Seque
 
     dev_matrix, dev_index = specs.matrix(all_devices)
     dev_matrix = torch.from_numpy(dev_matrix)
-    train = _Split(raw.with_leaves(normalizer.transform(raw.leaves)),
-                   np.array([dev_index[s.device] for s in train_set]), None,
-                   np.array([s.seconds for s in train_set]))
+    train = _Split(cols.normalized(normalizer), np.array([dev_index[d] for d in cols.devices]), None, cols.seconds)
     train.z = labels.transform(train.seconds).astype(np.float32)
-    train.extra, train.offset = trained.model_inputs(train.pack, [s.device for s in train_set])
+    train.extra, train.offset = trained.model_inputs(train.pack, cols.devices)
     if config.rank_weight:
         ids: dict = {}
-        train.groups = torch.tensor([ids.setdefault((getattr(s, "task", None), s.device), len(ids)) for s in train_set])
+        train.groups = torch.tensor([ids.setdefault(key, len(ids)) for key in zip(cols.tasks, cols.devices)])
     val = _prepare(val_set, trained, dev_index)
     target = _prepare(target_pool, trained, dev_index, labeled=False) if target_pool else None
 
     histories = []
     if config.ensemble_mode == "snapshots":  # one run; members = best state of the k best LR cycles
-        snaps, history = _train_run(config, config.seed, train, val, target, dev_matrix, trained, deadline, "snapshots")
+        snaps, history = _train_run(config, config.seed, train, val, target, dev_matrix, trained, deadline, "snapshots",
+                                    runner)
         trained.members.extend(_model_with(config, train, dev_matrix, state) for _, state, _ in snaps[: config.ensemble])
         histories.append({**history, "members_from_epochs": [epoch for _, _, epoch in snaps[: config.ensemble]]})
     else:  # "seeds": independent runs with different seeds share the time budget
         for i in range(config.ensemble):
             budget = (deadline - time.monotonic()) / (config.ensemble - i)
             snaps, history = _train_run(config, config.seed + i, train, val, target, dev_matrix, trained,
-                                        time.monotonic() + budget, f"member {i + 1}/{config.ensemble}")
+                                        time.monotonic() + budget, f"member {i + 1}/{config.ensemble}", runner)
             trained.members.append(_model_with(config, train, dev_matrix, snaps[0][1]))
             histories.append(history)
+    if not runner.is_main:
+        trained.summary = dict(rank=runner.rank, world_size=runner.world, members=histories)
+        return trained
 
     z_val = trained.predict_z(val.pack, [s.device for s in val_set])
     trained.calibrate(z_val, val.z, config.interval)
@@ -327,14 +344,17 @@ def fit(config: TrainConfig, train_set: Sequence[LabeledProgram], val_set: Seque
         pred, lo_s, hi_s = pred * factor, lo_s * factor, hi_s * factor
     rel = np.abs(pred - val.seconds) / val.seconds
     trained.summary = dict(
-        n_train=len(train_set), n_val=len(val_set), n_target=len(target_pool), devices=all_devices,
-        train_devices=sorted({s.device for s in train_set}), n_features=int(raw.leaves.shape[1]),
+        n_train=len(cols), n_val=len(val_set), n_target=len(target_pool), devices=all_devices,
+        train_devices=sorted(set(cols.devices)), n_features=int(raw.leaves.shape[1]),
         train_seconds=round(time.monotonic() - start, 1), members=histories,
         val=dict(mape=float(rel.mean()), within_10=float((rel <= 0.10).mean()), within_25=float((rel <= 0.25).mean()),
                  interval_coverage=float(((val.seconds >= lo_s) & (val.seconds <= hi_s)).mean())))
     if config.amdahl_transfer:
         trained.anchors = fork_join_by_device(train_set, specs.table)
+    if runner.world > 1:
+        trained.summary["world_size"] = runner.world
     return trained
+
 
 
 def _add_gbt_blend(trained: TrainedModel, train_set, val_set, val_pred: np.ndarray, seed: int,
@@ -372,15 +392,19 @@ def _model_with(config: TrainConfig, train: _Split, dev_matrix: torch.Tensor, st
 
 
 def _train_run(config: TrainConfig, seed: int, train: _Split, val: _Split, target: _Split | None,
-               dev_matrix: torch.Tensor, trained: TrainedModel, deadline: float, desc: str):
-    """One training run: the epoch loop, validation after every epoch, early stopping, a deadline.
+               dev_matrix: torch.Tensor, trained: TrainedModel, deadline: float, desc: str, runner: Runner):
+    """One training run: the epoch loop, validation after every epoch, early stopping, a deadline; on
+    ``runner``'s device, each rank on its share of every batch.
 
     Returns the best validation state of every LR cycle as ``(val MAPE, state, epoch)``, best first
     (``snapshots[0]`` is the run's overall best), and a history for the training summary.
     """
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
-    model = _model_with(config, train, dev_matrix)
+    # ranks draw the same batches (rng) but their own target programs for domain adaptation
+    da_rng = rng if runner.world == 1 else np.random.default_rng([seed, runner.rank])
+    model = _model_with(config, train, dev_matrix).to(runner.device)
+    step = runner.forward_module(model)
     # foreach: one fused update over all tensors; PyTorch's CPU default loops over them in Python
     opt = (torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay, foreach=True)
            if config.weight_decay else torch.optim.Adam(model.parameters(), lr=config.lr, foreach=True))
@@ -400,28 +424,29 @@ def _train_run(config: TrainConfig, seed: int, train: _Split, val: _Split, targe
     snapshots: dict[int, tuple] = {}  # LR cycle -> (val MAPE, state, epoch) of its best epoch
     best = (math.inf, -1)  # (val MAPE, epoch) over the run, for early stopping
     history = []
-    bar = tqdm(total=config.epochs * steps_per_epoch, desc=desc, unit="step", disable=not config.progress)
-    stopped = "epochs"
+    bar = tqdm(total=config.epochs * steps_per_epoch, desc=desc, unit="step",
+               disable=not (config.progress and runner.is_main))
+    stopped, steps, on = "epochs", 0, runner.to
     for epoch in range(config.epochs):
         model.train()
         total, count = 0.0, 0
-        for idx in bucketed_batches(train.pack.lengths, config.batch_size, rng):
-            x, pos, mask = train.pack.batch(idx)
-            dev = dev_matrix[train.dev_rows[idx]]
-            extra, offset = train.inputs(idx)
-            emb = model.embed(x, pos, mask, extra, train.pack.loop_batch(idx))
-            pred = model.head(emb, dev)
+        for idx in runner.shares(bucketed_batches(train.pack.lengths, config.batch_size, rng)):
+            dev, z = on(dev_matrix[train.dev_rows[idx]]), on(z_all[idx])
+            extra, offset = on(train.inputs(idx))
+            t_inputs = None
+            if target is not None:
+                t_idx = matcher.sample(train.pack.lengths[idx], da_rng)
+                t_inputs = on((*target.pack.batch(t_idx), target.inputs(t_idx)[0], target.pack.loop_batch(t_idx)))
+            emb, pred, t_emb = step(*on(train.pack.batch(idx)), dev, extra, on(train.pack.loop_batch(idx)), t_inputs)
             pred = pred if offset is None else pred + offset
-            loss = _loss(config, pred, z_all[idx], trained.label_transform.std_)
+            loss = _loss(config, pred, z, trained.label_transform.std_)
             if train.groups is not None:
-                loss = loss + config.rank_weight * _rank_loss(pred, z_all[idx], train.groups[idx],
+                loss = loss + config.rank_weight * _rank_loss(pred, z, on(train.groups[idx]),
                                                               trained.label_transform.std_)
             if target is not None:
-                t_idx = matcher.sample(train.pack.lengths[idx], rng)
-                t_emb = model.embed(*target.pack.batch(t_idx), target.inputs(t_idx)[0], target.pack.loop_batch(t_idx))
                 if config.da_space == "joint":
                     emb = emb + model.device_encoder(dev)
-                    t_emb = t_emb + model.device_encoder(dev_matrix[target.dev_rows[t_idx]])
+                    t_emb = t_emb + model.device_encoder(on(dev_matrix[target.dev_rows[t_idx]]))
                 loss = loss + config.da_weight * disc(emb, t_emb)
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -430,21 +455,26 @@ def _train_run(config: TrainConfig, seed: int, train: _Split, val: _Split, targe
             sched.step()
             if averaged is not None:
                 averaged.update_parameters(model)
-            total, count = total + loss.item() * len(idx), count + len(idx)
+            total, count, steps = total + loss.item() * len(idx), count + len(idx), steps + 1
             bar.update(1)
-            if time.monotonic() > deadline:
+            if runner.any(time.monotonic() > deadline):
                 stopped = "time"
                 break
+            if steps == config.max_steps:
+                stopped = "steps"
+                break
         judged = model if averaged is None else averaged.module
-        val_mape = _val_mape(judged, val, dev_matrix, trained)
+        val_mape = runner.agree(_val_mape(judged, val, dev_matrix, trained, runner))
+        total, count = runner.sum(total, count)
         history.append([epoch, round(total / max(count, 1), 4), round(val_mape, 5)])
         bar.set_postfix(loss=f"{total / max(count, 1):.3g}", val_mape=f"{val_mape:.3f}")
         cycle = epoch // cycle_epochs
         if val_mape < snapshots.get(cycle, (math.inf,))[0]:
-            snapshots[cycle] = (val_mape, {k: v.detach().clone() for k, v in judged.state_dict().items()}, epoch)
+            snapshots[cycle] = (val_mape, {k: v.detach().to("cpu", copy=True) for k, v in judged.state_dict().items()},
+                                epoch)
         if val_mape < best[0]:
             best = (val_mape, epoch)
-        if stopped == "time":
+        if stopped in ("time", "steps"):
             break
         if epoch - best[1] >= config.patience:
             stopped = "patience"
@@ -503,13 +533,15 @@ class _LengthMatcher:
 
 
 @torch.inference_mode()
-def _val_mape(model: CDMPPModel, val: _Split, dev_matrix: torch.Tensor, trained: TrainedModel) -> float:
+def _val_mape(model: CDMPPModel, val: _Split, dev_matrix: torch.Tensor, trained: TrainedModel,
+              runner: Runner | None = None) -> float:
     """MAPE on absolute latency of one member over the validation split (the model-selection metric)."""
     model.eval()
+    on = (runner or Runner()).to
     z = np.empty(len(val.pack), np.float32)
     for idx in length_sorted_batches(val.pack.lengths, 256):
-        z[idx] = model(*val.pack.batch(idx), dev_matrix[val.dev_rows[idx]], *val.inputs(idx),
-                       val.pack.loop_batch(idx)).numpy()
+        z[idx] = model(*on(val.pack.batch(idx)), on(dev_matrix[val.dev_rows[idx]]), *on(val.inputs(idx)),
+                       on(val.pack.loop_batch(idx))).cpu().numpy()
     pred = trained.label_transform.inverse_transform(z)
     return float(np.mean(np.abs(pred - val.seconds) / val.seconds))
 

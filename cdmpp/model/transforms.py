@@ -103,6 +103,32 @@ class FeatureNormalizer:
         self.inv_scale_ = np.where(spread > 1e-9, 1.0 / np.maximum(spread, 1e-9), 0.0).astype(np.float32)
         return self
 
+    def fit_chunks(self, chunks) -> "FeatureNormalizer":
+        """``fit`` on leaves too many to hold in float64 at once: ``chunks()`` yields them in row chunks
+        (called three times: extremes, means, spreads). Standard scaling only (quantiles need every row).
+        Given one chunk it computes what ``fit`` does, operation for operation."""
+        if self.method != "standard":
+            raise ValueError(f"feature_scaling = {self.method!r} needs every leaf in memory; a feature store "
+                             "trains with \"standard\"")
+        lo = hi = amax = None
+        n = 0
+        for c in chunks():
+            x = np.asarray(c, dtype=np.float64)
+            n += len(x)
+            if not len(x):
+                continue
+            parts = (x.min(axis=0), x.max(axis=0), np.abs(x).max(axis=0))
+            lo, hi, amax = parts if lo is None else (np.minimum(lo, parts[0]), np.maximum(hi, parts[1]),
+                                                     np.maximum(amax, parts[2]))
+        self.min_, self.max_ = lo.astype(np.float32), hi.astype(np.float32)
+        self.log_cols_ = amax > self.log_above
+        center = sum(self._log(np.asarray(c, dtype=np.float64)).sum(axis=0) for c in chunks()) / n
+        spread = np.sqrt(sum(((self._log(np.asarray(c, dtype=np.float64)) - center) ** 2).sum(axis=0)
+                             for c in chunks()) / n)
+        self.center_ = center.astype(np.float32)
+        self.inv_scale_ = np.where(spread > 1e-9, 1.0 / np.maximum(spread, 1e-9), 0.0).astype(np.float32)
+        return self
+
     def _log(self, x: np.ndarray) -> np.ndarray:
         if not self.log_cols_.any():
             return x
