@@ -85,6 +85,7 @@ class Worker:
 
 
 _ALLOC = re.compile(r'^(\s*)(\w+) = T\.allocate\(\[([^\]]*)\], "(\w+)", "([\w.:]+)"\)\s*$')
+_WITH_ALLOC = re.compile(r'^(\s*)with T\.allocate\(\[([^\]]*)\], "(\w+)", "([\w.:]+)"\) as (\w+):\s*$')
 _DECL = re.compile(r'^(\s*)(\w+) = T\.Buffer\((.*)\)\s*$')
 _ITERVAR = re.compile(r'T\.iter_var\((\w+), None, "\w+", ""\)')
 _FREEVAR = re.compile(r'^\s*(\w+) = T\.(?:int32|int64)\(\)\s*$')
@@ -94,8 +95,8 @@ _REALIZE = re.compile(r'^\s*(with )?T\.realize\(')
 def translate(text: str) -> str:
     """TVM 0.19 TVMScript -> TVM 0.27 TVMScript, for the forms the worker prints:
 
-    - ``X = T.allocate([n], dtype, scope)`` -> ``X = T.alloc_buffer((n,), dtype, scope=...)`` (0.27 has no
-      Allocate node), and a body's ``Y = T.Buffer(..., data=X)`` -> ``T.decl_buffer(..., data=X.data)``;
+    - ``X = T.allocate([n], dtype, scope)`` and ``with T.allocate(...) as X:`` (its body dedented) ->
+      ``X = T.alloc_buffer((n,), dtype, scope=...)`` (0.27 has no Allocate node), and a body's ``Y = T.Buffer(..., data=X)`` -> ``T.decl_buffer(..., data=X.data)``;
     - a pragma attribute on a loop that Ansor fused away (``T.attr(T.iter_var(v, None, ...), "pragma_...",
       n)`` with ``v = T.int32()`` declared free) -> the same pragma on node 0, the free variable dropped;
     - ``T.block`` -> ``T.sblock`` and a block function's ``@T.prim_func`` -> ``@T.prim_func(s_tir=True)``.
@@ -104,7 +105,20 @@ def translate(text: str) -> str:
     blocks = "T.block(" in text
     allocated: set[str] = set()
     out = []
+    opened: list[int] = []  # indents of the ``with T.allocate(...) as X:`` lines whose bodies are dedented
     for lineno, line in enumerate(text.splitlines(), 1):
+        if line.strip():
+            indent = len(line) - len(line.lstrip())
+            while opened and indent <= opened[-1]:
+                opened.pop()
+            line = line[4 * len(opened):] if line[:4 * len(opened)].isspace() or not opened else line
+        m = _WITH_ALLOC.match(line)
+        if m:  # the scoped form: an allocation for the rest of its sequence, as 0.27 writes it
+            ind, dims, dtype, scope, name = m.groups()
+            allocated.add(name)
+            opened.append(indent)
+            out.append(f'{ind}{name} = T.alloc_buffer(({dims},), "{dtype}", scope="{scope}")')
+            continue
         if _REALIZE.match(line):
             raise ValueError(f"line {lineno}: T.realize has no TVM 0.27 form (print after StorageFlatten)")
         m = _ALLOC.match(line)
@@ -140,5 +154,8 @@ def parse(text: str):
         return tvm.script.from_source(translate(text))
     except ValueError:
         raise
-    except Exception as e:  # the parser's DiagnosticError: keep its last line
-        raise ValueError(f"TVMScript does not parse with TVM 0.27: {str(e).strip().splitlines()[-1][:200]}") from None
+    except Exception as e:  # the parser's DiagnosticError: keep its "error:" line and the source line
+        lines = str(e).strip().splitlines() or ["?"]
+        err = next((i for i, x in enumerate(lines) if x.startswith("error:")), None)
+        what = " ".join(x.strip() for x in lines[err:err + 4:3]) if err is not None else lines[-1]
+        raise ValueError(f"TVMScript does not parse with TVM 0.27: {what[:300]}") from None

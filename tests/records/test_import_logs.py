@@ -67,6 +67,30 @@ def test_translate_reads_with_tvm_027():
         parse("def main(:\n")
 
 
+SCOPED = """# from tvm.script import tir as T
+@T.prim_func
+def main(C: T.Buffer((4,), "float32")):
+    for i in T.parallel(4):
+        with T.allocate([1], "float32", "global") as acc:
+            acc_1 = T.Buffer((1,), data=acc)
+            acc_1[0] = T.float32(0.0)
+            for k in range(8):
+                acc_1[0] = acc_1[0] + T.float32(1.0)
+            C[i] = acc_1[0]
+        C[i] = C[i] * T.float32(2.0)
+"""
+
+
+def test_translate_scoped_allocate():
+    """AutoTVM's ``with T.allocate(...) as X:`` becomes an allocation for the rest of its sequence."""
+    from cdmpp.records.side_env import parse, translate
+
+    out = translate(SCOPED)
+    assert '        acc = T.alloc_buffer((1,), "float32", scope="global")\n        acc_1 = T.decl_buffer' in out
+    assert "\n        for k in range(8):\n            acc_1[0]" in out and "\n        C[i] = C[i]" in out
+    assert "C[i] = C[i] * T.float32(2.0)" in parse(SCOPED).script()
+
+
 class StandIn:
     """Answers as the TVM 0.19 worker does, from the committed TVMScript (no side environment needed)."""
 
