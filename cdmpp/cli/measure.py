@@ -77,6 +77,10 @@ def cmd_collect(args) -> int:
         print("cdmpp collect: no task matches the filters (--tasks takes exact names; --tasks-like substrings)",
               file=sys.stderr)
         return 2
+    if args.from_search and (args.programs_from or args.rpc_tracker or args.cache_flush or args.measurer == "metaschedule"):
+        print("cdmpp collect: --from-search measures locally with the fast measurer: drop --programs-from, "
+              "--rpc-tracker, --cache-flush and --measurer metaschedule", file=sys.stderr)
+        return 2
     devices = DeviceTable(args.devices)
     if args.rpc_tracker or args.device:  # a remote device: its spec, probed on it, is in the table
         if not (args.rpc_tracker and args.device and args.rpc_key):
@@ -113,6 +117,8 @@ def cmd_collect(args) -> int:
                         builders=args.builders, quiet_share=args.quiet_share, max_wait_s=60 * args.max_wait_minutes,
                         run_budget_s=args.run_budget_s)
     fast = {"auto": None, "fast": True, "metaschedule": False}[args.measurer]
+    if args.from_search:
+        return _collect_from_search(args, table, device, target, cfg, deadline)
     print(f"collecting {len(table)} tasks x {args.per_task} schedules on {device.id} into {args.dataset}"
           + (f", {args.programs_from}'s programs first" if args.programs_from else ""), file=sys.stderr)
     s = collect(table, args.dataset, device, target, per_task=args.per_task, budget_minutes=args.budget_minutes,
@@ -121,6 +127,19 @@ def cmd_collect(args) -> int:
     print(f"done: {s['measured']} measured, {s['failed']} failed, {s['skipped_done']} already stored, "
           f"{s['tasks']} tasks, {s['seconds']} s" + (" (stopped by budget)" if s["stopped_by_budget"] else "")
           + (f", {s['programs_per_s']} programs/s; seconds spent: {s['times']}" if "times" in s else ""))
+    return 0
+
+
+def _collect_from_search(args, table, device, target, cfg, deadline) -> int:
+    from cdmpp.measure.search import collect_from_search
+
+    print(f"searching {len(table)} tasks x {args.per_task} trials ({args.search_cost_model} cost model) on {device.id} "
+          f"into {args.dataset}", file=sys.stderr)
+    s = collect_from_search(table, args.dataset, device, target, args.per_task, cfg, per_iter=args.search_per_iter,
+                            cost_model=args.search_cost_model, seed=args.seed, deadline=deadline)
+    print(f"done: {s['measured']} measured, {s['failed']} failed, {s['skipped_done']} already stored, "
+          f"{s['tasks_searched']} of {s['tasks']} tasks searched, {s['seconds']} s"
+          + (" (stopped by budget)" if s["stopped_by_budget"] else "") + f", {s['programs_per_s']} programs/s")
     return 0
 
 
@@ -240,6 +259,13 @@ def add_measure_commands(sub):
                    help="llvm: this CPU; cuda: this machine's GPU (device id and specs probed from it)")
     c.add_argument("--programs-from", metavar="DEVICE",
                    help="measure this device's stored programs first (twins), then new ones")
+    c.add_argument("--from-search", action="store_true",
+                   help="instead of random schedules: run MetaSchedule's evolutionary search per task (--per-task "
+                        "trials) and record every candidate it measures, tagged as searched (fast measurer)")
+    c.add_argument("--search-cost-model", choices=["cdmpp", "xgb", "random"], default="cdmpp",
+                   help="with --from-search: the model steering the search (default cdmpp, the shipped model)")
+    c.add_argument("--search-per-iter", type=int, default=16,
+                   help="with --from-search: candidates measured per search iteration (default 16)")
     c.add_argument("--measurer", choices=["auto", "fast", "metaschedule"], default="auto",
                    help="fast: one module per task, one runner process, adaptive repeats; metaschedule: "
                         "MetaSchedule's LocalBuilder/LocalRunner (RPC, --cache-flush, kept artifacts); "

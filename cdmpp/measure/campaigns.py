@@ -139,6 +139,14 @@ def twin_traces(store: RecordStore, source: str, tasks: dict, done: dict | None 
     return out, skipped
 
 
+def built_record(device, task, b, secs: list, err: str | None, others: float, cfg, run_id: str, **extra) -> dict:
+    """The record of one program the fast measurer built (``cdmpp.measure.fast.Built``) and ran."""
+    return {"id": record_id(device.id, task.key, b.program_hash), "device": device.id, "task": task.key,
+            "task_name": task.name, "networks": sorted(task.occurrences), "program_hash": b.program_hash,
+            "trace": b.trace, **measurement_fields(secs, err, b.build_s, others, cfg, run_id),
+            "stable": is_stable(secs, cfg) if secs else None, **extra}
+
+
 def failed_jobs_path(dataset_dir: str, device_id: str) -> str:
     """Where a device's build jobs that failed as a whole (timed out, crashed a worker) are listed."""
     return os.path.join(dataset_dir, f"failed-jobs-{slug(device_id)}.jsonl")
@@ -213,12 +221,7 @@ def _collect_fast(tasks, dataset_dir, device, target, per_task, deadline, cfg, s
                         if not b.program_hash:  # a trace that no longer applies: nothing to key a record by
                             stats["failed"] += 1
                             continue
-                        recs.append({
-                            "id": record_id(device.id, task.key, b.program_hash), "device": device.id,
-                            "task": task.key, "task_name": task.name, "networks": sorted(task.occurrences),
-                            "program_hash": b.program_hash, "trace": b.trace,
-                            **measurement_fields(secs, err, b.build_s, others, cfg, run_id),
-                            "stable": is_stable(secs, cfg) if secs else None})
+                        recs.append(built_record(device, task, b, secs, err, others, cfg, run_id))
                         stats["failed" if err else "measured"] += 1
                         stats["twins_measured"] += bool("traces" in job and not err)
                         done.setdefault(task.key, set()).add(b.program_hash)

@@ -1,0 +1,65 @@
+"""``cdmpp collect --from-search``: every candidate of an evolutionary search measured, stored and tagged."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from cdmpp.records.labels import label
+from cdmpp.records.store import RecordStore
+
+
+def _search(ds, trials, cost_model="random"):
+    from cdmpp.measure.measurer import MeasureConfig
+    from cdmpp.measure.search import collect_from_search
+    from cdmpp.program import tvm_env
+    from cdmpp.zoo import workloads
+    from cdmpp.zoo.tasks import Task, task_key
+
+    tvm = tvm_env.setup(1)
+    mod = workloads.matmul(64, 64, 64)
+    task = Task(task_key(mod), "matmul", tvm.ir.save_json(mod), None, {"toy@1": 1})
+    device = SimpleNamespace(id="test-cpu-1t/llvm", threads=1)
+    # quiet_share 1.0: the CPU guard would otherwise wait for a quiet machine (tested on its own)
+    cfg = MeasureConfig(repeat=3, min_repeat_ms=5, builders=1, quiet_share=1.0)
+    s = collect_from_search([task], ds, device, tvm_env.make_target("llvm", num_cores=1), trials, cfg,
+                            per_iter=4, cost_model=cost_model, population=32, progress=False)
+    return s, task
+
+
+@pytest.mark.slow
+def test_every_searched_candidate_is_a_tagged_labelled_record_and_a_resumed_search_adds_only_the_rest(tmp_path):
+    ds = str(tmp_path / "ds")
+    s, task = _search(ds, 8)
+    recs = list(RecordStore(ds).iter_records())
+    assert s["measured"] + s["failed"] == len(recs) == 8
+    assert len({r["program_hash"] for r in recs}) == 8  # the search measures no program twice
+    for r in recs:
+        assert r["task"] == task.key and r["trace"] and r["search"]["strategy"] == "evolutionary"
+        assert r["search"]["cost_model"] == "random" and 0 <= r["search"]["trial"] < 8
+        assert label(r) is not None and label(r) == min(r["seconds"]) > 0
+    again, _ = _search(ds, 8)
+    assert again["measured"] == again["tasks_searched"] == 0  # complete: nothing to do
+    more, _ = _search(ds, 12)
+    recs = list(RecordStore(ds).iter_records())
+    assert more["tasks_searched"] == 1 and len(recs) == 12 == len({r["program_hash"] for r in recs})
+    assert sorted(r["search"]["trial"] for r in recs)[-4:] == [8, 9, 10, 11]
+
+
+def test_an_unknown_cost_model_or_trial_count_is_refused_before_any_work(tmp_path):
+    from cdmpp.measure.search import collect_from_search
+
+    with pytest.raises(ValueError, match="unknown search cost model 'best'"):
+        collect_from_search([], str(tmp_path), None, None, 8, None, cost_model="best")
+    with pytest.raises(ValueError, match=">= 1"):
+        collect_from_search([], str(tmp_path), None, None, 0, None)
+    assert not (tmp_path / "runs.jsonl").exists()
+
+
+def test_collect_refuses_from_search_with_another_devices_programs_before_probing(tmp_path, capsys):
+    from cdmpp.cli import main
+
+    devices = tmp_path / "devices.json"
+    code = main(["collect", "--from-search", "--programs-from", "x/llvm", "--dataset", str(tmp_path / "ds"),
+                 "--devices", str(devices)])
+    assert code == 2 and "--from-search measures locally" in capsys.readouterr().err
+    assert not devices.exists() and not (tmp_path / "ds").exists()
