@@ -131,7 +131,7 @@ _NOT_FLOPS = frozenset({"if_then_else", "likely", "reinterpret", "tvm_access_ptr
 _STMT_KIND: dict[type, int] = {}
 _EXPR_KIND: dict[type, int] = {}
 _CONST_KIND: dict[type, int] = {}  # 2: IntImm, 1: FloatImm, 0: neither
-_IS_FLOAT: dict[int, tuple[object, bool]] = {}  # PrimType handle -> (the type, kept alive; float?)
+_DTYPES: dict[int, tuple[object, str]] = {}  # PrimType handle -> (the type, kept alive; its name)
 _CALL_COUNTS: dict[int, tuple[object, bool]] = {}  # op handle -> (the op; is it a FLOP when float?)
 
 
@@ -176,15 +176,29 @@ def _const_kind(t: type) -> int:
     return 2 if issubclass(t, tirx.IntImm) else 1 if issubclass(t, tirx.FloatImm) else 0
 
 
-def _is_float(x) -> bool:
+def _dtype(x) -> str:
+    """An expression's type name, e.g. "float32" (from its ``ty``, cached by handle, else its ``dtype``)."""
     ty = getattr(x, "ty", None)
     if ty is None:
-        return str(getattr(x, "dtype", "")).removeprefix("T.").startswith(("float", "bfloat"))
+        return str(getattr(x, "dtype", "")).removeprefix("T.")
     h = ty.__chandle__()
-    hit = _IS_FLOAT.get(h)
+    hit = _DTYPES.get(h)
     if hit is None:
-        hit = _IS_FLOAT[h] = (ty, str(ty).removeprefix("T.").startswith(("float", "bfloat")))
+        hit = _DTYPES[h] = (ty, str(ty).removeprefix("T."))
     return hit[1]
+
+
+def _is_float(x) -> bool:
+    return _dtype(x).startswith(("float", "bfloat"))
+
+
+def _is_int(x) -> bool:
+    return _dtype(x).startswith(("int", "uint"))
+
+
+def _int_buffer(buf) -> bool:
+    """An integer (not boolean) buffer: the integer arithmetic of the values stored in it is work."""
+    return str(buf.dtype).startswith(("int", "uint"))
 
 
 def _call_counts(x) -> bool:
@@ -229,17 +243,18 @@ def walk(mod, ast: bool = True, flops: bool = True) -> tuple[CompactAST | None, 
             i += 1
         return n
 
-    def expr(x, bits: dict, ext: list) -> tuple[int, float]:
-        """(the block iterators ``x`` depends on, as a mask; the FLOPs inside ``x``)."""
+    def expr(x, bits: dict, ext: list, ints: bool = False) -> tuple[int, float]:
+        """(the block iterators ``x`` depends on, as a mask; the FLOPs inside ``x``). ``ints``: the value of
+        an integer store, whose integer arithmetic is the work (int8 products summed into int32)."""
         t = type(x)
         kind = expr_kinds.get(t)
         if kind is None:
             kind = expr_kinds[t] = _expr_kind(x)
         if kind == _ARITH:
-            va, fa = expr(x.a, bits, ext)
-            vb, fb = expr(x.b, bits, ext)
+            va, fa = expr(x.a, bits, ext, ints)
+            vb, fb = expr(x.b, bits, ext, ints)
             v = va | vb
-            return v, fa + fb + (count(v, ext) if _is_float(x) else 0.0)
+            return v, fa + fb + (count(v, ext) if _is_float(x) or (ints and _is_int(x)) else 0.0)
         if kind == _VAR:
             return bits.get(x.__chandle__(), 0), 0.0
         if kind == _LOAD:
@@ -263,7 +278,7 @@ def walk(mod, ast: bool = True, flops: bool = True) -> tuple[CompactAST | None, 
             return 0, 0.0
         v, f = 0, 0.0
         for k in kids:
-            vk, fk = expr(k, bits, ext)
+            vk, fk = expr(k, bits, ext, ints)
             v, f = v | vk, f + fk
         if kind == _CALL and _call_counts(x) and _is_float(x):
             f += count(v, ext)
@@ -302,7 +317,7 @@ def walk(mod, ast: bool = True, flops: bool = True) -> tuple[CompactAST | None, 
         elif kind == _STORE:
             value = stmt.value
             if fl:
-                total += mult * expr(value, bits, ext)[1]
+                total += mult * expr(value, bits, ext, _int_buffer(stmt.buffer))[1]
             if emit and not const(value):
                 buf = stmt.buffer
                 key = buf.__chandle__()  # the BufferNode, as TVM keys its rows (``buf.data`` is a new object each time)

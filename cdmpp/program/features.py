@@ -99,7 +99,8 @@ def program_flops(mod) -> float:
     For every store in a block, every float ``+ - * / min max`` and float math call (exp, rsqrt, ...)
     of the stored value counts once per distinct value of the block iterators it depends on
     (through buffer indices), times the instances of enclosing blocks. A multiply-add is 2. Selects
-    (padding, concatenation) and casts are not FLOPs. On an unscheduled workload this is the usual
+    (padding, concatenation) and casts are not FLOPs. Where an integer is stored (int8 products summed
+    into int32), its integer arithmetic counts the same way: operations beside FLOPs. On an unscheduled workload this is the usual
     count (2*M*N*K for a matmul); a schedule's loops, tiles and cache stages do not change it.
     The walk that counts them (``cdmpp.program.compact_ast.walk``) also builds the compact AST.
     """

@@ -143,3 +143,24 @@ def test_two_thousand_blocks_featurize(tvm, predictor, device):
     assert feats.n_leaves == 2000 and len(set(feats.positions.tolist())) == 2000
     (p,) = predictor.predict_features([feats], device)
     assert np.isfinite(p.seconds) and p.lo90 <= p.seconds <= p.hi90
+
+
+def test_integer_work_counts_where_an_integer_value_is_stored_and_index_arithmetic_does_not():
+    """An int8 matmul summed into int32 is 2*M*N*K operations (it counted 0: issue 52 item 5); the integer
+    arithmetic of indices and of a float program's casts is not work. No zoo task's count changes (all
+    1,024 unscheduled tasks checked when this came in), so cached rows and the shipped model stay valid."""
+    from tvm import te
+
+    from cdmpp.program import tvm_env
+    from cdmpp.program.features import program_flops
+
+    tvm = tvm_env.setup()
+    a = te.placeholder((32, 16), "int8", name="A")
+    b = te.placeholder((16, 24), "int8", name="B")
+    k = te.reduce_axis((0, 16), name="k")
+    c = te.compute((32, 24), lambda i, j: te.sum(a[i, k].astype("int32") * b[k, j].astype("int32"), axis=k), name="C")
+    mod = tvm.IRModule({"main": te.create_prim_func([a, b, c])})
+    assert program_flops(mod) == 2 * 32 * 24 * 16
+    x = te.placeholder((64,), "float32", name="X")
+    y = te.compute((32,), lambda i: x[i * 2 + 1] + x[i * 2], name="Y")  # int index arithmetic, one float add
+    assert program_flops(tvm.IRModule({"main": te.create_prim_func([x, y])})) == 32
