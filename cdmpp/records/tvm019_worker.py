@@ -34,7 +34,8 @@ def _lower(sch, args) -> str:
     mod = schedule_to_module(sch, args, "main")
     seq = tvm.transform.Sequential([
         tvm.tir.transform.InjectPrefetch(), tvm.tir.transform.StorageFlatten(64),
-        tvm.tir.transform.NarrowDataType(32), tvm.tir.transform.Simplify()])
+        tvm.tir.transform.NarrowDataType(32), tvm.tir.transform.Simplify(),
+        tvm.tir.transform.InjectVirtualThread(), tvm.tir.transform.Simplify()])  # vthreads: 0.27 has no such binding
     with tvm.transform.PassContext(opt_level=3):
         mod = seq(mod)
     return mod.script()
