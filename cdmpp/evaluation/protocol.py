@@ -52,7 +52,9 @@ from cdmpp import defaults
 from cdmpp.evaluation import metrics as ev
 from cdmpp.evaluation import splits
 
-SETTINGS = ("random-new", "cross-model", "leave-one-chip-out", "cross-device-new", "cross-device-seen")
+SETTINGS = ("random-new", "cross-model", "leave-one-chip-out", "cross-device-new", "cross-device-seen", "paper",
+            "paper-5-leaf")
+WITHIN_DEVICE = ("random-new", "cross-model", "paper", "paper-5-leaf")  # one split, cdmpp and the peers on it
 PINNED_DEVICES = ("amd-epyc-znver4-2t/llvm-avx512", "amd-epyc-znver4-1t/llvm-avx512")
 TARGET_DEVICE = "amd-epyc-znver4-1t/llvm-avx512"
 KS = ("0", "16", "64", "5%")
@@ -98,15 +100,37 @@ def load_pinned(opts: ProtocolOptions, every_device: bool = False):
 
 
 def setting_splits(ds, setting: str, seed: int, fractions: Sequence[float] = (),
-                   held_out: Sequence[str] = splits.HELD_OUT_NETWORKS) -> list:
-    """[(fraction, split)] of ``random-new`` or ``cross-model`` (``held_out`` networks): without ``fractions``
-    the whole split (fraction None); else one split per fraction of its training programs (nested: a
-    smaller share is part of every larger one), validation and test those of the whole split."""
-    full = (splits.random_split(ds, seed) if setting == "random-new"
-            else splits.cross_model_split(ds, held_out, seed=seed))
+                   held_out: Sequence[str] = splits.HELD_OUT_NETWORKS, steady: set[str] | None = None) -> list:
+    """[(fraction, split)] of ``random-new``, ``cross-model`` (``held_out`` networks) or the paper's protocol
+    (``steady``: the record ids its repeat filter keeps): without ``fractions`` the whole split (fraction
+    None); else one split per fraction of its training programs (nested: a smaller share is part of every
+    larger one), validation and test those of the whole split."""
+    if setting in ("paper", "paper-5-leaf"):
+        full = splits.paper_split(ds, seed, steady, five_leaf=setting == "paper-5-leaf")
+    elif setting == "random-new":
+        full = splits.random_split(ds, seed)
+    else:
+        full = splits.cross_model_split(ds, held_out, seed=seed)
     if not fractions:
         return [(None, full)]
     return [(f, splits.subsample_train(replace(full, info=dict(full.info)), f, seed)) for f in fractions]
+
+
+def steady_records(dataset: str, devices: Sequence[str]) -> set[str]:
+    """Record ids of ``devices`` whose label's repeats agree within ``splits.PAPER_MAX_SPREAD`` (or are too
+    few to judge): the paper's repeat filter, read from the stored repeats."""
+    from cdmpp.records.labels import label
+    from cdmpp.records.store import RecordStore
+
+    store = RecordStore(dataset)
+    keep = set()
+    for device in devices:
+        for r in store.iter_records(device, traces=False):
+            if label(r) is not None:
+                spread = splits.repeat_spread(r["seconds"])
+                if spread is None or spread <= splits.PAPER_MAX_SPREAD:
+                    keep.add(r["id"])
+    return keep
 
 
 def _k_value(k: str, n_target: int) -> int:
@@ -224,8 +248,9 @@ def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | Non
                                      ("pooled-gbt-mape", ("latency", "mape", "pooled GBT, MAPE loss")))
                    if m in opts.methods}
 
-    for setting in [s for s in opts.settings if s in ("random-new", "cross-model")]:
-        for fraction, split in setting_splits(ds, setting, seed, opts.train_fractions, opts.held_out):
+    steady = steady_records(opts.dataset, opts.device_ids) if {"paper", "paper-5-leaf"} & set(opts.settings) else None
+    for setting in [s for s in opts.settings if s in WITHIN_DEVICE]:
+        for fraction, split in setting_splits(ds, setting, seed, opts.train_fractions, opts.held_out, steady):
             n = dict(programs=len(split.test), n_train=len(split.train))
             if fraction is not None:  # a learning-curve row: kept out of the summary (see aggregate)
                 n["train_fraction"] = fraction

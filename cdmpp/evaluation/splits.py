@@ -12,6 +12,8 @@ ever predicted, and:
   network shares it; training sees only tasks of no held-out network; validation is carved *by task*
   from training, so model selection also measures generalization to unseen tasks; a share of the
   held-out programs (by hash) is the unlabeled domain-adaptation pool and never in the test set;
+* ``paper_split``: the CDMPP paper's own protocol (steady repeats, tasks of >= 48 programs, optionally
+  5-leaf programs only, a random split within each task), to compare with its figures on equal terms;
 * ``cross_device_split``: all other devices are the source (train/val); the target device's programs
   are cut by hash into a pool (``k`` shots are chosen from it, KMeans or random; it is also the
   unlabeled domain-adaptation pool) and a test half. ``programs="new"``: test programs whose twin is
@@ -282,6 +284,47 @@ def leave_one_chip_out_split(ds, chip: str, device_table: dict | None = None, k:
     split.info.update(kind="leave-one-chip-out", chip=chip,
                       description=f"leave-one-chip-out ({chip}): " + split.info["description"])
     return split
+
+
+PAPER_MAX_SPREAD = 0.01  # the paper's protocol keeps records whose repeats agree within 1 %
+PAPER_MIN_TASK_PROGRAMS = 48  # and tasks with at least this many such programs
+
+
+def repeat_spread(seconds: Sequence[float]) -> float | None:
+    """How far a label's repeats agree: (third fastest - fastest) / fastest, since the label is the fastest
+    repeat; None with fewer than 3 repeats (slow programs, a few long repeats: no spread to judge)."""
+    s = sorted(seconds)
+    return (s[2] - s[0]) / s[0] if len(s) >= 3 and s[0] > 0 else None
+
+
+def paper_split(ds, seed: int = 0, steady: set[str] | None = None, five_leaf: bool = False, val: float = 0.1,
+                test: float = 0.2, min_programs: int = PAPER_MIN_TASK_PROGRAMS) -> Split:
+    """The CDMPP paper's protocol, so that cdmpp can stand beside its 14.03 % on equal terms: only programs
+    whose repeats agree (``steady``: the record ids with ``repeat_spread`` <= 1 % or no spread to judge;
+    None keeps all), optionally only 5-leaf programs (the paper's default), only (device, task) groups of
+    >= ``min_programs`` of them, and every group cut at random into train/val/test: test tasks are all
+    seen in training (unlike random-new, where whole programs are new across devices)."""
+    groups: dict = defaultdict(list)
+    for p in _programs(ds):
+        if (steady is None or p.record_id in steady) and (not five_leaf or p.features.n_leaves == 5):
+            groups[(p.device, p.task)].append(p)
+    kept = {g: ps for g, ps in groups.items() if len(ps) >= min_programs}
+    if not kept:
+        raise ValueError(f"no task has {min_programs} programs that pass the paper's filters")
+    rng = _rng(seed, "paper" + ("-5-leaf" if five_leaf else ""))
+    train, val_, test_ = [], [], []
+    for g in sorted(kept):
+        ps = kept[g]
+        order = rng.permutation(len(ps))
+        n_test, n_val = round(test * len(ps)), round(val * len(ps))
+        test_ += [ps[i] for i in order[:n_test]]
+        val_ += [ps[i] for i in order[n_test:n_test + n_val]]
+        train += [ps[i] for i in order[n_test + n_val:]]
+    info = dict(kind="paper", seed=seed, five_leaf=five_leaf, tasks=len(kept), devices=sorted({d for d, _ in kept}),
+                description=f"the paper's protocol: repeats within {PAPER_MAX_SPREAD:.0%}, "
+                            f"{'5-leaf programs, ' if five_leaf else ''}tasks of >= {min_programs} programs "
+                            f"({len(kept)}), each split at random {1 - val - test:.0%}/{val:.0%}/{test:.0%} (seed {seed})")
+    return _finish(Split("paper", train, val_, test_, info=info))
 
 
 def subsample_train(split: Split, fraction: float, seed: int = 0) -> Split:

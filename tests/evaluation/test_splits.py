@@ -90,3 +90,26 @@ def test_random_split_by_task_holds_out_whole_tasks(real):
     assert _ids(sp.train) | _ids(sp.val) == _ids(real.programs)
     with pytest.raises(ValueError, match="by = 'device'"):
         splits.random_split(real, by="device")
+
+
+def test_paper_split_filters_then_cuts_every_task_at_random(real):
+    from collections import Counter
+
+    from cdmpp.evaluation.protocol import steady_records
+
+    folder, ds = real
+    steady = steady_records(str(folder), sorted({p.device for p in ds.programs}))
+    assert 0 < len(steady & _ids(ds.programs)) < len(ds)  # some repeats spread more than 1 %
+    a, b = splits.paper_split(ds, 0, steady, min_programs=6), splits.paper_split(ds, 0, steady, min_programs=6)
+    assert _ids(a.test) == _ids(b.test) and set(a.overlaps().values()) == {0}
+    kept = _ids(a.train) | _ids(a.val) | _ids(a.test)
+    assert kept <= steady  # only programs whose repeats agree
+    sizes = Counter(p.task for p in ds.programs if p.record_id in steady)
+    assert {p.task for p in a.train} == {t for t, n in sizes.items() if n >= 6}  # every kept task, all in training
+    assert {p.task for p in a.test} <= {p.task for p in a.train}  # a within-task split: no new tasks
+    five = splits.paper_split(ds, 0, None, five_leaf=True, min_programs=1)
+    assert {p.features.n_leaves for p in five.train + five.val + five.test} == {5}
+    with pytest.raises(ValueError, match="no task has 10000 programs"):
+        splits.paper_split(ds, 0, steady, min_programs=10000)
+    assert splits.repeat_spread([1.0, 1.5, 1.005, 1.01]) == pytest.approx(0.01)
+    assert splits.repeat_spread([2.0, 2.1]) is None
