@@ -35,6 +35,7 @@ from typing import Sequence
 
 import numpy as np
 
+from cdmpp.evaluation import metrics as ev
 from cdmpp.evaluation import splits
 
 LOCO_KS = ("0", "1%", "5%", "16", "64")
@@ -64,7 +65,6 @@ def _chip_pool(ds, split) -> list:
 
 def run_chip(opts, seed: int, ds, device_table: dict, chip: str, out, train_cdmpp, k_value) -> None:
     """Every k and sampler of one held-out ``chip`` for one seed: rows to ``out`` (a protocol ``_Writer``)."""
-    from cdmpp.evaluation.protocol import _metrics
     from cdmpp.model.pooled_gbt import PooledGBT
     from cdmpp.model.shots import ShotChoice
 
@@ -86,7 +86,7 @@ def run_chip(opts, seed: int, ds, device_table: dict, chip: str, out, train_cdmp
                                             splits._rng(seed, "chip-reference", chip))
         t = time.monotonic()
         own = PooledGBT(device_table, nthread=opts.threads, random_state=seed, target="latency").fit(train_, val_)
-        out.row("leave-one-chip-out", "chip's own GBT (reference)", _metrics(base.test, own.predict(base.test)),
+        out.row("leave-one-chip-out", "chip's own GBT (reference)", ev.score(base.test, own.predict(base.test)),
                 k=None, train_seconds=round(time.monotonic() - t, 1), n_reference=len(train_), **common)
     gbt = None
     if "pooled-gbt" in opts.methods:
@@ -107,33 +107,33 @@ def run_chip(opts, seed: int, ds, device_table: dict, chip: str, out, train_cdmp
                 if k:
                     choice = ShotChoice(cdmpp_base, seed=seed, nthread=opts.threads).fit(shots)
                     pred = choice.predict(test)
-                    out.row("leave-one-chip-out", opts.label + suffix, _metrics(test, pred), train_seconds=cdmpp_secs,
+                    out.row("leave-one-chip-out", opts.label + suffix, ev.score(test, pred), train_seconds=cdmpp_secs,
                             choice=choice.describe(), **n)
                     if "cdmpp-finetune" in opts.methods and sampler == "kmeans":  # the comparison, at its cost
                         tuned = model.adapt(shots)
                         mean, lo, hi, order = tuned.predict_interval_and_order(test)
                         out.row("leave-one-chip-out", opts.label + ", fine-tune" + suffix,
-                                _metrics(test, mean, lo, hi, order), train_seconds=cdmpp_secs, **n)
+                                ev.score(test, mean, lo, hi, order), train_seconds=cdmpp_secs, **n)
                 else:
                     mean, lo, hi, order = model.predict_interval_and_order(test)
-                    out.row("leave-one-chip-out", opts.label, _metrics(test, mean, lo, hi, order),
+                    out.row("leave-one-chip-out", opts.label, ev.score(test, mean, lo, hi, order),
                             train_seconds=cdmpp_secs, val_mape=model.model_.summary["val"]["mape"],
                             epochs=sum(len(r.get("history", [])) for r in model.model_.summary["members"]), **n)
                     direct = copy.copy(model.model_)
                     direct.anchors = None  # every device predicted by the network from its specs
                     mean, lo, hi = direct.predict([p.features for p in test], [p.device for p in test])
-                    out.row("leave-one-chip-out", opts.label + ", direct", _metrics(test, mean, lo, hi),
+                    out.row("leave-one-chip-out", opts.label + ", direct", ev.score(test, mean, lo, hi),
                             train_seconds=cdmpp_secs, **n)
             if gbt is not None:
                 g = gbt.adapt(shots) if k else gbt
-                out.row("leave-one-chip-out", "pooled GBT" + suffix, _metrics(test, g.predict(test)),
+                out.row("leave-one-chip-out", "pooled GBT" + suffix, ev.score(test, g.predict(test)),
                         train_seconds=gbt_secs, **n)
                 moved = ShotChoice(transfer, seed=seed, nthread=opts.threads).fit(shots)
-                out.row("leave-one-chip-out", "pooled GBT, spec transfer" + suffix, _metrics(test, moved.predict(test)),
+                out.row("leave-one-chip-out", "pooled GBT, spec transfer" + suffix, ev.score(test, moved.predict(test)),
                         train_seconds=gbt_secs, choice=moved.describe(), **n)
             if k:
                 alone = ShotChoice(None, seed=seed, nthread=opts.threads, only=("shots",)).fit(shots)
-                out.row("leave-one-chip-out", "shots-only GBT" + suffix, _metrics(test, alone.predict(test)),
+                out.row("leave-one-chip-out", "shots-only GBT" + suffix, ev.score(test, alone.predict(test)),
                         train_seconds=0.0, choice=alone.describe(), **n)
 
 

@@ -141,12 +141,6 @@ def _seconds(programs) -> np.ndarray:
     return np.array([p.seconds for p in programs])
 
 
-def _metrics(test, predicted, lo=None, hi=None, rank_key=None) -> dict:
-    """The metrics of ``predicted`` on ``test``; the ranking ones of ``rank_key`` where a method orders a
-    task's programs by another prediction than its seconds (cdmpp's order weight)."""
-    return ev.evaluate([p.seconds for p in test], [(p.device, p.task) for p in test], predicted, lo, hi, rank_key)
-
-
 class _Writer:
     def __init__(self, path: str, base: dict):
         self.path, self.base = path, base
@@ -233,7 +227,7 @@ def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | Non
         if peer.predicts == "score":  # higher = faster within a task: ranking metrics only
             m = ev.evaluate([p.seconds for p in test], [(p.device, p.task) for p in test], rank_key=-pred)
         else:
-            m = _metrics(test, pred)
+            m = ev.score(test, pred)
         out.row(setting, name, m, train_seconds=secs, **n)
 
     def train_gbt(split, target="flops", loss="l2"):
@@ -257,20 +251,20 @@ def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | Non
             if "cdmpp" in opts.methods:
                 model, secs = train_cdmpp(split, split.target_pool or None)
                 mean, lo, hi, order = model.predict_interval_and_order(split.test)
-                out.row(setting, opts.label, _metrics(split.test, mean, lo, hi, order), k=None, train_seconds=secs,
+                out.row(setting, opts.label, ev.score(split.test, mean, lo, hi, order), k=None, train_seconds=secs,
                         val_mape=model.model_.summary["val"]["mape"],
                         epochs=sum(len(r.get("history", [])) for r in model.model_.summary["members"]), **n)
             if "pooled-gbt" in opts.methods:
                 gbt, gsecs = train_gbt(split)
                 pred = gbt.predict(split.test)
-                out.row(setting, opts.gbt_label, _metrics(split.test, pred), k=None,
+                out.row(setting, opts.gbt_label, ev.score(split.test, pred), k=None,
                         train_seconds=gsecs, trees=int(gbt.model_.best_iteration) + 1, **n)
                 c = mape_scale(gbt.predict(split.val), _seconds(split.val))
-                out.row(setting, opts.gbt_label + ", val-scaled", _metrics(split.test, c * pred), k=None, scale=c,
+                out.row(setting, opts.gbt_label + ", val-scaled", ev.score(split.test, c * pred), k=None, scale=c,
                         train_seconds=gsecs, **n)
             for target_kind, loss, name in gbt_variants.values():
                 other, osecs = train_gbt(split, target_kind, loss)
-                out.row(setting, name, _metrics(split.test, other.predict(split.test)), k=None, train_seconds=osecs,
+                out.row(setting, name, ev.score(split.test, other.predict(split.test)), k=None, train_seconds=osecs,
                         trees=int(other.model_.best_iteration) + 1, **n)
             for name, peer, psecs in train_peers(split):
                 peer_row(setting, name, peer, psecs, split.test, k=None, **n)
@@ -319,21 +313,21 @@ def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | Non
                     tuned = m.model_.summary.get("finetune", {}) if k else {}  # checked_finetune's findings
                     found = {name: tuned[key] for name, key in (("finetune_check", "check"), ("order_weight", "order_weight"))
                              if key in tuned}
-                    out.row(setting, opts.label + suffix, _metrics(test, mean, lo, hi, order), train_seconds=cdmpp_secs,
+                    out.row(setting, opts.label + suffix, ev.score(test, mean, lo, hi, order), train_seconds=cdmpp_secs,
                             **found, **n)
                     if programs == "seen":  # the physics priors x a GBT of the log ratio on pooled, physics + embedding
                         tr = TwinRatio(sp.twins, nthread=opts.threads, random_state=seed, prior=priors, inputs="both",
                                        embed=lambda ps: m.embed([p.features for p in ps])).fit(sp.shots)
-                        out.row(setting, opts.label + " + twin" + suffix, _metrics(test, tr.predict(test)),
+                        out.row(setting, opts.label + " + twin" + suffix, ev.score(test, tr.predict(test)),
                                 train_seconds=cdmpp_secs, **n)
                 if gbt is not None:
                     g = gbt.adapt(sp.shots) if k else gbt
                     pred = g.predict(test)
-                    out.row(setting, "pooled GBT" + suffix, _metrics(test, pred), train_seconds=gbt_secs, **n)
-                    out.row(setting, "pooled GBT, val-scaled" + suffix, _metrics(test, gbt_scale * pred),
+                    out.row(setting, "pooled GBT" + suffix, ev.score(test, pred), train_seconds=gbt_secs, **n)
+                    out.row(setting, "pooled GBT, val-scaled" + suffix, ev.score(test, gbt_scale * pred),
                             scale=gbt_scale, train_seconds=gbt_secs, **n)
                 for name, (other, osecs) in others:
-                    out.row(setting, name + suffix, _metrics(test, (other.adapt(sp.shots) if k else other).predict(test)),
+                    out.row(setting, name + suffix, ev.score(test, (other.adapt(sp.shots) if k else other).predict(test)),
                             train_seconds=osecs, **n)
                 for name, peer, psecs in peers:  # the MLP is fine-tuned on the shots; XGBModel only at k = 0
                     if peer.predicts == "score" and k:
@@ -341,16 +335,16 @@ def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | Non
                     peer_row(setting, name + suffix, peer.adapt(sp.shots) if k else peer, psecs, test, **n)
                 for physics in priors if {"pooled-gbt", "twins"} & set(opts.methods) else ():
                     extra = {"overhead_s": physics.overhead_} if isinstance(physics, TwinAmdahl) else {}
-                    out.row(setting, physics.label + suffix, _metrics(test, physics.predict(test)), train_seconds=0.0,
+                    out.row(setting, physics.label + suffix, ev.score(test, physics.predict(test)), train_seconds=0.0,
                             **extra, **n)
                     tr = TwinRatio(sp.twins, nthread=opts.threads, random_state=seed, prior=physics).fit(sp.shots)
-                    out.row(setting, physics.label + " x ratio GBT" + suffix, _metrics(test, tr.predict(test)),
+                    out.row(setting, physics.label + " x ratio GBT" + suffix, ev.score(test, tr.predict(test)),
                             train_seconds=0.0, **n)
                 if programs == "seen" and {"pooled-gbt", "twins"} & set(opts.methods):
                     tr = TwinRatio(sp.twins, nthread=opts.threads, random_state=seed).fit(sp.shots)
-                    out.row(setting, "twin-ratio" + suffix, _metrics(test, tr.predict(test)), train_seconds=0.0, **n)
+                    out.row(setting, "twin-ratio" + suffix, ev.score(test, tr.predict(test)), train_seconds=0.0, **n)
                     tr = TwinRatio(sp.twins, nthread=opts.threads, random_state=seed, inputs="physics").fit(sp.shots)
-                    out.row(setting, "twin-ratio, physics inputs" + suffix, _metrics(test, tr.predict(test)),
+                    out.row(setting, "twin-ratio, physics inputs" + suffix, ev.score(test, tr.predict(test)),
                             train_seconds=0.0, **n)
 
 

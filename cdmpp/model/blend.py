@@ -14,7 +14,7 @@ from typing import Sequence
 
 import numpy as np
 
-from cdmpp.evaluation.metrics import within_task_spearman
+from cdmpp.ranking import within_task_spearman
 
 WEIGHTS = np.linspace(0.0, 1.0, 11)
 RANKED = 3  # programs a task needs for within_task_spearman to rank it (its min_group)
