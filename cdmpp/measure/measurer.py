@@ -7,7 +7,7 @@ a measurement. Every repeat's seconds are stored; the label is the fastest repea
 Measurement settings (``MeasureConfig``) aim at low run-to-run noise: each repeat runs the kernel enough
 times to last ``min_repeat_ms`` (timer noise becomes negligible) and the label is the *minimum* of
 ``repeat`` repeats: on a shared VM disturbances only ever add time, so the fastest repeat is the most
-reproducible statistic (``benchmarks/noise_ab.py`` compares the choices). TVM's thread pool pins its
+reproducible statistic (``experiments/noise_ab.py`` compares the choices). TVM's thread pool pins its
 threads to cores. Caches are warm (TVM's default runner); pass ``--cache-flush`` to flush them before each
 repeat. Integer inputs (gather indices of ``take`` and the like) are zero-filled: random integers index
 out of bounds and crash the runner."""
@@ -185,7 +185,7 @@ class Measurer:
         whole run timeout, and a task whose random schedules run for minutes would stall the collection.
         ``keys`` (the programs' record ids): with an ``artifact_dir``, a program is built once and its later
         passes run the kept artifact (build seconds 0): 1.85 instead of 1.20 programs/s here
-        (``benchmarks/kept_artifacts.py``).
+        (``experiments/kept_artifacts.py``).
         """
         ms = self.ms
         self._wait_while_paused()
