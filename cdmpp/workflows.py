@@ -13,6 +13,7 @@ from cdmpp import defaults
 from cdmpp.devices.table import DeviceTable
 from cdmpp.evaluation import splits
 from cdmpp.evaluation.harness import git_commit
+from cdmpp.model import distributed
 from cdmpp.model.checkpoint import TrainedModel
 from cdmpp.model.training import TrainConfig, checked_finetune, fit
 from cdmpp.records.dataset import load_dataset, per_device_counts
@@ -43,14 +44,18 @@ def _version(model) -> str:
 def train_checkpoint(recipe: str, dataset: str, out: str, task_table: str = defaults.TASK_TABLE,
                      devices: str = defaults.DEVICES, max_minutes: float | None = None, val: float = 0.1,
                      seed: int = 0, limit: int | None = None, progress: bool = True, device_ids=None,
-                     exclude_networks=None, val_by: str = "task"):
+                     exclude_networks=None, val_by: str = "task", device: str = "cpu"):
     """Train on every program of ``dataset`` (all devices, or ``device_ids``) and save a checkpoint the
     ``Predictor`` can serve. ``val`` of the tasks (``val_by="task"``; or of the program hashes, "program")
     is held out for model selection and calibration: early stopping, the blend weight and the intervals
     are then chosen on tasks the model never trained on, as a network it was not trained on presents
     them; picked on programs of seen tasks, the blend leaned on the GBT, which extrapolates worst.
     ``exclude_networks``: leave out every program of a task that occurs in one of them (as cross-model
-    does), so benchmarks on those networks test a model that never saw them."""
+    does), so benchmarks on those networks test a model that never saw them. ``device``: cpu, cuda or auto;
+    under torchrun every process loads the data and trains its share of each batch (DistributedDataParallel),
+    and rank 0 alone saves (``cdmpp.model.distributed``)."""
+    device = distributed.setup(device)
+    progress = progress and distributed.is_main()
     ds = load_dataset(dataset, TaskTable.load(task_table), devices=device_ids, limit=limit, progress=progress)
     split = training_split(ds, seed, val, val_by, exclude_networks)
     table = DeviceTable(devices)
@@ -59,7 +64,9 @@ def train_checkpoint(recipe: str, dataset: str, out: str, task_table: str = defa
         raise ValueError(f"devices {missing} have no spec in {devices}")
     over = {"max_minutes": max_minutes} if max_minutes else {}
     config = dataclasses.replace(TrainConfig.recipe(recipe), seed=seed, progress=progress, **over)
-    model = fit(config, split.train, split.val, device_table=table.spec_table())
+    model = fit(config, split.train, split.val, device_table=table.spec_table(), device=device)
+    if not distributed.is_main():
+        return model
     model.summary.update(model_version=_version(model), recipe=recipe, dataset=dataset,
                          trained_at=_dt.datetime.now().isoformat(timespec="seconds"), git_commit=git_commit(),
                          data=dict(programs=len(ds), per_device=per_device_counts(ds)),

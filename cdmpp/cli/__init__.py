@@ -25,7 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_devices_commands(sub)
     bsub = add_measure_commands(sub)
     add_service_commands(sub, bsub)
-    add_eval_commands(sub)
+    add_eval_commands(sub, bsub)
     add_import_commands(sub)
     return p
 

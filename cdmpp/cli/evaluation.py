@@ -121,14 +121,23 @@ def cmd_train(args) -> int:
         model = train_checkpoint(args.recipe, args.dataset, args.out, args.task_table, args.devices,
                                  args.max_minutes, args.val, args.seed, args.limit,
                                  device_ids=_csv(args.device_ids) or None,
-                                 exclude_networks=_csv(args.exclude_networks) or None, val_by=args.val_by)
+                                 exclude_networks=_csv(args.exclude_networks) or None, val_by=args.val_by,
+                                 device=args.device)
     except ValueError as e:
         print(f"cdmpp train: {e}", file=sys.stderr)
         return 2
+    if "rank" in model.summary:  # a torchrun rank other than 0: rank 0 saves and reports
+        return 0
     s = model.summary
     print(f"saved {s['model_version']} to {args.out}: {s['n_train']} train / {s['n_val']} val programs, "
           f"val MAPE {100 * s['val']['mape']:.1f} %, {s['train_seconds']} s")
     return 0
+
+
+def cmd_bench_train(args) -> int:
+    from cdmpp.bench import train_scale
+
+    return train_scale.main(args)
 
 
 def cmd_sample(args) -> int:
@@ -197,7 +206,7 @@ def cmd_finetune(args) -> int:
     return 0
 
 
-def add_eval_commands(sub) -> None:
+def add_eval_commands(sub, bsub) -> None:
     data = argparse.ArgumentParser(add_help=False)
     data.add_argument("--dataset", default=defaults.DATASET, help="dataset folder")
     data.add_argument("--task-table", default=defaults.TASK_TABLE)
@@ -286,7 +295,28 @@ def add_eval_commands(sub) -> None:
     t.add_argument("--device-ids", help="comma-separated devices to train on (default: every device in the data)")
     t.add_argument("--exclude-networks", help="comma-separated networks whose tasks are left out of training (a "
                                               "checkpoint for benchmarks on networks it never saw)")
+    t.add_argument("--device", choices=("auto", "cpu", "cuda"), default="cpu",
+                   help="where the transformer trains: cpu (default), cuda, or auto (cuda when torch sees a GPU). "
+                        "Under `torchrun --nproc_per_node N cdmpp train ...` the N processes share every batch "
+                        "(DistributedDataParallel; gloo on cpu, nccl on cuda) and rank 0 saves")
     t.set_defaults(func=cmd_train)
+
+    bt = bsub.add_parser("train", help="peak memory of training from a memory-mapped feature store of N programs "
+                                       "(real programs repeated: a memory benchmark), per million programs")
+    bt.add_argument("--programs", type=int, default=100_000, help="programs in the store (default 100,000)")
+    bt.add_argument("--base", type=int, default=4096, help="real programs repeated to fill it (default 4096)")
+    bt.add_argument("--val", type=int, default=256, help="other real programs to validate on, in memory (default 256)")
+    bt.add_argument("--steps", type=int, default=20, help="training steps (default 20)")
+    bt.add_argument("--batch-size", type=int, default=256)
+    bt.add_argument("--device", choices=("auto", "cpu", "cuda"), default="cpu")
+    bt.add_argument("--threads", type=int, default=2, help="torch threads of the training process (default 2)")
+    bt.add_argument("--store", help="folder for the store (kept and reused with --keep; default: a temporary one)")
+    bt.add_argument("--keep", action="store_true", help="keep the store")
+    bt.add_argument("--dataset", default=defaults.DATASET)
+    bt.add_argument("--task-table", default=defaults.TASK_TABLE)
+    bt.add_argument("--devices", default=defaults.DEVICES)
+    bt.add_argument("--json", help="write the result here")
+    bt.set_defaults(func=cmd_bench_train)
 
     s = sub.add_parser("sample", help="choose k programs to measure on a new device (KMeans on embeddings)")
     s.add_argument("--k", type=int, required=True)

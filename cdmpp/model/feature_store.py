@@ -5,7 +5,7 @@ dataset: ~5 KB of leaf rows a program, ~5 GB at a million (Tenset has 51.6M reco
 the packed columns once, chunk by chunk (each chunk what ``PackedPrograms.from_programs`` makes of it, so a
 store and an in-memory pack hold the same numbers); ``FeatureStore`` opens them with ``np.load(mmap_mode="r")``
 and training gathers each batch's rows from the mapped file. Pages read are handed back to the kernel
-(``release``: every 64 batches and after every pass over the file), or a whole epoch would leave the file
+(``release``: every few batches and after every chunk of a pass over the file), or a whole epoch would leave the file
 resident and counted in the process's memory. What stays in memory is per program: offsets, labels, device
 and task codes, program stats (~60 bytes).
 
@@ -28,7 +28,7 @@ import numpy as np
 from cdmpp.model.network import PackedPrograms
 
 CHUNK_PROGRAMS = 8192
-CHUNK_ROWS = 1 << 18  # leaf rows per read of a pass over the file (~170 MB of float32 TVM rows)
+CHUNK_ROWS = 1 << 14  # leaf rows per read of a pass over the file (11 MB of float32 TVM rows, 21 MB as float64)
 
 
 class _NpyWriter:
