@@ -237,7 +237,9 @@ def add_eval_commands(sub, bsub) -> None:
 
     proto = argparse.ArgumentParser(add_help=False)  # what `protocol` and `learning-curve` share
     # no default here: a subparser's set_defaults would change this action, which both commands share
-    proto.add_argument("--settings", help="settings to run (default: all five; learning-curve: random-new,cross-model)")
+    proto.add_argument("--settings", help="settings to run, comma-separated: random-new, cross-model, "
+                                          "leave-one-chip-out, cross-device-new, cross-device-seen, paper, "
+                                          "paper-5-leaf (default: all; learning-curve: random-new,cross-model)")
     proto.add_argument("--chips", help="leave-one-chip-out: chips to hold out, by their devices' hardware name "
                                        "(default: every chip with >= 2,000 programs and under half of the data)")
     proto.add_argument("--seeds", default="0,1,2", help="split and model seeds (default 0,1,2: the development seeds)")
