@@ -35,14 +35,15 @@ def cmd_import_metaschedule(args) -> int:
 def add_import_commands(sub) -> None:
     p = sub.add_parser("import", help="bring tuning logs measured elsewhere into a dataset")
     isub = p.add_subparsers(dest="format", required=True)
-    ms = isub.add_parser("metaschedule", help="a MetaSchedule JSON database (database_workload.json + "
-                         "database_tuning_record.json): every tuning record's trace replayed, appended as a record",
+    ms = isub.add_parser("metaschedule", help="a MetaSchedule database (database_workload.json + "
+                         "database_tuning_record.json, or their .sqlite form): every tuning record's trace replayed, "
+                         "appended as a record",
                          description="Replays every tuning record of a MetaSchedule JSON database (TVM 0.27) on its "
                          "workload and appends it, with all its run_secs, as a record of DEVICE. A record that "
                          "does not load, replay or carry valid run_secs is reported by line and skipped; a "
                          "second import of the same database adds nothing. Exit status 1 when no record of the "
                          "database made it into the dataset.")
-    ms.add_argument("dir", help="the database folder (tune_tir's / tune_relax's work_dir)")
+    ms.add_argument("dir", help="the database folder (tune_tir's / tune_relax's work_dir), or a .sqlite/.db file")
     ms.add_argument("--device", required=True, help="the device the database was measured on (an id; "
                     "fine-tuning needs its spec in --devices)")
     ms.add_argument("--dataset", default=defaults.DATASET, help="dataset folder to append to")

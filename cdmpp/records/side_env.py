@@ -99,7 +99,9 @@ def translate(text: str) -> str:
       ``X = T.alloc_buffer((n,), dtype, scope=...)`` (0.27 has no Allocate node), and a body's ``Y = T.Buffer(..., data=X)`` -> ``T.decl_buffer(..., data=X.data)``;
     - a pragma attribute on a loop that Ansor fused away (``T.attr(T.iter_var(v, None, ...), "pragma_...",
       n)`` with ``v = T.int32()`` declared free) -> the same pragma on node 0, the free variable dropped;
-    - ``T.block`` / ``T.block_attr`` -> ``T.sblock`` / ``T.sblock_attr`` and a block function's ``@T.prim_func`` -> ``@T.prim_func(s_tir=True)``.
+    - ``T.block`` / ``T.block_attr`` / ``T.alloc_buffer`` -> ``T.sblock`` / ``T.sblock_attr`` /
+      ``T.sblock_alloc_buffer``, ``"tir.noalias"`` -> ``"tirx.noalias"`` and a block function's ``@T.prim_func``
+      -> ``@T.prim_func(s_tir=True)``.
     ``T.realize`` (TE before storage flattening) has no 0.27 form: a ValueError says so."""
     pragma_vars = set(_ITERVAR.findall(text))
     blocks = "T.block(" in text
@@ -138,8 +140,9 @@ def translate(text: str) -> str:
         if m and m.group(1) in pragma_vars:
             continue
         line = _ITERVAR.sub("0", line)
-        if blocks:
-            line = re.sub(r"\bT\.block(_attr)?\(", r"T.sblock\1(", line)
+        if blocks:  # a block function's buffers are its blocks' (0.27 would read a plain AllocBuffer)
+            line = re.sub(r"\bT\.block(_attr)?\(", r"T.sblock\1(", line).replace("T.alloc_buffer(", "T.sblock_alloc_buffer(")
+            line = line.replace('"tir.noalias"', '"tirx.noalias"')
             line = re.sub(r"^(\s*)@T\.prim_func\s*$", r"\1@T.prim_func(s_tir=True)", line)
         out.append(line)
     return "\n".join(out) + "\n"

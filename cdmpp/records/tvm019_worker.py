@@ -5,6 +5,7 @@ Reads JSON lines on stdin, answers one JSON line each on stdout:
   {"kind": "ansor"|"autotvm", "line": LOG_LINE}  ->  {"ok": true, "program": TVMSCRIPT, "workload": TVMSCRIPT,
       "workload_key": KEY, "name": NAME, "target": TARGET, "seconds": [...], "error_no": N, "flops": F}
                                                   or {"ok": false, "error": MESSAGE}
+  {"kind": "module", "json": SAVE_JSON}          ->  {"ok": true, "script": TVMSCRIPT}: an IRModule that TVM < 0.20 saved
   {"kind": "workloads", "path": FILE}            ->  {"ok": true, "registered": N}: an Ansor workload table
       (JSON lines {"workload_key", "tensors": tvm.ir.save_json(tensors)}, or a Tenset-style pickle of tasks)
 
@@ -106,6 +107,8 @@ def handle(req: dict) -> dict:
         return ansor(req["line"])
     if kind == "autotvm":
         return autotvm_record(req["line"])
+    if kind == "module":  # an IRModule saved by TVM < 0.20 (an older MetaSchedule database's workload)
+        return {"script": tvm.ir.load_json(req["json"]).script()}
     if kind == "workloads":
         return {"registered": register_workloads(req["path"])}
     raise ValueError(f"unknown request kind {kind!r}")
