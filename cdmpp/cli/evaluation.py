@@ -247,7 +247,13 @@ def add_eval_commands(sub, bsub) -> None:
                        help="the locked test: seeds 1000-1002 and cross-model held-out networks googlenet, gpt2_small, "
                             "dcgan_gen, which no recipe choice has seen (run to report, never to choose)")
     proto.add_argument("--methods", default="cdmpp,pooled-gbt",
-                       help="cdmpp, pooled-gbt (with the seen-programs baselines), twins (only those: twin-Amdahl, twin-roofline and twin-ratio), pooled-gbt-roofline, pooled-gbt-latency, pooled-gbt-mape (the GBT on log(latency / roofline bound), on log latency, on log latency with a MAPE loss), xgb (TVM's XGBModel), mlp (Tenset MLP)")
+                       help="cdmpp, pooled-gbt (with the seen-programs baselines), twins (only those: twin-Amdahl, "
+                            "twin-roofline and twin-ratio), pooled-gbt-roofline, pooled-gbt-latency, pooled-gbt-mape "
+                            "(the GBT on log(latency / roofline bound), on log latency, on log latency with a MAPE "
+                            "loss), gbt-blend (the latency and MAPE-loss GBTs blended, the weight chosen on "
+                            "validation), chip-peers (leave-one-chip-out: only the shots-only GBT and the chip's own "
+                            "GBT), cdmpp-finetune (leave-one-chip-out: the network fine-tuned on KMeans shots), xgb "
+                            "(TVM's XGBModel), mlp (Tenset MLP)")
     proto.add_argument("--peer-minutes", type=float, default=2.0, help="cap on each xgb / mlp training run (default 2)")
     proto.add_argument("--recipe", default="default")
     proto.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",

@@ -54,6 +54,7 @@ from cdmpp.evaluation import splits
 
 SETTINGS = ("random-new", "cross-model", "leave-one-chip-out", "cross-device-new", "cross-device-seen", "paper",
             "paper-5-leaf")
+GBT_BLEND = "GBT peers' blend (latency target, MAPE loss; weight on validation)"
 WITHIN_DEVICE = ("random-new", "cross-model", "paper", "paper-5-leaf")  # one split, cdmpp and the peers on it
 PINNED_DEVICES = ("amd-epyc-znver4-2t/llvm-avx512", "amd-epyc-znver4-1t/llvm-avx512")
 TARGET_DEVICE = "amd-epyc-znver4-1t/llvm-avx512"
@@ -189,6 +190,7 @@ def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | Non
     from cdmpp.model.pooled_gbt import PooledGBT
     from cdmpp.evaluation.methods.twin_ratio import AmdahlTransfer, TwinAmdahl, TwinRatio
     from cdmpp.model.physics import fork_join_by_device
+    from cdmpp.model.blend import blend, blend_weight
     from cdmpp.model.training import mape_scale
 
     torch.set_num_threads(max(1, opts.threads))
@@ -240,7 +242,7 @@ def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | Non
     gbt_variants = {m: t for m, t in (("pooled-gbt-roofline", ("roofline", "l2", "pooled GBT, roofline target")),
                                      ("pooled-gbt-latency", ("latency", "l2", "pooled GBT, latency target")),
                                      ("pooled-gbt-mape", ("latency", "mape", "pooled GBT, MAPE loss")))
-                   if m in opts.methods}
+                   if m in opts.methods or (m != "pooled-gbt-roofline" and "gbt-blend" in opts.methods)}
 
     steady = steady_records(opts.dataset, opts.device_ids) if {"paper", "paper-5-leaf"} & set(opts.settings) else None
     for setting in [s for s in opts.settings if s in WITHIN_DEVICE]:
@@ -262,10 +264,17 @@ def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | Non
                 c = mape_scale(gbt.predict(split.val), _seconds(split.val))
                 out.row(setting, opts.gbt_label + ", val-scaled", ev.score(split.test, c * pred), k=None, scale=c,
                         train_seconds=gsecs, **n)
+            variants = {}
             for target_kind, loss, name in gbt_variants.values():
                 other, osecs = train_gbt(split, target_kind, loss)
+                variants[name] = other, osecs
                 out.row(setting, name, ev.score(split.test, other.predict(split.test)), k=None, train_seconds=osecs,
                         trees=int(other.model_.best_iteration) + 1, **n)
+            if "gbt-blend" in opts.methods:  # a blend of peers is a peer (DESIGN.md §5): its weight on validation
+                (lat, lsecs), (mape, msecs) = variants["pooled GBT, latency target"], variants["pooled GBT, MAPE loss"]
+                w = blend_weight(_seconds(split.val), lat.predict(split.val), mape.predict(split.val))
+                out.row(setting, GBT_BLEND, ev.score(split.test, blend(lat.predict(split.test), mape.predict(split.test), w)),
+                        k=None, weight=w, train_seconds=round(lsecs + msecs, 1), **n)
             for name, peer, psecs in train_peers(split):
                 peer_row(setting, name, peer, psecs, split.test, k=None, **n)
 

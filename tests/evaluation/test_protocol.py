@@ -65,3 +65,23 @@ def test_a_failed_job_stops_the_queued_and_running_ones():
     with pytest.raises(ValueError, match="non-negative"):
         run_in_processes(time.sleep, [(-1,), (60,), (60,), (60,)], jobs=2)
     assert time.monotonic() - t < 30
+
+
+def test_the_gbt_peers_blend_and_the_paper_setting_write_their_rows(real, tmp_path):
+    """The latency and MAPE-loss GBTs blended with a weight chosen on validation are one more peer (issue 55
+    item 3), in every within-device setting, the paper's protocol included (on the sample, tasks of >= 48
+    programs: none, so its split is refused with the reason)."""
+    from cdmpp.devices.table import DeviceTable
+    from cdmpp.evaluation import protocol as P
+
+    folder, ds = real
+    table = DeviceTable(str(ROOT / "datasets" / "devices.json")).spec_table()
+    runs = tmp_path / "runs.jsonl"
+    opts = P.ProtocolOptions(dataset=str(folder), settings=("random-new",), methods=("gbt-blend",), runs=str(runs),
+                             device_ids=sorted({p.device for p in ds.programs}))
+    P.run_seed(opts, 0, ds, table)
+    rows = {r["method"]: r for r in map(json.loads, runs.read_text().splitlines())}
+    assert {"pooled GBT, latency target", "pooled GBT, MAPE loss", P.GBT_BLEND} <= set(rows)
+    assert 0.0 <= rows[P.GBT_BLEND]["weight"] <= 1.0 and rows[P.GBT_BLEND]["metrics"]["mape"] > 0
+    with pytest.raises(ValueError, match="no task has 48 programs"):
+        P.run_seed(P.ProtocolOptions(**{**opts.__dict__, "settings": ("paper",)}), 0, ds, table)
