@@ -8,6 +8,16 @@ import sys
 from cdmpp import defaults
 
 
+def _report(summary: dict, show: int) -> None:
+    """The first ``show`` problems on stderr, then the import's summary as one JSON line."""
+    problems = summary.pop("problems")
+    for p in problems[:show]:
+        print(f"cdmpp import: {p}", file=sys.stderr)
+    if len(problems) > show:
+        print(f"cdmpp import: ... and {len(problems) - show} more problems", file=sys.stderr)
+    print(json.dumps(summary))
+
+
 def cmd_import_metaschedule(args) -> int:
     from cdmpp.devices.table import DeviceTable
     from cdmpp.records.importers import import_metaschedule
@@ -19,12 +29,7 @@ def cmd_import_metaschedule(args) -> int:
               f"`cdmpp finetune --device {args.device}` needs it there", file=sys.stderr)
     r = import_metaschedule(args.dir, args.dataset, args.device, TaskTable.load(args.task_table), table,
                             ids_out=args.ids_out)
-    problems = r.pop("problems")
-    for p in problems[:args.show_problems]:
-        print(f"cdmpp import: {p}", file=sys.stderr)
-    if len(problems) > args.show_problems:
-        print(f"cdmpp import: ... and {len(problems) - args.show_problems} more problems", file=sys.stderr)
-    print(json.dumps(r))
+    _report(r, args.show_problems)
     if args.ids_out:
         print(f"cdmpp import: {r['records_in_dataset']} record ids in {args.ids_out}; adapt a model with "
               f"`cdmpp finetune --model M --device {args.device} --ids {args.ids_out} --dataset {args.dataset} "
@@ -73,12 +78,7 @@ def cmd_import_log(args) -> int:
     except (SideEnvError, FileNotFoundError, ValueError) as e:
         print(f"cdmpp import: {e}", file=sys.stderr)
         return 2
-    problems = r.pop("problems")
-    for p in problems[:args.show_problems]:
-        print(f"cdmpp import: {p}", file=sys.stderr)
-    if len(problems) > args.show_problems:
-        print(f"cdmpp import: ... and {len(problems) - args.show_problems} more problems", file=sys.stderr)
-    print(json.dumps(r))
+    _report(r, args.show_problems)
     return 0 if r["records_in_dataset"] or not r["errors"] else 1
 
 

@@ -18,7 +18,7 @@ import os
 import sys
 import time
 
-from cdmpp.records.importers import FAILED_RUN_S, _merge_workloads, _target_kind
+from cdmpp.records.importers import FAILED_RUN_S, _merge_workloads, _target_kind, stored_keys
 from cdmpp.records.store import RecordStore, record_id
 
 FORMATS = ("ansor", "autotvm")
@@ -83,11 +83,7 @@ def import_log(fmt: str, log: str, dataset_dir: str, device: str, task_table=Non
               "failed_run": 0, "wrong_target_kind": 0, "does_not_replay": 0, "does_not_translate": 0}
     problems: list[str] = []
     store = RecordStore(dataset_dir)
-    have_ids, have_keys = set(), {}
-    for r in store.iter_records(device, traces=False):
-        have_ids.add(r["id"])
-        if r.get("log_key"):
-            have_keys[r["log_key"]] = r["id"]
+    have_ids, have_keys = stored_keys(store, device, "log_key")
     spec = device_table.get(device).to_dict() if device_table is not None and device in device_table else None
     tasks: dict[str, tuple | None] = {}  # workload_key -> (task key, name, flops) or None (did not translate)
     own = worker is None

@@ -230,6 +230,17 @@ def _upgrade_trace(trace):
         return trace
 
 
+def stored_keys(store: RecordStore, device: str, key_field: str) -> tuple[set, dict]:
+    """The ids of ``device``'s stored records, and its imported records' ids by their source key
+    (``key_field``: "ms_key", "log_key"), so a second import of the same lines adds nothing."""
+    ids, keys = set(), {}
+    for r in store.iter_records(device, traces=False):
+        ids.add(r["id"])
+        if r.get(key_field):
+            keys[r[key_field]] = r["id"]
+    return ids, keys
+
+
 def _target_kind(device: str) -> str:
     return "cuda" if "cuda" in device else "llvm"  # as the loader featurizes (cdmpp.records.dataset)
 
@@ -298,11 +309,7 @@ def import_metaschedule(db_dir: str, dataset_dir: str, device: str, task_table=N
         if side and not isinstance(side[0], Exception):
             side[0].close()
     store = RecordStore(dataset_dir)
-    have_ids, have_keys = set(), {}
-    for r in store.iter_records(device, traces=False):
-        have_ids.add(r["id"])
-        if r.get("ms_key"):
-            have_keys[r["ms_key"]] = r["id"]
+    have_ids, have_keys = stored_keys(store, device, "ms_key")
     spec = device_table.get(device).to_dict() if device_table is not None and device in device_table else None
     run_id = None  # the run entry is written with the first new record: a re-import adds nothing
     new_workloads = _merge_workloads(dataset_dir, new_tasks, os.path.abspath(wl_path))
