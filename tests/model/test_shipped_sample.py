@@ -1,0 +1,25 @@
+"""The shipped checkpoint answers as it did when the fixture was made (tests/model/shipped_sample.py): seconds,
+interval and order of 51 real programs on their own three devices and on a device reached through an Amdahl
+anchor. A change to the model code that moves any of them by more than 1e-6 relative fails here."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from cdmpp import defaults
+from cdmpp.model.checkpoint import TrainedModel
+from tests.model.shipped_sample import EXPECTED, FEATURES, answers, load_sample
+
+
+@pytest.mark.skipif(not (defaults.MODEL / "predictor.json").exists(), reason="no shipped checkpoint")
+def test_shipped_model_answers_unchanged():
+    expected = json.loads(EXPECTED.read_text())["answers"]
+    programs, devices = load_sample()
+    got = answers(TrainedModel.load(defaults.MODEL), programs, devices)
+    assert set(got) == set(expected)
+    for key, parts in expected.items():
+        for part, values in parts.items():
+            np.testing.assert_allclose(got[key][part], values, rtol=1e-6, atol=0, err_msg=f"{key} {part}")
