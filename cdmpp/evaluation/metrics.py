@@ -275,3 +275,13 @@ def _noise_line(noise: dict | None) -> str:
     elif "same_passes_median_rel_diff" in noise:
         head += "; the table shows the like-for-like median"
     return head + "): " + "; ".join(parts)
+
+
+def mape_scale(predicted: np.ndarray, seconds: np.ndarray) -> float:
+    """The factor c in [0.5, 1.2] (step 0.01) minimizing MAPE(c·predicted) on validation data.
+
+    The MAPE-optimal point prediction of an uncertain latency is below its median (over-predicting by
+    10x costs 900 %, under-predicting at most 100 %); a model trained in log space predicts near the
+    median, so one scalar chosen on validation moves it to where the reported metric is lowest."""
+    grid = np.arange(0.5, 1.2001, 0.01)
+    return float(grid[int(np.argmin([np.mean(np.abs(c * predicted - seconds) / seconds) for c in grid]))])

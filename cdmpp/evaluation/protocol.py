@@ -24,8 +24,8 @@ never varies), which is why the twin's label and the shots carry this setting, a
 and move the prediction by Amdahl's law (``cdmpp.model.physics``).
 
 Each scored row is appended to ``runs`` (JSON lines, so a long run keeps what it finished);
-``pooled GBT, val-scaled`` multiplies the GBT by the factor with the lowest validation MAPE (what
-cdmpp's ``mape_scale`` option does), so that trick is never what separates the two.
+``pooled GBT, val-scaled`` multiplies the GBT by the factor with the lowest validation MAPE (``mape_scale``;
+cdmpp's study tried it and dropped it), so that trick is never what separates the two.
 The shipped recipe's cdmpp is itself blended with a pooled GBT on log latency (``TrainConfig.gbt_blend``);
 its ablation is ``--set gbt_blend=false``.
 ``aggregate`` turns rows into ``summary.json``: per setting and method, mean ± std over seeds.
@@ -191,7 +191,7 @@ def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | Non
     from cdmpp.evaluation.methods.twin_ratio import AmdahlTransfer, TwinAmdahl, TwinRatio
     from cdmpp.model.physics import fork_join_by_device
     from cdmpp.model.blend import blend, blend_weight
-    from cdmpp.model.training import mape_scale
+    from cdmpp.evaluation.metrics import mape_scale
 
     torch.set_num_threads(max(1, opts.threads))
     given = ds

@@ -1,7 +1,7 @@
 """A trained predictor: ensemble members plus every fitted transform they need; predict, embed, save, load.
 
 A checkpoint is a folder with ``weights.safetensors`` (tensors only, one prefix per ensemble member)
-and ``predictor.json`` (model shape, training config, feature normalizer, Box-Cox parameters, device
+and ``predictor.json`` (model shape, training config, feature normalizer, label transform, device
 table, uncertainty calibration, featurizer version, training summary); a model blended with the
 pooled GBT (``TrainConfig.gbt_blend``) adds ``gbt.ubj.gz``, XGBoost's own model format. No pickle
 anywhere, so a checkpoint can be loaded safely and read by other tools.
@@ -22,9 +22,36 @@ from safetensors.torch import load_file, save_file
 
 from cdmpp.model.network import CDMPPModel, PackedPrograms, length_sorted_batches
 from cdmpp.model import physics
-from cdmpp.model.transforms import BoxCox, DeviceSpecs, FeatureNormalizer
+from cdmpp.model.transforms import DeviceSpecs, FeatureNormalizer, LogLatency
 
 FORMAT_VERSION = 1
+
+# Options issue 19's study tried and dropped (reports/study-issue19.md, "Options removed"), by the part of
+# ``predictor.json`` that named them, with the value the shipped recipe had (``ANY``: any value, the option
+# changed nothing the checkpoint holds). A checkpoint that names one loads at that value, the option dropped;
+# at any other it was trained by code this cdmpp no longer has, and is retrained, not read.
+ANY = object()
+RETIRED = {
+    "model": dict(pooling="mean", film=False, loop_tokens=False),
+    "config": dict(pooling="mean", film=False, loop_tokens=False, program_inputs=ANY, pooled_inputs=False,
+                   roofline=False, label="log", loss="mape", mape_scale=False, lr_schedule="cyclic", weight_decay=0.0,
+                   ema=0.0, mse_weight=ANY, mape_weight=ANY, mape_floor=ANY, rank_weight=0.0, da_space="program",
+                   da_when="new-device", feature_scaling="standard", ensemble_mode="snapshots"),
+    "feature_normalizer": dict(method="standard"),
+    "label_transform": dict(lambda_=0.0),
+}
+
+
+def _without_retired(meta: dict, directory) -> dict:
+    """``meta`` (a ``predictor.json``) without the ``RETIRED`` options; an error where one is not at its value."""
+    for part, retired in RETIRED.items():
+        for key, value in retired.items():
+            if key in meta[part]:
+                had = meta[part].pop(key)
+                if value is not ANY and had != value:
+                    raise ValueError(f"{directory}: trained with {key} = {had!r}, an option this cdmpp no longer has "
+                                     "(reports/study-issue19.md, \"Options removed\"): retrain it")
+    return meta
 
 
 def current_featurizer_version() -> str:
@@ -37,18 +64,18 @@ class TrainedModel:
     """Ensemble of ``CDMPPModel`` members with their transforms; the object ``fit`` returns.
 
     Uncertainty: members disagree more on programs unlike the training data. The 90 % interval in
-    Box-Cox space is ``mean +- q * (std_members + delta)``, with ``q`` and ``delta`` calibrated on the
+    label space (standardized log seconds) is ``mean +- q * (std_members + delta)``, with ``q`` and ``delta`` calibrated on the
     validation split (split-conformal, normalized by the ensemble spread); see ``calibrate``.
     """
 
-    def __init__(self, members: list[CDMPPModel], feature_normalizer: FeatureNormalizer, label_transform: BoxCox,
+    def __init__(self, members: list[CDMPPModel], feature_normalizer: FeatureNormalizer, label_transform: LogLatency,
                  device_specs: DeviceSpecs, config: dict, calibration: dict | None = None,
                  featurizer_version: str = "unknown", summary: dict | None = None,
                  program_inputs: dict | None = None, gbt=None, anchors: dict | None = None):
         self.members = members
         # {trained CPU device: fork/join seconds of one parallel region there}: a CPU device running a thread
         # count the model never trained on is predicted on the nearest of these and moved by Amdahl's law
-        # (``anchor_of``); None in a checkpoint from before, which predicts every device directly
+        # (``anchor_of``); None without ``TrainConfig.amdahl_transfer``: every device is predicted directly
         self.anchors = anchors
         # with TrainConfig.gbt_blend: the pooled GBT on log latency whose prediction is blended into the
         # members' (``cdmpp.model.blend``; weights ``calibration["gbt_weight"]`` for seconds and
@@ -56,8 +83,8 @@ class TrainedModel:
         self.gbt = gbt
         if gbt is not None:
             gbt.specs = device_specs
-        # {"mean": [3], "std": [3]} of the training programs' log2 FLOPs/bytes/unique bytes, when the
-        # recipe feeds them (config "program_inputs") or predicts relative to the roofline ("roofline")
+        # {"mean": [3], "std": [3]} of the training programs' log2 FLOPs/bytes/unique bytes, the members'
+        # program-level inputs (``extra_inputs``); None where the features have no TVM rows to count them on
         self.program_inputs = program_inputs
         self.feature_normalizer = feature_normalizer
         self.label_transform = label_transform
@@ -75,8 +102,7 @@ class TrainedModel:
         """Normalize and pack programs once, e.g. to predict the same pool on several devices."""
         if isinstance(programs, PackedPrograms):
             return programs
-        return PackedPrograms.from_programs(programs, self.feature_normalizer.transform,
-                                            loops=bool(self.config.get("loop_tokens")))
+        return PackedPrograms.from_programs(programs, self.feature_normalizer.transform)
 
     def _devices(self, devices: str | Sequence[str], n: int) -> tuple[torch.Tensor, np.ndarray]:
         names = [devices] * n if isinstance(devices, str) else list(devices)
@@ -86,37 +112,13 @@ class TrainedModel:
         rows = np.fromiter((index[d] for d in names), dtype=np.int64, count=n)
         return torch.from_numpy(matrix), rows
 
-    def model_inputs(self, packed: PackedPrograms, devices: Sequence[str] | None = None
-                     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """Program-level inputs ``[n, 3 (+ 3F)]`` (standardized log2 FLOPs, bytes, unique bytes; with
-        ``pooled_inputs`` also the standardized sum / max / mean of the leaf rows) and the output
-        offset ``[n]``: the device's roofline bound max(FLOPs / peak, unique bytes / bandwidth) in label
-        space, so the network predicts log(latency / roofline), an efficiency. None where not used
-        (the offset also without ``devices``)."""
-        extra = offset = None
+    def extra_inputs(self, packed: PackedPrograms) -> torch.Tensor | None:
+        """The members' program-level inputs ``[n, 3]``: standardized log2 FLOPs, bytes and unique bytes
+        (``program_stats``); None for a model without them."""
         if self.program_inputs is None or packed.stats is None:
-            return None, None
-        parts = []
-        if self.config.get("program_inputs"):
-            parts.append(((packed.stats - np.asarray(self.program_inputs["mean"]))
-                          / np.asarray(self.program_inputs["std"])).astype(np.float32))
-        if self.config.get("pooled_inputs"):  # sum / max / mean of the normalized leaves, standardized
-            pooled = packed.pooled()
-            parts.append(np.clip((pooled - np.asarray(self.program_inputs["pooled_mean"], np.float32))
-                                 * np.asarray(self.program_inputs["pooled_inv_std"], np.float32), -10, 10))
-        if parts:
-            extra = torch.from_numpy(np.hstack(parts).astype(np.float32))
-        if self.config.get("roofline") and devices is not None:
-            offset = torch.from_numpy(self.label_transform.transform(self.roofline(packed, devices)).astype(np.float32))
-        return extra, offset
-
-    def roofline(self, packed: PackedPrograms, devices: Sequence[str]) -> np.ndarray:
-        """Seconds of the roofline bound of each program on its device (at least 1 ns)."""
-        table = self.device_specs.table
-        peak = np.array([float(table[d].get("peak_gflops", 1.0)) for d in devices]) * 1e9
-        bw = np.array([float(table[d].get("mem_bw_gbs", 1.0)) for d in devices]) * 1e9
-        flops, unique = np.exp2(packed.stats[:, 0]) - 1.0, np.exp2(packed.stats[:, 2]) - 1.0
-        return np.maximum(np.maximum(flops / peak, unique / bw), 1e-9)
+            return None
+        return torch.from_numpy(((packed.stats - np.asarray(self.program_inputs["mean"]))
+                                 / np.asarray(self.program_inputs["std"])).astype(np.float32))
 
     def add_device(self, name: str, spec: dict[str, float]) -> None:
         """Make a new device predictable (zero-shot) from its spec; normalization stays as trained."""
@@ -125,27 +127,24 @@ class TrainedModel:
     # ---- prediction ---------------------------------------------------------------------------------
     @torch.inference_mode()
     def predict_z(self, programs, devices: str | Sequence[str], batch_size: int = 256) -> np.ndarray:
-        """Per-member predictions in standardized Box-Cox space, ``[n_members, n_programs]``."""
+        """Per-member predictions in label space (standardized log seconds), ``[n_members, n_programs]``."""
         packed = self.pack(programs)
         dev_matrix, dev_rows = self._devices(devices, len(packed))
         out = np.empty((len(self.members), len(packed)), dtype=np.float32)
         for m in self.members:
             if m.training:  # eval() walks every submodule: ~1 ms a call, as much as a small batch's forward
                 m.eval()
-        names = [devices] * len(packed) if isinstance(devices, str) else list(devices)
-        extra, offset = self.model_inputs(packed, names)
+        extra = self.extra_inputs(packed)
         for idx in length_sorted_batches(packed.lengths, batch_size):
             x, pos, mask = packed.batch(idx)
-            loops = packed.loop_batch(idx)
             dev = dev_matrix[dev_rows[idx]]
             e = None if extra is None else extra[idx]
-            o = None if offset is None else offset[idx]
             for i, m in enumerate(self.members):
-                out[i, idx] = m(x, pos, mask, dev, e, o, loops).numpy()
+                out[i, idx] = m(x, pos, mask, dev, e).numpy()
         return out
 
     def interval_z(self, z: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Mean and calibrated interval bounds in Box-Cox space from member predictions ``z``."""
+        """Mean and calibrated interval bounds in label space from member predictions ``z``."""
         mu = z.mean(axis=0).astype(np.float64)
         spread = z.std(axis=0) if len(z) > 1 else np.zeros_like(mu)
         half = self.calibration["q"] * (spread + self.calibration["delta"])
@@ -157,7 +156,7 @@ class TrainedModel:
         ``devices`` is one device name for all programs or one per program; a CPU device running a thread
         count the model never trained on is predicted on its anchor and moved by Amdahl's law (``anchor_of``).
         ``mean`` is the inverse
-        Box-Cox of the ensemble mean (a median-like point estimate); the bounds are the calibrated
+        label transform of the ensemble mean (a median-like point estimate); the bounds are the calibrated
         interval mapped back through the same monotone inverse. ``order=True``: blended with the GBT at
         the weight chosen to order the programs of a task (``calibration["gbt_order_weight"]``), which a
         compiler's search asks, instead of at the one chosen for seconds (``gbt_weight``).
@@ -236,18 +235,17 @@ class TrainedModel:
     def gbt_factor(self, features, devices: str | Sequence[str], mean: np.ndarray,
                    order: bool = False) -> np.ndarray:
         """What the blend with the GBT multiplies the members' prediction ``mean`` by: (gbt / mean)^(1 - w);
-        the interval moves with it. A checkpoint from before the order had its own weight has one weight."""
+        the interval moves with it."""
         from cdmpp.model.blend import blend
 
         w = self.calibration["gbt_weight"]
         gbt = self._gbt_seconds(features, devices)
-        return blend(mean, gbt, self.calibration.get("gbt_order_weight", w) if order else w) / mean
+        return blend(mean, gbt, self.calibration["gbt_order_weight"] if order else w) / mean
 
     def _members_seconds(self, programs, devices: str | Sequence[str], batch_size: int):
         mu, lo, hi = self.interval_z(self.predict_z(programs, devices, batch_size))
         inv = self.label_transform.inverse_transform
-        c = self.calibration.get("scale", 1.0)  # validation-chosen MAPE factor (train.mape_scale), 1 if none
-        return c * inv(mu), c * inv(lo), c * inv(hi)
+        return inv(mu), inv(lo), inv(hi)
 
     def _gbt_seconds(self, features, devices: str | Sequence[str]) -> np.ndarray:
         if isinstance(features, PackedPrograms):
@@ -262,9 +260,9 @@ class TrainedModel:
         packed = self.pack(programs)
         m = self.members[member].eval()
         out = np.empty((len(packed), m.d_model), dtype=np.float32)
-        extra, _ = self.model_inputs(packed)
+        extra = self.extra_inputs(packed)
         for idx in length_sorted_batches(packed.lengths, batch_size):
-            out[idx] = m.embed(*packed.batch(idx), None if extra is None else extra[idx], packed.loop_batch(idx)).numpy()
+            out[idx] = m.embed(*packed.batch(idx), None if extra is None else extra[idx]).numpy()
         return out
 
     def calibrate(self, z_members: np.ndarray, z_true: np.ndarray, level: float = 0.9) -> dict:
@@ -314,6 +312,7 @@ class TrainedModel:
         meta = json.loads((directory / "predictor.json").read_text())
         if meta.get("format_version") != FORMAT_VERSION:
             raise ValueError(f"{directory}: checkpoint format {meta.get('format_version')}, this cdmpp reads {FORMAT_VERSION}")
+        meta = _without_retired(meta, directory)
         tensors = load_file(str(directory / "weights.safetensors"))
         members = []
         for i in range(meta["n_members"]):
@@ -334,10 +333,10 @@ class TrainedModel:
             gbt.booster_ = xgb.Booster(params={"nthread": 1})
             gbt.booster_.load_model(bytearray(gzip.decompress((directory / meta["gbt"]["file"]).read_bytes())))
         model = cls(members, FeatureNormalizer.from_dict(meta["feature_normalizer"]),
-                    BoxCox.from_dict(meta["label_transform"]), DeviceSpecs.from_dict(meta["device_specs"]),
+                    LogLatency.from_dict(meta["label_transform"]), DeviceSpecs.from_dict(meta["device_specs"]),
                     meta["config"], meta["calibration"], meta["featurizer_version"], meta["summary"],
-                    meta.get("program_inputs"), gbt, meta.get("anchors"))
-        if meta.get("shot_choices"):
+                    meta["program_inputs"], gbt, meta["anchors"])
+        if meta["shot_choices"]:
             from cdmpp.model.shots import ShotChoice
 
             model.shot_choices = {d: ShotChoice.from_state(s) for d, s in meta["shot_choices"].items()}

@@ -77,8 +77,8 @@ class _Forward(nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, x, pos, mask, dev, extra, loops, target=None):
-        emb = self.model.embed(x, pos, mask, extra, loops)
+    def forward(self, x, pos, mask, dev, extra, target=None):
+        emb = self.model.embed(x, pos, mask, extra)
         pred = self.model.head(emb, dev)
         t_emb = None if target is None else self.model.embed(*target)
         return emb, pred, t_emb

@@ -11,8 +11,7 @@ and task codes, program stats (~60 bytes).
 
 Files: ``leaves.npy`` float32 ``[n_leaves, F]`` (raw, as featurized), ``positions.npy`` int64 ``[n_leaves]``,
 ``offsets.npy`` int64 ``[n + 1]``, ``seconds.npy`` float64, ``device.npy`` / ``task.npy`` int32 codes into
-``meta.json``'s lists, ``stats.npy`` float64 ``[n, 3]`` (TVM features only), ``loops.npy`` / ``loop_offsets.npy``
-(when every program has loop tokens).
+``meta.json``'s lists, ``stats.npy`` float64 ``[n, 3]`` (TVM features only).
 """
 
 from __future__ import annotations
@@ -50,17 +49,14 @@ class _NpyWriter:
             raise RuntimeError(f"{self.f.name}: wrote {self.rows} rows, header says {self.shape[0]}")
 
 
-def _writers(path: Path, n: int, n_leaves: int, n_features: int, stats: bool, n_loops: int | None) -> dict:
+def _writers(path: Path, n: int, n_leaves: int, n_features: int, stats: bool) -> dict:
     path.mkdir(parents=True, exist_ok=True)
     cols = dict(leaves=(np.float32, (n_leaves, n_features)), positions=(np.int64, (n_leaves,)),
                 offsets=(np.int64, (n + 1,)), seconds=(np.float64, (n,)), device=(np.int32, (n,)), task=(np.int32, (n,)))
     if stats:
         cols["stats"] = (np.float64, (n, 3))
-    if n_loops is not None:
-        cols.update(loops=(np.float32, (n_loops, 3)), loop_offsets=(np.int64, (n + 1,)))
-    for name in ("stats", "loops", "loop_offsets"):  # a store rewritten in place loses the columns it no longer has
-        if name not in cols:
-            (path / f"{name}.npy").unlink(missing_ok=True)
+    else:  # a store rewritten in place loses the column it no longer has
+        (path / "stats.npy").unlink(missing_ok=True)
     return {name: _NpyWriter(path / f"{name}.npy", dt, shape) for name, (dt, shape) in cols.items()}
 
 
@@ -77,21 +73,17 @@ def write_store(path: str | Path, samples: Sequence, featurizer_version: str = "
     if not samples:
         raise ValueError("no programs to store")
     feats = [s.features for s in samples]
-    loops = all(getattr(f, "loops", None) is not None for f in feats)
     n_leaves = sum(max(1, len(f.leaf_features)) for f in feats)  # an empty program gets one zero leaf (from_programs)
     devices = sorted({s.device for s in samples})
     tasks = sorted({getattr(s, "task", "") for s in samples})
     dcode, tcode = {d: i for i, d in enumerate(devices)}, {t: i for i, t in enumerate(tasks)}
     first = PackedPrograms.from_programs(feats[:1])
-    w = _writers(path, len(samples), n_leaves, first.leaves.shape[1], first.stats is not None,
-                 sum(len(f.loops) for f in feats) if loops else None)
+    w = _writers(path, len(samples), n_leaves, first.leaves.shape[1], first.stats is not None)
     w["offsets"].append([0])
-    if loops:
-        w["loop_offsets"].append([0])
-    base = loop_base = 0
+    base = 0
     for a in range(0, len(samples), chunk):
         part = samples[a:a + chunk]
-        p = PackedPrograms.from_programs([s.features for s in part], loops=loops)
+        p = PackedPrograms.from_programs([s.features for s in part])
         w["leaves"].append(p.leaves)
         w["positions"].append(p.positions)
         w["offsets"].append(p.offsets[1:] + base)
@@ -101,10 +93,6 @@ def write_store(path: str | Path, samples: Sequence, featurizer_version: str = "
         w["task"].append([tcode[getattr(s, "task", "")] for s in part])
         if "stats" in w:
             w["stats"].append(p.stats)
-        if loops:
-            w["loops"].append(p.loops)
-            w["loop_offsets"].append(p.loop_offsets[1:] + loop_base)
-            loop_base += int(p.loop_offsets[-1])
     _close(path, w, dict(n=len(samples), devices=devices, tasks=tasks, featurizer_version=featurizer_version,
                          replicated_from=None))
     return FeatureStore(path)
@@ -118,12 +106,8 @@ def replicate_store(src: "FeatureStore", path: str | Path, n: int) -> "FeatureSt
     counts = [len(src)] * reps + ([rest] if rest else [])
     total = int(src.offsets[-1])
     n_leaves = reps * total + int(src.offsets[rest])
-    has_loops = src.loops is not None
-    w = _writers(path, n, n_leaves, src.leaves.shape[1], src.stats is not None,
-                 (reps * int(src.loop_offsets[-1]) + int(src.loop_offsets[rest])) if has_loops else None)
+    w = _writers(path, n, n_leaves, src.leaves.shape[1], src.stats is not None)
     w["offsets"].append([0])
-    if has_loops:
-        w["loop_offsets"].append([0])
     for copy, k in enumerate(counts):
         rows = int(src.offsets[k])
         for a in range(0, rows, CHUNK_ROWS):
@@ -133,15 +117,12 @@ def replicate_store(src: "FeatureStore", path: str | Path, n: int) -> "FeatureSt
         w["offsets"].append(src.offsets[1:k + 1] + copy * total)
         for name in ("seconds", "device", "task") + (("stats",) if src.stats is not None else ()):
             w[name].append(getattr(src, name)[:k])
-        if has_loops:
-            w["loops"].append(src.loops[:int(src.loop_offsets[k])])
-            w["loop_offsets"].append(src.loop_offsets[1:k + 1] + copy * int(src.loop_offsets[-1]))
     _close(path, w, {**src.meta, "n": n, "replicated_from": str(src.path)})
     return FeatureStore(path)
 
 
 class FeatureStore:
-    """A written store, opened: leaf rows, positions and loops memory-mapped, the per-program columns in memory."""
+    """A written store, opened: leaf rows and positions memory-mapped, the per-program columns in memory."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
@@ -154,8 +135,8 @@ class FeatureStore:
             f = self.path / f"{name}.npy"
             return np.load(f, mmap_mode="r" if mapped else None) if f.exists() else None
 
-        self.leaves, self.positions, self.loops = col("leaves", True), col("positions", True), col("loops", True)
-        self.offsets, self.loop_offsets, self.stats = col("offsets"), col("loop_offsets"), col("stats")
+        self.leaves, self.positions = col("leaves", True), col("positions", True)
+        self.offsets, self.stats = col("offsets"), col("stats")
         self.seconds, self.device, self.task = col("seconds"), col("device"), col("task")
 
     def __len__(self) -> int:
@@ -164,7 +145,7 @@ class FeatureStore:
     def release(self) -> None:
         """Drop the mapped pages from this process (MADV_DONTNEED; the page cache keeps them): resident memory
         stays what the last few batches read, not the whole file."""
-        for a in (self.leaves, self.positions, self.loops):
+        for a in (self.leaves, self.positions):
             mm = getattr(a, "_mmap", None)
             if mm is not None and hasattr(mmap, "MADV_DONTNEED"):
                 mm.madvise(mmap.MADV_DONTNEED)
@@ -175,13 +156,9 @@ class FeatureStore:
             yield np.array(self.leaves[a:a + CHUNK_ROWS])
             self.release()
 
-    def pack(self, loops: bool = False) -> PackedPrograms:
+    def pack(self) -> PackedPrograms:
         """The store's programs as a ``PackedPrograms`` over the mapped rows (raw; ``with_transform`` normalizes)."""
-        if loops and self.loops is None:
-            raise ValueError(f"{self.path}: the recipe reads loop tokens (loop_tokens) but the store has none")
-        return PackedPrograms(self.leaves, self.positions, self.offsets, self.stats,
-                              self.loops if loops else None, self.loop_offsets if loops else None,
-                              release=self.release)
+        return PackedPrograms(self.leaves, self.positions, self.offsets, self.stats, release=self.release)
 
     def device_names(self) -> list[str]:
         """The device of each program (one list entry per program, the names shared)."""
@@ -199,11 +176,11 @@ class TrainingColumns:
     store: FeatureStore | None = None
 
     @classmethod
-    def of(cls, samples, loops: bool = False) -> "TrainingColumns":
+    def of(cls, samples) -> "TrainingColumns":
         if isinstance(samples, FeatureStore):
-            return cls(samples.pack(loops), samples.device_names(), np.array(samples.seconds, dtype=np.float64),
+            return cls(samples.pack(), samples.device_names(), np.array(samples.seconds, dtype=np.float64),
                        [samples.tasks[c] for c in samples.task.tolist()], samples)
-        return cls(PackedPrograms.from_programs([s.features for s in samples], loops=loops),
+        return cls(PackedPrograms.from_programs([s.features for s in samples]),
                    [s.device for s in samples], np.array([s.seconds for s in samples]),
                    [getattr(s, "task", None) for s in samples])
 
@@ -226,11 +203,9 @@ class TrainingColumns:
 def check_store_recipe(config, val_set) -> None:
     """Whether ``fit`` can train ``config`` (a ``TrainConfig``) from a store: these options read every
     training program at once."""
-    needs_all = [name for name in ("gbt_blend", "amdahl_transfer", "pooled_inputs") if getattr(config, name)]
+    needs_all = [name for name in ("gbt_blend", "amdahl_transfer") if getattr(config, name)]
     if needs_all:
         raise ValueError(f"training from a feature store: {', '.join(needs_all)} read every training program in "
                          "memory; set them to false")
-    if config.feature_scaling != "standard":
-        raise ValueError("training from a feature store: feature_scaling = \"robust\" needs every leaf in memory")
     if not val_set:
         raise ValueError("training from a feature store needs a validation set (val_set)")

@@ -11,16 +11,11 @@ in the pre-order serialization of the compact AST. The network
 4. mean-pools the valid leaves into a program embedding, plus an embedding of log(#leaves): a mean
    cannot count, and with a variable leaf count the total work is mean x count;
 5. adds a device embedding computed from the device's spec vector, and decodes one scalar: the
-   latency in standardized Box-Cox space (see ``cdmpp.model.transforms.BoxCox``).
+   latency as standardized log seconds (see ``cdmpp.model.transforms.LogLatency``).
 
-Options studied in issue 19 (defaults keep the original network, so old checkpoints load):
-``pooling="sum"`` or ``"attention"`` keep magnitude; ``n_program_inputs`` adds program-level inputs
-(log FLOPs, bytes, the device's roofline bound) to the embedding; ``film`` lets the device scale and
-shift the embedding (an interaction, not only an offset); ``forward``'s ``offset`` is added to the
-output, so a model can predict latency *relative to* a roofline bound; and ``loop_tokens`` appends the
-compact AST's loops (kind, log2 extent, with the same positional encoding by pre-order position) to the
-leaf sequence, so attention sees the loop tree itself and not only where the leaves sit in it; pooling
-stays over the leaves.
+``n_program_inputs`` adds program-level inputs (log FLOPs, bytes, unique bytes; ``program_stats``) to the
+embedding. What issue 19's study tried beside this network and dropped (sum and attention pooling, a device
+FiLM, loop tokens, pooled leaf inputs, a roofline offset) is in reports/study-issue19.md, "Options removed".
 
 ``PackedPrograms`` and ``collate`` turn ``ProgramFeatures`` objects into padded tensors with one
 gather, without a Python loop per leaf, because prediction must handle thousands of programs a second.
@@ -29,6 +24,7 @@ gather, without a Python loop per leaf, because prediction must handle thousands
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
@@ -38,7 +34,17 @@ from torch import nn
 if TYPE_CHECKING:  # features.py belongs to the featurizer; the model only reads three attributes
     from cdmpp.program.features import ProgramFeatures
 
-N_LOOP_KINDS = 6  # serial, parallel, vectorized, unrolled, thread, scope (compact_ast.TOKEN_KINDS)
+@dataclass
+class ModelConfig:
+    """The network's shape (``CDMPPModel``'s keyword arguments); the defaults are the shipped recipe's."""
+
+    d_model: int = 128
+    n_heads: int = 4
+    n_layers: int = 2
+    d_ff: int = 256
+    # none: at the shipped budget 0.0 against 0.1 was lower on every seed (reports/study-issue19.md, round 17)
+    dropout: float = 0.0
+    use_pe: bool = True  # the pre-order positional encoding (off: the ablation ``train/ablation-no-pe.toml``)
 
 
 def sinusoidal_encoding(positions: torch.Tensor, dim: int) -> torch.Tensor:
@@ -61,35 +67,22 @@ class CDMPPModel(nn.Module):
 
     Inputs of ``forward``: ``x [B, L, F]`` normalized leaf features (zeros where padded), ``pos [B, L]``
     pre-order positions, ``mask [B, L]`` bool, True where a leaf is present, ``device [B, D]``
-    normalized device spec vectors; with ``loop_tokens``, ``loops``: ``(kind [B, M], log2 extent
-    [B, M], pos [B, M], mask [B, M])`` (``PackedPrograms.loop_batch``). Dropout sits in the encoder and
-    the decoder, so the model can also give Monte-Carlo-dropout samples when run in train mode.
+    normalized device spec vectors, and with ``n_program_inputs`` the program-level inputs ``extra [B, n]``
+    (``TrainedModel.extra_inputs``). Dropout sits in the encoder and the decoder.
     """
 
     def __init__(self, n_features: int, device_dim: int, d_model: int = 128, n_heads: int = 4,
-                 n_layers: int = 2, d_ff: int | None = None, dropout: float = 0.1, use_pe: bool = True,
-                 pooling: str = "mean", n_program_inputs: int = 0, film: bool = False, loop_tokens: bool = False):
+                 n_layers: int = 2, d_ff: int = 256, dropout: float = 0.0, use_pe: bool = True,
+                 n_program_inputs: int = 0):
         super().__init__()
-        d_ff = d_ff or 2 * d_model
         # Stored as given so a checkpoint can rebuild the module from JSON alone.
         self.hparams = dict(n_features=n_features, device_dim=device_dim, d_model=d_model, n_heads=n_heads,
-                            n_layers=n_layers, d_ff=d_ff, dropout=dropout, use_pe=use_pe, pooling=pooling,
-                            n_program_inputs=n_program_inputs, film=film)
-        if loop_tokens:  # only when on, so checkpoints without loop tokens keep their exact hparams
-            self.hparams["loop_tokens"] = True
+                            n_layers=n_layers, d_ff=d_ff, dropout=dropout, use_pe=use_pe,
+                            n_program_inputs=n_program_inputs)
         self.d_model = d_model
         self.use_pe = use_pe
-        if pooling not in ("mean", "sum", "attention"):
-            raise ValueError(f"pooling = {pooling!r}: expected mean, sum or attention")
-        self.pooling = pooling
-        if pooling == "attention":
-            self.attn_score = nn.Linear(d_model, 1)
         self.program_proj = (nn.Sequential(nn.Linear(n_program_inputs, d_model), nn.GELU(), nn.Linear(d_model, d_model))
                              if n_program_inputs else None)
-        self.film = nn.Linear(d_model, 2 * d_model) if film else None
-        if film:  # starts as the identity: scale 1, shift 0
-            nn.init.zeros_(self.film.weight)
-            nn.init.zeros_(self.film.bias)
 
         self.input_proj = nn.Linear(n_features, d_model)
         layer = nn.TransformerEncoderLayer(d_model, n_heads, d_ff, dropout, activation="gelu",
@@ -110,61 +103,29 @@ class CDMPPModel(nn.Module):
             nn.Linear(d_model, d_model // 2), nn.GELU(),
             nn.Linear(d_model // 2, 1),
         )
-        # created last, so a model without loop tokens draws the same initial weights as before
-        self.loop_tokens = loop_tokens
-        if loop_tokens:
-            self.loop_kind = nn.Embedding(N_LOOP_KINDS, d_model)
-            self.loop_extent = nn.Linear(1, d_model)
 
     def embed(self, x: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor,
-              extra: torch.Tensor | None = None, loops: tuple | None = None) -> torch.Tensor:
+              extra: torch.Tensor | None = None) -> torch.Tensor:
         """Program embedding ``[B, d_model]``: what domain adaptation aligns and KMeans clusters.
-        ``extra [B, n_program_inputs]``: program-level inputs (required when the model has them);
-        ``loops``: loop tokens (required when the model has ``loop_tokens``)."""
+        ``extra [B, n_program_inputs]``: program-level inputs (required when the model has them)."""
         h = self.input_proj(x)
         if self.use_pe:
             h = h + sinusoidal_encoding(pos, self.d_model)
-        n_leaf_slots = h.shape[1]
-        attend = mask
-        if self.loop_tokens:
-            if loops is None:
-                raise ValueError("this model reads loop tokens (loop_tokens) but got no loops: pack the programs "
-                                 "with PackedPrograms.from_programs(..., loops=True) and pass loop_batch(idx)")
-            kind, log_extent, loop_pos, loop_mask = loops
-            g = self.loop_kind(kind) + self.loop_extent(log_extent.unsqueeze(-1) / 8.0)
-            if self.use_pe:
-                g = g + sinusoidal_encoding(loop_pos, self.d_model)
-            h = torch.cat([h, g], dim=1)
-            attend = torch.cat([mask, loop_mask], dim=1)
-        h = self.encoder(h, src_key_padding_mask=~attend)
-        h = self.final_norm(h)[:, :n_leaf_slots]  # pooling reads the leaves; loops only inform them
+        h = self.final_norm(self.encoder(h, src_key_padding_mask=~mask))
         m = mask.unsqueeze(-1).to(h.dtype)
         count = m.sum(dim=1).clamp_min(1.0)
-        if self.pooling == "mean":
-            pooled = (h * m).sum(dim=1) / count
-        elif self.pooling == "sum":  # scaled so a typical program (~8 leaves) starts near unit size
-            pooled = (h * m).sum(dim=1) / 8.0
-        else:  # attention weights, times the count so the total work is not averaged away
-            score = self.attn_score(h).masked_fill(~mask.unsqueeze(-1), -1e9)
-            pooled = (torch.softmax(score, dim=1) * h).sum(dim=1) * torch.log1p(count)
-        out = pooled + self.count_proj(torch.log(count))
+        out = (h * m).sum(dim=1) / count + self.count_proj(torch.log(count))
         if self.program_proj is not None:
             out = out + self.program_proj(extra)
         return out
 
     def head(self, program_embedding: torch.Tensor, device: torch.Tensor) -> torch.Tensor:
-        """Latency (standardized Box-Cox) from a program embedding and a device spec vector."""
-        d = self.device_encoder(device)
-        if self.film is not None:
-            scale, shift = self.film(d).chunk(2, dim=-1)
-            program_embedding = program_embedding * (1.0 + scale) + shift
-        return self.decoder(program_embedding + d).squeeze(-1)
+        """Latency (standardized log seconds) from a program embedding and a device spec vector."""
+        return self.decoder(program_embedding + self.device_encoder(device)).squeeze(-1)
 
     def forward(self, x: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor, device: torch.Tensor,
-                extra: torch.Tensor | None = None, offset: torch.Tensor | None = None,
-                loops: tuple | None = None) -> torch.Tensor:
-        out = self.head(self.embed(x, pos, mask, extra, loops), device)
-        return out if offset is None else out + offset
+                extra: torch.Tensor | None = None) -> torch.Tensor:
+        return self.head(self.embed(x, pos, mask, extra), device)
 
 
 _N_TVM_FEATURES = 164
@@ -201,9 +162,7 @@ class PackedPrograms:
 
     ``leaves [N_leaves, F]`` float32 (normalized or not), ``positions [N_leaves]`` int64 and
     ``offsets [n_programs + 1]``: program i owns rows ``offsets[i]:offsets[i+1]``. A program without
-    leaves gets one all-zero leaf at position 0 so attention always has a key to look at. Loop tokens,
-    when packed, are stored the same way: ``loops [N_loops, 3]`` (``ProgramFeatures.loops``) and
-    ``loop_offsets [n_programs + 1]``.
+    leaves gets one all-zero leaf at position 0 so attention always has a key to look at.
 
     The arrays may be memory-mapped (``cdmpp.model.feature_store``): then ``transform`` (a row-wise map such as
     ``FeatureNormalizer.transform``) normalizes the rows a batch gathers instead of a normalized copy of every
@@ -215,7 +174,6 @@ class PackedPrograms:
     RELEASE_EVERY = 1
 
     def __init__(self, leaves: np.ndarray, positions: np.ndarray, offsets: np.ndarray, stats: np.ndarray | None = None,
-                 loops: np.ndarray | None = None, loop_offsets: np.ndarray | None = None,
                  transform: Callable[[np.ndarray], np.ndarray] | None = None, release: Callable[[], None] | None = None):
         self.transform, self.release, self._batches = transform, release, 0
         self.leaves = np.ascontiguousarray(leaves, dtype=np.float32)
@@ -223,15 +181,11 @@ class PackedPrograms:
         self.offsets = np.ascontiguousarray(offsets, dtype=np.int64)
         self.lengths = np.diff(self.offsets)
         self.stats = stats  # [n, 3] log2 of FLOPs, bytes, unique bytes (program_stats), from raw features
-        self.loops = None if loops is None else np.ascontiguousarray(loops, dtype=np.float32).reshape(-1, 3)
-        self.loop_offsets = None if loop_offsets is None else np.ascontiguousarray(loop_offsets, dtype=np.int64)
 
     @classmethod
     def from_programs(cls, programs: Sequence["ProgramFeatures"],
-                      normalize: Callable[[np.ndarray], np.ndarray] | None = None,
-                      loops: bool = False) -> "PackedPrograms":
-        """Pack programs; ``normalize`` maps the stacked ``[N_leaves, F]`` matrix (e.g. FeatureNormalizer.transform);
-        ``loops``: pack their loop tokens too (every program must have them)."""
+                      normalize: Callable[[np.ndarray], np.ndarray] | None = None) -> "PackedPrograms":
+        """Pack programs; ``normalize`` maps the stacked ``[N_leaves, F]`` matrix (e.g. FeatureNormalizer.transform)."""
         if not programs:
             raise ValueError("no programs to pack")
         n_features = programs[0].leaf_features.shape[-1]
@@ -254,19 +208,7 @@ class PackedPrograms:
         stats = program_stats(leaves, offsets, flops) if n_features == _N_TVM_FEATURES else None
         if normalize is not None:
             leaves = normalize(leaves)
-        loop_rows = loop_offsets = None
-        if loops:
-            lists = [getattr(p, "loops", None) for p in programs]
-            missing = sum(x is None for x in lists)
-            if missing:
-                raise ValueError(f"this model reads loop tokens (loop_tokens) but {missing} of {len(programs)} programs "
-                                 "have no loops (ProgramFeatures.loops is None: features from a cache or pickle made "
-                                 "before loop tokens); re-featurize them, or add them with "
-                                 "cdmpp.records.dataset.attach_loops")
-            loop_offsets = np.zeros(len(lists) + 1, np.int64)
-            np.cumsum([len(x) for x in lists], out=loop_offsets[1:])
-            loop_rows = np.concatenate([np.asarray(x, np.float32).reshape(-1, 3) for x in lists])
-        return cls(leaves, np.concatenate(poss), offsets, stats, loop_rows, loop_offsets)
+        return cls(leaves, np.concatenate(poss), offsets, stats)
 
     def __len__(self) -> int:
         return len(self.lengths)
@@ -278,31 +220,16 @@ class PackedPrograms:
         offsets = np.zeros(len(idx) + 1, np.int64)
         np.cumsum(lengths, out=offsets[1:])
         rows = np.repeat(self.offsets[idx] - offsets[:-1], lengths) + np.arange(offsets[-1])
-        loops = loop_offsets = None
-        if self.loops is not None:
-            n_loops = np.diff(self.loop_offsets)[idx]
-            loop_offsets = np.zeros(len(idx) + 1, np.int64)
-            np.cumsum(n_loops, out=loop_offsets[1:])
-            loops = self.loops[np.repeat(self.loop_offsets[idx] - loop_offsets[:-1], n_loops) + np.arange(loop_offsets[-1])]
         return PackedPrograms(self.leaves[rows], self.positions[rows], offsets,
-                              None if self.stats is None else self.stats[idx], loops, loop_offsets)
+                              None if self.stats is None else self.stats[idx])
 
     def with_leaves(self, leaves: np.ndarray) -> "PackedPrograms":
-        """The same programs with other leaf rows (e.g. normalized), stats and loops kept."""
-        return PackedPrograms(leaves, self.positions, self.offsets, self.stats, self.loops, self.loop_offsets)
+        """The same programs with other leaf rows (e.g. normalized), stats kept."""
+        return PackedPrograms(leaves, self.positions, self.offsets, self.stats)
 
     def with_transform(self, transform: Callable[[np.ndarray], np.ndarray]) -> "PackedPrograms":
         """The same programs, their rows mapped by ``transform`` as batches gather them (the leaves stay as stored)."""
-        return PackedPrograms(self.leaves, self.positions, self.offsets, self.stats, self.loops, self.loop_offsets,
-                              transform, self.release)
-
-    def pooled(self) -> np.ndarray:
-        """Per program ``[n, 3F]``: sum / 8, max and mean of its leaf rows (as packed, i.e. normalized
-        when the pack is): the pooled GBT's view of a program, for the ``pooled_inputs`` recipe option."""
-        starts = self.offsets[:-1]
-        sums = np.add.reduceat(self.leaves, starts, axis=0)
-        maxs = np.maximum.reduceat(self.leaves, starts, axis=0)
-        return np.hstack([sums / 8.0, maxs, sums / self.lengths[:, None]]).astype(np.float32)
+        return PackedPrograms(self.leaves, self.positions, self.offsets, self.stats, transform, self.release)
 
     def program_means(self) -> np.ndarray:
         """Mean leaf vector per program ``[n, F]``: a model-free embedding for KMeans sampling."""
@@ -327,20 +254,6 @@ class PackedPrograms:
             if self._batches % self.RELEASE_EVERY == 0:
                 self.release()
         return torch.from_numpy(x), torch.from_numpy(pos), torch.from_numpy(mask)
-
-    def loop_batch(self, idx: np.ndarray | None = None) -> tuple | None:
-        """Padded loop tokens ``(kind [B, M] int64, log2 extent [B, M], pos [B, M] int64, mask [B, M])`` of
-        programs ``idx`` (all if None), M = most loops; None when the pack has no loops."""
-        if self.loops is None:
-            return None
-        idx = np.arange(len(self)) if idx is None else np.asarray(idx, dtype=np.int64)
-        counts = np.diff(self.loop_offsets)[idx]
-        slots = np.arange(int(counts.max()) if len(counts) else 0)
-        mask = slots[None, :] < counts[:, None]
-        t = self.loops[np.where(mask, self.loop_offsets[idx][:, None] + slots[None, :], 0)]
-        t[~mask] = 0.0
-        return (torch.from_numpy(t[..., 0].astype(np.int64)), torch.from_numpy(np.ascontiguousarray(t[..., 1])),
-                torch.from_numpy(t[..., 2].astype(np.int64)), torch.from_numpy(mask))
 
 
 def collate(programs: Sequence["ProgramFeatures"],

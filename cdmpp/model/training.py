@@ -2,17 +2,22 @@
 
 The loop is plain PyTorch, readable in one sitting:
 
-* labels: ``BoxCox`` fitted on the training latencies only, standardized;
-* inputs: ``FeatureNormalizer`` fitted on the training leaves only; device specs via ``DeviceSpecs``;
-* loss: 1000·MSE + MAPE in Box-Cox space (the paper's), plus ``da_weight`` x discrepancy between the
-  embeddings of the source batch and of a random batch of the unlabeled target pool, when one is given;
+* labels: ``LogLatency`` (standardized log seconds) fitted on the training latencies only;
+* inputs: ``FeatureNormalizer`` fitted on the training leaves only, the programs' log FLOPs and bytes
+  (``TrainedModel.extra_inputs``); device specs via ``DeviceSpecs``;
+* loss: the reported metric itself, MAPE on seconds (``mape_loss``), plus ``da_weight`` x CMD (or MMD)
+  between the program embeddings of the source batch and of a batch of the unlabeled target pool, when
+  training is given one holding a device without training labels;
 * Adam with a triangular cyclic learning rate, gradient-norm clipping;
 * model selection and early stopping on the validation split only (never the test split);
-* a small ensemble whose spread, conformally calibrated on the validation split, gives the 90 %
-  interval: snapshots (the best state of each of the best LR cycles of one run, Huang et al. 2017),
-  or independent seeds. Under a fixed time budget snapshots let one run train 3x longer.
+* an ensemble of snapshots (the best state of each of the best LR cycles of one run, Huang et al. 2017)
+  whose spread, conformally calibrated on the validation split, gives the 90 % interval;
+* the pooled GBT blended in, and Amdahl anchors for thread counts without labels (``gbt_blend``,
+  ``amdahl_transfer``).
 
-Hyperparameters live in ``TrainConfig``, loaded from a recipe in ``train/*.toml``.
+Hyperparameters live in ``TrainConfig`` (the network's in ``ModelConfig``), loaded from a recipe in
+``train/*.toml``; the defaults are the shipped recipe. What issue 19's study tried and dropped is in
+reports/study-issue19.md, "Options removed".
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import dataclasses
 import math
 import time
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
@@ -35,9 +40,9 @@ from cdmpp.model.adaptation import discrepancy
 from cdmpp.model.checkpoint import TrainedModel, current_featurizer_version
 from cdmpp.model.distributed import Runner
 from cdmpp.model.feature_store import FeatureStore, TrainingColumns, check_store_recipe
-from cdmpp.model.network import CDMPPModel, PackedPrograms, bucketed_batches, length_sorted_batches
+from cdmpp.model.network import CDMPPModel, ModelConfig, PackedPrograms, bucketed_batches, length_sorted_batches
 from cdmpp.model.physics import fork_join_by_device
-from cdmpp.model.transforms import BoxCox, DeviceSpecs, FeatureNormalizer
+from cdmpp.model.transforms import DeviceSpecs, FeatureNormalizer, LogLatency
 
 if TYPE_CHECKING:
     from cdmpp.records.dataset import LabeledProgram
@@ -45,97 +50,60 @@ if TYPE_CHECKING:
 
 @dataclass
 class TrainConfig:
-    """Every knob of a training run; a recipe file sets any subset of them."""
+    """Every knob of a training run; a recipe file sets any subset of them. The defaults are the shipped
+    recipe's (``train/default.toml``)."""
 
-    # model
-    d_model: int = 128
-    n_heads: int = 4
-    n_layers: int = 2
-    d_ff: int = 256
-    dropout: float = 0.1
-    use_pe: bool = True
-    pooling: str = "mean"  # "mean" | "sum" | "attention" (see CDMPPModel)
-    film: bool = False  # device FiLM on the program embedding
-    loop_tokens: bool = False  # the compact AST's loops as tokens beside the leaves (features need ``loops``)
-    program_inputs: bool = False  # log FLOPs / bytes / unique bytes into the embedding
-    pooled_inputs: bool = False  # sum / max / mean of the leaf rows (the pooled GBT's view) into the embedding
-    roofline: bool = False  # predict log(latency / roofline bound); needs label = "log"
-    label: str = "boxcox"  # "boxcox" (lambda by ML) | "log"
-    mape_scale: bool = False  # multiply predictions by the factor with the lowest validation MAPE (mape_scale)
-    gbt_blend: bool = False  # blend in a pooled GBT on log latency, weight chosen on val (cdmpp.model.blend)
-    gbt_minutes: float = 1.0  # the blend's GBT ends this long after max_minutes (early stopping ends it first)
+    model: ModelConfig = field(default_factory=ModelConfig)  # the network; a recipe sets its keys flat
+    # blend in a pooled GBT on log latency, weights for seconds and for order chosen on val (cdmpp.model.blend)
+    gbt_blend: bool = True
+    gbt_minutes: float = 5.0  # the blend's GBT ends this long after max_minutes (early stopping ends it first)
+    blend_rank_slack: float = 0.02  # the order's blend weight ranks best within this relative slack of the best MAPE
     # a CPU device running a thread count without training labels is predicted on the nearest trained CPU
     # device and moved there by Amdahl's law (cdmpp.model.physics; TrainedModel.anchors), not by its spec vector
-    amdahl_transfer: bool = False
-    blend_rank_slack: float = 0.0  # > 0: the order's blend weight ranks best within this relative slack of the best MAPE
-    loss: str = "paper"  # "paper": mse_weight·MSE + mape_weight·MAPE | "l1": L1 in label space | "mape": MAPE on seconds
-    # optimization: loss = mse_weight·MSE + mape_weight·MAPE (Box-Cox space), Adam, triangular CyclicLR
-    lr: float = 1e-4  # CyclicLR base_lr
+    amdahl_transfer: bool = True
+    # optimization: Adam, a triangular cyclic LR between lr and max_lr, grad-norm clipping
+    lr: float = 1e-4
     max_lr: float = 1e-3
-    lr_cycle_epochs: float = 4.0  # one up-and-down cycle
-    # "cyclic": triangular cycles between lr and max_lr; "budget": a short warm-up to max_lr, then a
-    # cosine decay to lr that ends when the time budget (max_minutes) or the epochs run out
-    lr_schedule: str = "cyclic"
-    epochs: int = 40
+    lr_cycle_epochs: float = 20.0  # one up-and-down cycle
+    epochs: int = 60
     batch_size: int = 256
     grad_clip: float = 1.0
-    weight_decay: float = 0.0
-    # > 0: validate, snapshot and ship an exponential moving average of the weights (this decay per step)
-    # instead of the live weights, which the cyclic LR keeps moving by several points of val MAPE an epoch
-    # (it lost to them: reports/study-issue19.md round 12)
-    ema: float = 0.0
-    mse_weight: float = 1000.0
-    mape_weight: float = 1.0
-    mape_floor: float = 1.0  # MAPE denominator is max(|z|, mape_floor); see cdmpp_loss
-    patience: int = 12  # epochs without validation improvement before stopping
-    rank_weight: float = 0.0  # weight of a within-task pairwise ranking loss (see _rank_loss); 0 = off
-    # domain adaptation (active only when fit gets a target pool)
+    patience: int = 60  # epochs without validation improvement before stopping
+    # domain adaptation: only when fit gets a target pool holding a device without training labels
     da: str = "cmd"  # "cmd" | "mmd" | "none"
-    da_weight: float = 10.0
+    da_weight: float = 0.5
     cmd_k: int = 5
-    da_space: str = "program"  # "program": align program embeddings; "joint": program + device embedding
-    # "always": adapt to any pool; "new-device": only to a pool holding a device without training labels
-    # (a new device, not new networks on known devices)
-    da_when: str = "always"
-    # data
-    feature_scaling: str = "standard"  # "standard" | "robust"
     val_fraction: float = 0.1  # carved from the training set only when fit gets no validation set
-    # uncertainty
+    # uncertainty: the best states of this many LR cycles of one run; the interval's level
     ensemble: int = 3
-    ensemble_mode: str = "snapshots"  # "snapshots": best states of one run's LR cycles; "seeds": independent runs
     interval: float = 0.9
     # few-shot fine-tuning
     finetune_lr: float = 1e-4
-    finetune_scope: str = "all"  # "all" | "head" (decoder + device encoder)
+    finetune_scope: str = "head"  # "head" (decoder + device encoder) | "all"
     # run
     seed: int = 0
-    max_minutes: float = 10.0
+    max_minutes: float = 120.0  # a safety cap: epochs end a run
     max_steps: int = 0  # > 0: each run stops after this many steps (benchmarks, smoke runs)
     progress: bool = True
 
     def __post_init__(self):
-        if self.roofline and self.label != "log":
-            raise ValueError("roofline = true predicts log(latency / bound): it needs label = \"log\"")
-        if self.loss == "mape" and self.label != "log":
-            raise ValueError("loss = \"mape\" is computed through a log label: it needs label = \"log\"")
-        choices = dict(pooling=("mean", "sum", "attention"), label=("boxcox", "log"), loss=("paper", "l1", "mape"),
-                       da=("cmd", "mmd", "none"), da_space=("program", "joint"), ensemble_mode=("snapshots", "seeds"),
-                       feature_scaling=("standard", "robust"), finetune_scope=("all", "head"),
-                       da_when=("always", "new-device"),
-                       lr_schedule=("cyclic", "budget"))
-        if not 0.0 <= self.ema < 1.0:
-            raise ValueError(f"ema = {self.ema}: a decay per step in [0, 1) (0 = off)")
-        for name, allowed in choices.items():
+        if isinstance(self.model, dict):
+            self.model = ModelConfig(**self.model)
+        for name, allowed in dict(da=("cmd", "mmd", "none"), finetune_scope=("all", "head")).items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} = {getattr(self, name)!r}: expected one of {allowed}")
 
     @classmethod
     def from_dict(cls, values: dict) -> "TrainConfig":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - known)
+        """From flat ``key = value`` pairs (a recipe, ``to_dict``, a checkpoint's ``config``): the network's keys
+        go to ``model``."""
+        model_keys = {f.name for f in dataclasses.fields(ModelConfig)}
+        known = {f.name for f in dataclasses.fields(cls)} - {"model"}
+        unknown = sorted(set(values) - known - model_keys)
         if unknown:
-            raise ValueError(f"unknown training settings {unknown}; known: {sorted(known)}")
-        return cls(**values)
+            raise ValueError(f"unknown training settings {unknown}; known: {sorted(known | model_keys)}")
+        model = ModelConfig(**{k: v for k, v in values.items() if k in model_keys})
+        return cls(model=model, **{k: v for k, v in values.items() if k in known})
 
     @classmethod
     def from_file(cls, path: str | Path) -> "TrainConfig":
@@ -152,7 +120,13 @@ class TrainConfig:
         return cls.from_file(path)
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """Flat ``key = value`` pairs, the network's keys first (what a checkpoint's ``config`` holds)."""
+        values = dataclasses.asdict(self)
+        return {**values.pop("model"), **values}
+
+    def replace(self, **changes) -> "TrainConfig":
+        """A copy with ``changes`` (flat keys, the network's included)."""
+        return TrainConfig.from_dict({**self.to_dict(), **changes})
 
 
 def _read_recipe(path: Path, seen: tuple[Path, ...] = ()) -> dict:
@@ -167,81 +141,36 @@ def _read_recipe(path: Path, seen: tuple[Path, ...] = ()) -> dict:
     return {**_read_recipe(base_path, (*seen, path.resolve())), **values}
 
 
-def cdmpp_loss(pred: torch.Tensor, target: torch.Tensor, mse_weight: float = 1000.0, mape_weight: float = 1.0,
-               mape_floor: float = 1.0) -> torch.Tensor:
-    """The paper's loss, 1000·MSE + MAPE, on standardized Box-Cox values.
-
-    Standardized values cross zero at the mean latency, where a relative error is undefined and would
-    dominate the batch; so the MAPE denominator is max(|target|, mape_floor): a relative error where
-    |z| >= 1 and an absolute error nearer zero.
-    """
-    err = pred - target
-    mape = (err.abs() / target.abs().clamp_min(mape_floor)).mean()
-    return mse_weight * err.pow(2).mean() + mape_weight * mape
-
-
-def _loss(config: "TrainConfig", pred: torch.Tensor, target: torch.Tensor, sigma: float = 1.0) -> torch.Tensor:
-    """The recipe's loss: the paper's; L1 in label space (with a log label, an L1 on log latency,
-    which aims at relative error without the MSE's pull toward a few far-off programs); or "mape",
-    the reported metric itself, |predicted / measured - 1|, through the log label (``sigma`` = its
-    standard deviation); the log ratio is clamped at e^3 so one wild start cannot blow up a batch."""
-    if config.loss == "l1":
-        return (pred - target).abs().mean()
-    if config.loss == "mape":
-        return torch.expm1(((pred - target) * sigma).clamp(max=3.0)).abs().mean()
-    return cdmpp_loss(pred, target, config.mse_weight, config.mape_weight, config.mape_floor)
-
-
-def _rank_loss(pred: torch.Tensor, target: torch.Tensor, groups: torch.Tensor, sigma: float = 1.0,
-               margin: float = 0.03) -> torch.Tensor:
-    """RankNet loss over the batch's pairs of one group (same task, same device) whose labels differ by
-    more than ``margin`` in log latency (closer pairs are within measurement noise): softplus of the
-    wrongly ordered predicted log-latency gap. MAPE alone does not reward ordering the candidates of a
-    task, which is what a tuner asks; a batch holds many such pairs because batches are length-bucketed
-    and a task's programs have similar leaf counts."""
-    gap = (target[:, None] - target[None, :]) * sigma
-    pairs = (groups[:, None] == groups[None, :]) & (gap > margin)
-    if not bool(pairs.any()):
-        return pred.sum() * 0.0
-    return torch.nn.functional.softplus(-((pred[:, None] - pred[None, :]) * sigma)[pairs]).mean()
-
-
-def mape_scale(predicted: np.ndarray, seconds: np.ndarray) -> float:
-    """The factor c in [0.5, 1.2] (step 0.01) minimizing MAPE(c·predicted) on validation data.
-
-    The MAPE-optimal point prediction of an uncertain latency is below its median (over-predicting by
-    10x costs 900 %, under-predicting at most 100 %); a model trained in log space predicts near the
-    median, so one scalar chosen on validation moves it to where the reported metric is lowest."""
-    grid = np.arange(0.5, 1.2001, 0.01)
-    return float(grid[int(np.argmin([np.mean(np.abs(c * predicted - seconds) / seconds) for c in grid]))])
+def mape_loss(pred: torch.Tensor, target: torch.Tensor, sigma: float) -> torch.Tensor:
+    """MAPE on seconds, |predicted / measured - 1|, through the log label (``sigma``: its standard deviation);
+    the log ratio is clamped at e^3 so one wild start cannot blow up a batch."""
+    return torch.expm1(((pred - target) * sigma).clamp(max=3.0)).abs().mean()
 
 
 @dataclass
 class _Split:
-    """Training-ready data: packed normalized programs, device row per program, Box-Cox labels, and
-    the program-level inputs / roofline offsets (``TrainedModel.model_inputs``) when the recipe uses them."""
+    """Training-ready data: packed normalized programs, device row per program, labels, and the program-level
+    inputs (``TrainedModel.extra_inputs``)."""
 
     pack: PackedPrograms
     dev_rows: np.ndarray
     z: np.ndarray | None = None
     seconds: np.ndarray | None = None
     extra: torch.Tensor | None = None
-    offset: torch.Tensor | None = None
-    groups: torch.Tensor | None = None  # (task, device) id per program, for rank_weight
 
-    def inputs(self, idx) -> tuple:
-        """``(extra, offset)`` rows of the batch ``idx`` (None where unused)."""
-        return (None if self.extra is None else self.extra[idx], None if self.offset is None else self.offset[idx])
+    def inputs(self, idx) -> torch.Tensor | None:
+        """The program-level input rows of the batch ``idx`` (None for a model without them)."""
+        return None if self.extra is None else self.extra[idx]
 
 
 def _prepare(samples: Sequence[LabeledProgram], trained: TrainedModel, dev_index: dict[str, int], labeled: bool = True) -> _Split:
     pack = trained.pack([s.features for s in samples])
     rows = np.array([dev_index[s.device] for s in samples], dtype=np.int64)
-    extra, offset = trained.model_inputs(pack, [s.device for s in samples])
+    extra = trained.extra_inputs(pack)
     if not labeled:
-        return _Split(pack, rows, extra=extra, offset=offset)
+        return _Split(pack, rows, extra=extra)
     seconds = np.array([s.seconds for s in samples], dtype=np.float64)
-    return _Split(pack, rows, trained.label_transform.transform(seconds).astype(np.float32), seconds, extra, offset)
+    return _Split(pack, rows, trained.label_transform.transform(seconds).astype(np.float32), seconds, extra)
 
 
 def fit(config: TrainConfig, train_set: Sequence[LabeledProgram] | FeatureStore,
@@ -251,16 +180,17 @@ def fit(config: TrainConfig, train_set: Sequence[LabeledProgram] | FeatureStore,
     """Train an ensemble of ``config.ensemble`` members; return the ``TrainedModel``.
 
     Samples are ``LabeledProgram`` or anything with ``features``, ``device`` and ``seconds`` attributes.
-    Everything fitted (normalizers, Box-Cox, device-spec scaling) sees ``train_set`` only; model
+    Everything fitted (normalizers, label transform, device-spec scaling) sees ``train_set`` only; model
     selection, early stopping and the interval calibration see ``val_set`` only. Without a
     ``val_set`` a random ``val_fraction`` of the training programs is held out. ``device_table`` maps
     every device that appears to its spec dict (or is a ``cdmpp.devices.table.DeviceTable``); without one,
     all devices share a zero spec vector.
-    ``target_pool`` (unlabeled) switches on domain adaptation unless ``config.da == "none"``, or
-    ``config.da_when == "new-device"`` and every pool device has training labels.
+    ``target_pool`` (unlabeled) switches on domain adaptation unless ``config.da == "none"`` or every pool
+    device has training labels (towards new networks on known devices it cost MAPE: reports/study-issue19.md,
+    round 12).
 
     ``train_set`` may be a ``FeatureStore`` (read memory-mapped, batch by batch; needs a ``val_set``, and a
-    recipe without the GBT blend, Amdahl anchors, pooled inputs or robust scaling, which read every program).
+    recipe without the GBT blend and Amdahl anchors, which read every program).
     ``device``: ``cpu``, ``cuda`` or ``auto`` (``cdmpp.model.distributed``); in a torch process group (torchrun)
     the ranks share each batch, and only rank 0 goes on past the transformer's training: other ranks return its
     members uncalibrated (``summary["rank"]``), rank 0's model is the result.
@@ -278,24 +208,19 @@ def fit(config: TrainConfig, train_set: Sequence[LabeledProgram] | FeatureStore,
         val_set = [train_set[i] for i in perm[:n_val]]
         train_set = [train_set[i] for i in perm[n_val:]]
     target_pool = list(target_pool or []) if config.da != "none" else []
-    cols = TrainingColumns.of(train_set, config.loop_tokens)
-    if config.da_when == "new-device" and {s.device for s in target_pool} <= set(cols.devices):
+    cols = TrainingColumns.of(train_set)
+    if {s.device for s in target_pool} <= set(cols.devices):
         target_pool = []
 
     all_devices = sorted(set(cols.devices) | {s.device for s in [*val_set, *target_pool]})
     specs = DeviceSpecs(device_table if device_table is not None else {d: {} for d in all_devices})
     specs.fit(cols.devices)
     raw = cols.raw
-    normalizer = cols.fit_normalizer(FeatureNormalizer(config.feature_scaling))
-    labels = BoxCox().fit(cols.seconds, 0.0 if config.label == "log" else None)
+    normalizer = cols.fit_normalizer(FeatureNormalizer())
+    labels = LogLatency().fit(cols.seconds)
     program_inputs = None
-    if (config.program_inputs or config.roofline or config.pooled_inputs) and raw.stats is not None:
+    if raw.stats is not None:
         program_inputs = dict(mean=raw.stats.mean(axis=0).tolist(), std=np.maximum(raw.stats.std(axis=0), 1e-6).tolist())
-        if config.pooled_inputs:
-            pooled = PackedPrograms(normalizer.transform(raw.leaves), raw.positions, raw.offsets).pooled()
-            std = pooled.std(axis=0)
-            program_inputs.update(pooled_mean=pooled.mean(axis=0).tolist(),
-                                  pooled_inv_std=np.where(std > 1e-6, 1.0 / np.maximum(std, 1e-6), 0.0).tolist())
     trained = TrainedModel([], normalizer, labels, specs, config.to_dict(),
                            featurizer_version=featurizer_version or current_featurizer_version(),
                            program_inputs=program_inputs)
@@ -304,26 +229,15 @@ def fit(config: TrainConfig, train_set: Sequence[LabeledProgram] | FeatureStore,
     dev_matrix = torch.from_numpy(dev_matrix)
     train = _Split(cols.normalized(normalizer), np.array([dev_index[d] for d in cols.devices]), None, cols.seconds)
     train.z = labels.transform(train.seconds).astype(np.float32)
-    train.extra, train.offset = trained.model_inputs(train.pack, cols.devices)
-    if config.rank_weight:
-        ids: dict = {}
-        train.groups = torch.tensor([ids.setdefault(key, len(ids)) for key in zip(cols.tasks, cols.devices)])
+    train.extra = trained.extra_inputs(train.pack)
     val = _prepare(val_set, trained, dev_index)
     target = _prepare(target_pool, trained, dev_index, labeled=False) if target_pool else None
 
-    histories = []
-    if config.ensemble_mode == "snapshots":  # one run; members = best state of the k best LR cycles
-        snaps, history = _train_run(config, config.seed, train, val, target, dev_matrix, trained, deadline, "snapshots",
-                                    runner)
-        trained.members.extend(_model_with(config, train, dev_matrix, state) for _, state, _ in snaps[: config.ensemble])
-        histories.append({**history, "members_from_epochs": [epoch for _, _, epoch in snaps[: config.ensemble]]})
-    else:  # "seeds": independent runs with different seeds share the time budget
-        for i in range(config.ensemble):
-            budget = (deadline - time.monotonic()) / (config.ensemble - i)
-            snaps, history = _train_run(config, config.seed + i, train, val, target, dev_matrix, trained,
-                                        time.monotonic() + budget, f"member {i + 1}/{config.ensemble}", runner)
-            trained.members.append(_model_with(config, train, dev_matrix, snaps[0][1]))
-            histories.append(history)
+    # one run; the members are the best states of its best LR cycles
+    snaps, history = _train_run(config, train, val, target, dev_matrix, trained, deadline, runner)
+    members = snaps[: config.ensemble]
+    trained.members.extend(_model_with(config, train, dev_matrix, trained, state) for _, state, _ in members)
+    histories = [{**history, "members_from_epochs": [epoch for _, _, epoch in members]}]
     if not runner.is_main:
         trained.summary = dict(rank=runner.rank, world_size=runner.world, members=histories)
         return trained
@@ -333,9 +247,6 @@ def fit(config: TrainConfig, train_set: Sequence[LabeledProgram] | FeatureStore,
     mu, lo, hi = trained.interval_z(z_val)
     pred = labels.inverse_transform(mu)
     lo_s, hi_s = labels.inverse_transform(lo), labels.inverse_transform(hi)
-    if config.mape_scale:
-        trained.calibration["scale"] = c = mape_scale(pred, val.seconds)
-        pred, lo_s, hi_s = pred * c, lo_s * c, hi_s * c
     if config.gbt_blend:
         # the GBT's boosting ends gbt_minutes after the transformer's deadline (it also gets what a transformer
         # stopped early left; never under 10 s); the blend weight chosen after it is not counted
@@ -380,51 +291,47 @@ def _add_gbt_blend(trained: TrainedModel, train_set, val_set, val_pred: np.ndarr
     return blend(val_pred, gbt_pred, trained.calibration["gbt_weight"]) / val_pred  # gbt_factor, GBT not rerun
 
 
-def _model_with(config: TrainConfig, train: _Split, dev_matrix: torch.Tensor, state: dict | None = None) -> CDMPPModel:
-    model = CDMPPModel(train.pack.leaves.shape[1], dev_matrix.shape[1], config.d_model, config.n_heads,
-                       config.n_layers, config.d_ff, config.dropout, config.use_pe, config.pooling,
-                       (3 if config.program_inputs else 0) + (3 * train.pack.leaves.shape[1] if config.pooled_inputs else 0),
-                       config.film, config.loop_tokens)
+def _model_with(config: TrainConfig, train: _Split, dev_matrix: torch.Tensor, trained: TrainedModel,
+                state: dict | None = None) -> CDMPPModel:
+    n_program_inputs = 0 if trained.program_inputs is None else len(trained.program_inputs["mean"])
+    model = CDMPPModel(train.pack.leaves.shape[1], dev_matrix.shape[1], **dataclasses.asdict(config.model),
+                       n_program_inputs=n_program_inputs)
     if state is not None:
         model.load_state_dict(state)
         model.eval()
     return model
 
 
-def _train_run(config: TrainConfig, seed: int, train: _Split, val: _Split, target: _Split | None,
-               dev_matrix: torch.Tensor, trained: TrainedModel, deadline: float, desc: str, runner: Runner):
+def _train_run(config: TrainConfig, train: _Split, val: _Split, target: _Split | None, dev_matrix: torch.Tensor,
+               trained: TrainedModel, deadline: float, runner: Runner):
     """One training run: the epoch loop, validation after every epoch, early stopping, a deadline; on
     ``runner``'s device, each rank on its share of every batch.
 
     Returns the best validation state of every LR cycle as ``(val MAPE, state, epoch)``, best first
     (``snapshots[0]`` is the run's overall best), and a history for the training summary.
     """
+    seed = config.seed
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
     # ranks draw the same batches (rng) but their own target programs for domain adaptation
     da_rng = rng if runner.world == 1 else np.random.default_rng([seed, runner.rank])
-    model = _model_with(config, train, dev_matrix).to(runner.device)
+    model = _model_with(config, train, dev_matrix, trained).to(runner.device)
     step = runner.forward_module(model)
     # foreach: one fused update over all tensors; PyTorch's CPU default loops over them in Python
-    opt = (torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay, foreach=True)
-           if config.weight_decay else torch.optim.Adam(model.parameters(), lr=config.lr, foreach=True))
+    opt = torch.optim.Adam(model.parameters(), lr=config.lr, foreach=True)
     steps_per_epoch = math.ceil(len(train.pack) / config.batch_size)
-    if config.lr_schedule == "budget":
-        sched = _BudgetLR(opt, config.lr, config.max_lr, deadline, config.epochs * steps_per_epoch)
-    else:
-        sched = torch.optim.lr_scheduler.CyclicLR(
-            opt, base_lr=config.lr, max_lr=config.max_lr, mode="triangular", cycle_momentum=False,
-            step_size_up=max(1, round(steps_per_epoch * config.lr_cycle_epochs / 2)))
-    swa = torch.optim.swa_utils
-    averaged = swa.AveragedModel(model, multi_avg_fn=swa.get_ema_multi_avg_fn(config.ema)) if config.ema else None
+    sched = torch.optim.lr_scheduler.CyclicLR(
+        opt, base_lr=config.lr, max_lr=config.max_lr, mode="triangular", cycle_momentum=False,
+        step_size_up=max(1, round(steps_per_epoch * config.lr_cycle_epochs / 2)))
     disc = discrepancy(config.da, config.cmd_k)
     matcher = _LengthMatcher(target.pack.lengths) if target is not None else None
     z_all = torch.from_numpy(train.z)
+    sigma = trained.label_transform.std_
     cycle_epochs = max(1, round(config.lr_cycle_epochs))
     snapshots: dict[int, tuple] = {}  # LR cycle -> (val MAPE, state, epoch) of its best epoch
     best = (math.inf, -1)  # (val MAPE, epoch) over the run, for early stopping
     history = []
-    bar = tqdm(total=config.epochs * steps_per_epoch, desc=desc, unit="step",
+    bar = tqdm(total=config.epochs * steps_per_epoch, desc="snapshots", unit="step",
                disable=not (config.progress and runner.is_main))
     stopped, steps, on = "epochs", 0, runner.to
     for epoch in range(config.epochs):
@@ -432,29 +339,19 @@ def _train_run(config: TrainConfig, seed: int, train: _Split, val: _Split, targe
         total, count = 0.0, 0
         for idx in runner.shares(bucketed_batches(train.pack.lengths, config.batch_size, rng)):
             dev, z = on(dev_matrix[train.dev_rows[idx]]), on(z_all[idx])
-            extra, offset = on(train.inputs(idx))
             t_inputs = None
             if target is not None:
                 t_idx = matcher.sample(train.pack.lengths[idx], da_rng)
-                t_inputs = on((*target.pack.batch(t_idx), target.inputs(t_idx)[0], target.pack.loop_batch(t_idx)))
-            emb, pred, t_emb = step(*on(train.pack.batch(idx)), dev, extra, on(train.pack.loop_batch(idx)), t_inputs)
-            pred = pred if offset is None else pred + offset
-            loss = _loss(config, pred, z, trained.label_transform.std_)
-            if train.groups is not None:
-                loss = loss + config.rank_weight * _rank_loss(pred, z, on(train.groups[idx]),
-                                                              trained.label_transform.std_)
+                t_inputs = on((*target.pack.batch(t_idx), target.inputs(t_idx)))
+            emb, pred, t_emb = step(*on(train.pack.batch(idx)), dev, on(train.inputs(idx)), t_inputs)
+            loss = mape_loss(pred, z, sigma)
             if target is not None:
-                if config.da_space == "joint":
-                    emb = emb + model.device_encoder(dev)
-                    t_emb = t_emb + model.device_encoder(on(dev_matrix[target.dev_rows[t_idx]]))
                 loss = loss + config.da_weight * disc(emb, t_emb)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
             opt.step()
             sched.step()
-            if averaged is not None:
-                averaged.update_parameters(model)
             total, count, steps = total + loss.item() * len(idx), count + len(idx), steps + 1
             bar.update(1)
             if runner.any(time.monotonic() > deadline):
@@ -463,14 +360,13 @@ def _train_run(config: TrainConfig, seed: int, train: _Split, val: _Split, targe
             if steps == config.max_steps:
                 stopped = "steps"
                 break
-        judged = model if averaged is None else averaged.module
-        val_mape = runner.agree(_val_mape(judged, val, dev_matrix, trained, runner))
+        val_mape = runner.agree(_val_mape(model, val, dev_matrix, trained, runner))
         total, count = runner.sum(total, count)
         history.append([epoch, round(total / max(count, 1), 4), round(val_mape, 5)])
         bar.set_postfix(loss=f"{total / max(count, 1):.3g}", val_mape=f"{val_mape:.3f}")
         cycle = epoch // cycle_epochs
         if val_mape < snapshots.get(cycle, (math.inf,))[0]:
-            snapshots[cycle] = (val_mape, {k: v.detach().to("cpu", copy=True) for k, v in judged.state_dict().items()},
+            snapshots[cycle] = (val_mape, {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()},
                                 epoch)
         if val_mape < best[0]:
             best = (val_mape, epoch)
@@ -482,31 +378,6 @@ def _train_run(config: TrainConfig, seed: int, train: _Split, val: _Split, targe
     bar.close()
     ranked = sorted(snapshots.values(), key=lambda s: s[0])
     return ranked, dict(seed=seed, best_epoch=best[1], best_val_mape=best[0], stopped=stopped, history=history)
-
-
-class _BudgetLR:
-    """Warm-up to ``max_lr`` over the first 5 % of the run, then a cosine decay to ``lr`` at its end, the
-    run's progress being the larger of its share of the wall-clock budget and of its steps: a
-    time-capped run ends at a low learning rate instead of wherever a cycle happens to be."""
-
-    def __init__(self, opt, lr: float, max_lr: float, deadline: float, total_steps: int, warmup: float = 0.05):
-        self.opt, self.lr, self.max_lr, self.total_steps, self.warmup = opt, lr, max_lr, max(1, total_steps), warmup
-        self.start, self.deadline, self.steps = time.monotonic(), deadline, 0
-        self._set(lr)
-
-    def _set(self, value: float) -> None:
-        for group in self.opt.param_groups:
-            group["lr"] = value
-
-    def step(self) -> None:
-        self.steps += 1
-        budget = max(self.deadline - self.start, 1e-9)
-        t = min(1.0, max((time.monotonic() - self.start) / budget, self.steps / self.total_steps))
-        if t < self.warmup:
-            self._set(self.lr + (self.max_lr - self.lr) * t / self.warmup)
-        else:
-            u = (t - self.warmup) / (1.0 - self.warmup)
-            self._set(self.lr + (self.max_lr - self.lr) * 0.5 * (1.0 + math.cos(math.pi * u)))
 
 
 class _LengthMatcher:
@@ -540,8 +411,7 @@ def _val_mape(model: CDMPPModel, val: _Split, dev_matrix: torch.Tensor, trained:
     on = (runner or Runner()).to
     z = np.empty(len(val.pack), np.float32)
     for idx in length_sorted_batches(val.pack.lengths, 256):
-        z[idx] = model(*on(val.pack.batch(idx)), on(dev_matrix[val.dev_rows[idx]]), *on(val.inputs(idx)),
-                       on(val.pack.loop_batch(idx))).cpu().numpy()
+        z[idx] = model(*on(val.pack.batch(idx)), on(dev_matrix[val.dev_rows[idx]]), on(val.inputs(idx))).cpu().numpy()
     pred = trained.label_transform.inverse_transform(z)
     return float(np.mean(np.abs(pred - val.seconds) / val.seconds))
 
@@ -551,7 +421,7 @@ def finetune(trained: TrainedModel, labeled_set: Sequence[LabeledProgram], confi
     """Adapt a trained model with a handful of measured programs (k-shot); returns a new model.
 
     Each member takes ``steps`` Adam steps at ``config.finetune_lr`` on (mini)batches of the labeled
-    set, in the same loss as training. Normalizers, Box-Cox and calibration stay as trained: with k
+    set, in the same loss as training. Normalizers, label transform and calibration stay as trained: with k
     samples there is nothing to refit them on. ``device_table`` adds specs of new devices. Shots of a device
     predicted through an anchor are learned on the anchor (``TrainedModel.on_anchors``).
     """
@@ -567,17 +437,15 @@ def finetune(trained: TrainedModel, labeled_set: Sequence[LabeledProgram], confi
         torch.manual_seed(config.seed + 1000 + i)
         rng = np.random.default_rng(config.seed + 1000 + i)
         if config.finetune_scope == "head":
-            params = [*model.decoder.parameters(), *model.device_encoder.parameters(),
-                      *(model.film.parameters() if model.film is not None else [])]
+            params = [*model.decoder.parameters(), *model.device_encoder.parameters()]
         else:
             params = list(model.parameters())
         opt = torch.optim.Adam(params, lr=config.finetune_lr, foreach=True)
         model.train()
         for _ in range(steps):
             idx = rng.choice(len(labeled_set), size=batch, replace=False)
-            pred = model(*data.pack.batch(idx), dev_matrix[data.dev_rows[idx]], *data.inputs(idx),
-                         data.pack.loop_batch(idx))
-            loss = _loss(config, pred, z_all[idx], new.label_transform.std_)
+            pred = model(*data.pack.batch(idx), dev_matrix[data.dev_rows[idx]], data.inputs(idx))
+            loss = mape_loss(pred, z_all[idx], new.label_transform.std_)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, config.grad_clip)
@@ -666,11 +534,10 @@ def _shots_choose_order(model: TrainedModel, shots: Sequence[LabeledProgram]) ->
     """Whether the blend's order weight is chosen again on the shots: where they rank at least as many tasks
     as the validation that chose it did. They are the device the model is asked about, and the weight that
     ranked a source device's validation programs best need not rank a device it reaches by transfer best
-    (reports/study-issue19.md, round 27). A checkpoint that does not say how many tasks its validation ranked
-    keeps its weight."""
+    (reports/study-issue19.md, round 27)."""
     from cdmpp.model.blend import ranked_tasks
 
-    return model.gbt is not None and ranked_tasks(_task_keys(shots)) >= model.calibration.get("order_tasks", math.inf)
+    return model.gbt is not None and ranked_tasks(_task_keys(shots)) >= model.calibration["order_tasks"]
 
 
 def _order_weight_on_shots(model: TrainedModel, shots: Sequence[LabeledProgram], members: np.ndarray,

@@ -1,6 +1,6 @@
 """The fitted input/label transforms a trained predictor carries, each fitted on training data only.
 
-* ``BoxCox``: latency seconds <-> standardized Box-Cox values, the space the network predicts in.
+* ``LogLatency``: latency seconds <-> standardized log seconds, the space the network predicts in.
 * ``FeatureNormalizer``: per-feature scaling of leaf features (heavy-tailed, partly log-scaled already).
 * ``DeviceSpecs``: a device table (id -> spec dict, e.g. ``DeviceSpec.specs()`` of ``cdmpp.devices.spec``)
   and the normalization of its spec vectors.
@@ -15,57 +15,43 @@ import math
 import warnings
 
 import numpy as np
-from scipy import stats
 
 from cdmpp.devices.spec import SPEC_FIELDS as DEVICE_SPEC_KEYS  # the spec names of the device table
 
 
-class BoxCox:
-    """Box-Cox transform of latencies (lambda by maximum likelihood, scipy), then standardization.
+class LogLatency:
+    """Latency seconds <-> standardized log seconds, the space the network predicts in (the paper's Box-Cox
+    at lambda = 0: what the shipped recipe kept, reports/study-issue19.md).
 
-    Latencies span 1e-7..10 s; they are first divided by their geometric mean (``scale_``) so the power
-    transform works near 1. Box-Cox plus standardization is invariant to that scale, so this changes
-    numerics only. ``inverse_transform`` clips to [min/1000, max*1000] of the training labels: far
-    outside, the inverse power is undefined (negative base) or overflows, and no honest prediction lives
-    there anyway.
+    Latencies span 1e-7..10 s; they are first divided by their geometric mean (``scale_``).
+    ``inverse_transform`` clips to [min/1000, max*1000] of the training labels: no honest prediction lives
+    further out, and one wild member must not overflow.
     """
 
-    def fit(self, seconds, lmbda: float | None = None) -> "BoxCox":
-        """``lmbda=0`` fixes a plain log (then the label space is additive in log latency)."""
+    def fit(self, seconds) -> "LogLatency":
         y = np.asarray(seconds, dtype=np.float64)
         if len(y) < 2 or np.any(~np.isfinite(y)) or np.any(y <= 0):
-            raise ValueError("BoxCox needs at least two finite positive latencies")
+            raise ValueError("LogLatency needs at least two finite positive latencies")
         self.scale_ = float(np.exp(np.mean(np.log(y))))
-        if lmbda is None:
-            t, lmbda = stats.boxcox(y / self.scale_)
-        else:
-            t = stats.boxcox(y / self.scale_, lmbda=lmbda)
-        self.lambda_ = float(lmbda)
+        t = np.log(y / self.scale_)
         self.mean_, self.std_ = float(t.mean()), float(max(t.std(), 1e-12))
         self.min_, self.max_ = float(y.min()), float(y.max())
         return self
 
     def transform(self, seconds) -> np.ndarray:
-        y = np.asarray(seconds, dtype=np.float64) / self.scale_
-        t = np.log(y) if abs(self.lambda_) < 1e-12 else (np.power(y, self.lambda_) - 1.0) / self.lambda_
-        return (t - self.mean_) / self.std_
+        return (np.log(np.asarray(seconds, dtype=np.float64) / self.scale_) - self.mean_) / self.std_
 
     def inverse_transform(self, z) -> np.ndarray:
         t = np.asarray(z, dtype=np.float64) * self.std_ + self.mean_
         lo, hi = self.min_ / 1000.0, self.max_ * 1000.0
-        if abs(self.lambda_) < 1e-12:
-            y = np.exp(np.clip(t, math.log(lo / self.scale_), math.log(hi / self.scale_)))
-        else:
-            base = np.clip(self.lambda_ * t + 1.0, 1e-300, None)
-            with np.errstate(over="ignore"):
-                y = np.exp(np.log(base) / self.lambda_)
+        y = np.exp(np.clip(t, math.log(lo / self.scale_), math.log(hi / self.scale_)))
         return np.clip(y * self.scale_, lo, hi)
 
     def to_dict(self) -> dict:
-        return {k: getattr(self, k) for k in ("lambda_", "scale_", "mean_", "std_", "min_", "max_")}
+        return {k: getattr(self, k) for k in ("scale_", "mean_", "std_", "min_", "max_")}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "BoxCox":
+    def from_dict(cls, d: dict) -> "LogLatency":
         obj = cls()
         for k, v in d.items():
             setattr(obj, k, float(v))
@@ -76,15 +62,11 @@ class FeatureNormalizer:
     """Per-feature scaling of leaf features, fitted on the training leaves.
 
     Columns whose training values exceed ``log_above`` in magnitude are not log-scaled yet (raw counts,
-    bytes): they get sign(x)*log1p(|x|) first. Then ``method="standard"`` (mean/std) or ``"robust"``
-    (median/IQR), and a clip to +-``clip`` so one absurd value cannot saturate attention. Constant
-    columns map to 0.
+    bytes): they get sign(x)*log1p(|x|) first. Then mean/std standardization, and a clip to +-``clip`` so
+    one absurd value cannot saturate attention. Constant columns map to 0.
     """
 
-    def __init__(self, method: str = "standard", log_above: float = 50.0, clip: float = 10.0):
-        if method not in ("standard", "robust"):
-            raise ValueError(f"unknown scaling {method!r}: expected 'standard' or 'robust'")
-        self.method = method
+    def __init__(self, log_above: float = 50.0, clip: float = 10.0):
         self.log_above = log_above
         self.clip = clip
 
@@ -93,23 +75,15 @@ class FeatureNormalizer:
         self.min_, self.max_ = x.min(axis=0).astype(np.float32), x.max(axis=0).astype(np.float32)  # for OOD flags
         self.log_cols_ = np.abs(x).max(axis=0) > self.log_above
         x = self._log(x)
-        if self.method == "standard":
-            center, spread = x.mean(axis=0), x.std(axis=0)
-        else:
-            q25, center, q75 = np.percentile(x, [25, 50, 75], axis=0)
-            spread = (q75 - q25) / 1.349  # IQR of a unit normal
-            spread = np.where(spread > 1e-9, spread, x.std(axis=0))
+        center, spread = x.mean(axis=0), x.std(axis=0)
         self.center_ = center.astype(np.float32)
         self.inv_scale_ = np.where(spread > 1e-9, 1.0 / np.maximum(spread, 1e-9), 0.0).astype(np.float32)
         return self
 
     def fit_chunks(self, chunks) -> "FeatureNormalizer":
         """``fit`` on leaves too many to hold in float64 at once: ``chunks()`` yields them in row chunks
-        (called three times: extremes, means, spreads). Standard scaling only (quantiles need every row).
-        Given one chunk it computes what ``fit`` does, operation for operation."""
-        if self.method != "standard":
-            raise ValueError(f"feature_scaling = {self.method!r} needs every leaf in memory; a feature store "
-                             "trains with \"standard\"")
+        (called three times: extremes, means, spreads). Given one chunk it computes what ``fit`` does,
+        operation for operation."""
         lo = hi = amax = None
         n = 0
         for c in chunks():
@@ -144,20 +118,18 @@ class FeatureNormalizer:
         return np.clip(x, -self.clip, self.clip, out=x)
 
     def to_dict(self) -> dict:
-        d = dict(method=self.method, log_above=self.log_above, clip=self.clip, log_cols_=self.log_cols_.tolist(),
-                 center_=self.center_.tolist(), inv_scale_=self.inv_scale_.tolist())
-        if getattr(self, "min_", None) is not None:
-            d.update(min_=self.min_.tolist(), max_=self.max_.tolist())
-        return d
+        return dict(log_above=self.log_above, clip=self.clip, log_cols_=self.log_cols_.tolist(),
+                    center_=self.center_.tolist(), inv_scale_=self.inv_scale_.tolist(), min_=self.min_.tolist(),
+                    max_=self.max_.tolist())
 
     @classmethod
     def from_dict(cls, d: dict) -> "FeatureNormalizer":
-        obj = cls(d["method"], d["log_above"], d["clip"])
+        obj = cls(d["log_above"], d["clip"])
         obj.log_cols_ = np.asarray(d["log_cols_"], dtype=bool)
         obj.center_ = np.asarray(d["center_"], dtype=np.float32)
         obj.inv_scale_ = np.asarray(d["inv_scale_"], dtype=np.float32)
-        obj.min_ = np.asarray(d["min_"], dtype=np.float32) if "min_" in d else None  # older checkpoints: none
-        obj.max_ = np.asarray(d["max_"], dtype=np.float32) if "max_" in d else None
+        obj.min_ = np.asarray(d["min_"], dtype=np.float32)
+        obj.max_ = np.asarray(d["max_"], dtype=np.float32)
         return obj
 
 

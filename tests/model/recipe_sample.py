@@ -10,7 +10,6 @@ a change of the recipe's numbers is meant) from the repository root:
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 
@@ -40,7 +39,7 @@ def run() -> dict:
                for i, (p, d, s) in enumerate(zip(programs, devices, seconds))]
     val, train = labeled[::4], [s for i, s in enumerate(labeled) if i % 4]
     pool = [LabeledProgram(p, TARGET, float("nan")) for p in programs[:20]]
-    config = dataclasses.replace(TrainConfig.recipe("default"), **SMALL)
+    config = TrainConfig.recipe("default").replace(**SMALL)
     model = fit(config, train, val, pool, device_table=table, featurizer_version="2")
     out = {"summary": {k: model.summary[k] for k in ("n_train", "n_val", "n_target")},
            "members_from_epochs": model.summary["members"][0]["members_from_epochs"],

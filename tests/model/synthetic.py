@@ -53,6 +53,8 @@ def small_model(use_pe=True, seed=0) -> CDMPPModel:
 
 
 def quick_config(**kw) -> TrainConfig:
+    """The shipped recipe, small and short, without the GBT blend and the Amdahl anchors unless asked."""
     base = dict(d_model=32, n_heads=4, n_layers=1, d_ff=64, dropout=0.0, epochs=25, batch_size=64,
-                lr=3e-4, max_lr=3e-3, lr_cycle_epochs=4, ensemble=2, patience=25, max_minutes=1.0, progress=False)
-    return TrainConfig(**{**base, **kw})
+                lr=3e-4, max_lr=3e-3, lr_cycle_epochs=4, ensemble=2, patience=25, max_minutes=1.0, progress=False,
+                gbt_blend=False, amdahl_transfer=False, finetune_scope="all")
+    return TrainConfig.from_dict({**base, **kw})

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import numpy as np
@@ -30,9 +29,9 @@ def test_auto_is_the_cpu_without_a_gpu_and_cuda_without_one_says_so(monkeypatch)
 def _config() -> TrainConfig:
     """No dropout (the default recipe has none), no GBT blend, 192 programs in batches of 32: every batch
     splits into two shares of 16, so DDP's average of the two shares' gradients is the batch's gradient."""
-    return dataclasses.replace(TrainConfig.recipe("default"), d_model=32, d_ff=64, n_layers=1, epochs=3, ensemble=2,
-                               batch_size=32, lr_cycle_epochs=1, gbt_blend=False, amdahl_transfer=False,
-                               progress=False)
+    return TrainConfig.recipe("default").replace(d_model=32, d_ff=64, n_layers=1, epochs=3, ensemble=2, batch_size=32,
+                                                 lr_cycle_epochs=1, gbt_blend=False, amdahl_transfer=False,
+                                                 progress=False)
 
 
 def _table():

@@ -18,9 +18,9 @@ from tests.data import DEVICES_JSON
 
 def _tiny(**kw) -> TrainConfig:
     """The shipped recipe, small, without the parts that read every program at once (GBT blend, anchors)."""
-    return dataclasses.replace(TrainConfig.recipe("default"), d_model=32, d_ff=64, n_layers=1, epochs=3, ensemble=1,
-                               batch_size=32, lr_cycle_epochs=2, gbt_blend=False, amdahl_transfer=False,
-                               progress=False, **kw)
+    return TrainConfig.recipe("default").replace(d_model=32, d_ff=64, n_layers=1, epochs=3, ensemble=1, batch_size=32,
+                                                 lr_cycle_epochs=2, gbt_blend=False, amdahl_transfer=False,
+                                                 progress=False, **kw)
 
 
 def _table():

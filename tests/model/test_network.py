@@ -62,31 +62,6 @@ def test_packed_subset_and_means():
     assert np.allclose(pack.program_means()[3], progs[3].leaf_features.mean(0), atol=1e-6)
 
 
-def test_loop_tokens_pack_pad_and_leave_padding_alone():
-    """Loop tokens pack like leaves (subset keeps each program's own), pad with a mask, and padding a
-    program's loops in a batch with a longer one does not change its prediction."""
-    from cdmpp.model.network import CDMPPModel
-
-    rng = np.random.default_rng(4)
-    progs = []
-    for m in (0, 3, 1, 5):
-        p = random_program(rng, 2)
-        p.loops = np.stack([np.arange(m) % 6, np.arange(m) + 1.0, np.arange(m) * 2.0], axis=1).astype(np.float32)
-        progs.append(p)
-    pack = PackedPrograms.from_programs(progs, loops=True)
-    kind, ext, pos, mask = pack.subset(np.array([3, 1])).loop_batch()
-    assert kind.shape == (2, 5) and mask.sum(1).tolist() == [5, 3] and ext[1].tolist() == [1, 2, 3, 0, 0]
-    assert pack.loop_batch(np.array([0]))[0].shape == (1, 0)  # no loops at all: an empty token list
-    torch.manual_seed(0)
-    model, dev = CDMPPModel(F, 8, d_model=32, n_heads=2, n_layers=1, loop_tokens=True).eval(), torch.zeros(1, 8)
-    with torch.inference_mode():
-        alone = model(*pack.batch(np.array([1])), dev, loops=pack.loop_batch(np.array([1])))
-        both = model(*pack.batch(np.array([1, 3])), dev.expand(2, 8), loops=pack.loop_batch(np.array([1, 3])))
-        assert torch.allclose(alone[0], both[0], atol=1e-5)
-        with pytest.raises(ValueError, match="loop tokens"):
-            model(*pack.batch(), dev.expand(4, 8))
-
-
 def test_leaf_flops_counts_a_multiply_add_as_two():
     from cdmpp.model.network import leaf_flops
 

@@ -18,10 +18,16 @@ def test_config_rejects_unknown_keys():
         TrainConfig.from_dict({"d_modle": 64})
     with pytest.raises(ValueError, match="da = 'coral'"):
         TrainConfig(da="coral")
+    for removed in ("ema", "pooling", "loop_tokens", "label"):  # the study's dropped options (checkpoint.RETIRED)
+        with pytest.raises(ValueError, match="unknown training settings"):
+            TrainConfig.from_dict({removed: 0})
     default = TrainConfig.recipe("default")
     no_pe = TrainConfig.recipe("ablation-no-pe")  # inherits everything else through base = "default"
-    assert default.use_pe and not no_pe.use_pe and no_pe.d_model == default.d_model
+    assert default.model.use_pe
     assert TrainConfig.recipe("ablation-no-da").da == "none" and TrainConfig.recipe("mmd").da == "mmd"
+    assert default == TrainConfig()  # the defaults are the shipped recipe
+    assert TrainConfig.from_dict(default.to_dict()) == default and default.replace(d_model=64).model.d_model == 64
+    assert no_pe.model.use_pe is False and no_pe.model.d_model == default.model.d_model
 
 
 def test_short_fit_beats_constant_predictor(trained):
@@ -89,7 +95,7 @@ def test_target_batches_match_source_leaf_counts():
 def test_snapshot_ensemble_takes_members_from_distinct_cycles():
     rng = np.random.default_rng(3)
     train, val = synthetic_samples(300, rng), synthetic_samples(100, rng)
-    cfg = quick_config(ensemble=3, ensemble_mode="snapshots", epochs=8, lr_cycle_epochs=2, patience=8)
+    cfg = quick_config(ensemble=3, epochs=8, lr_cycle_epochs=2, patience=8)
     model = fit(cfg, train, val)
     epochs = model.summary["members"][0]["members_from_epochs"]
     assert len(model.members) == 3 and len({e // 2 for e in epochs}) == 3
@@ -97,9 +103,9 @@ def test_snapshot_ensemble_takes_members_from_distinct_cycles():
     assert z.shape == (3, 100) and np.all(z.std(axis=0) > 0)
 
 
-def test_new_model_options_train_save_and_load(tmp_path):
-    """Sum/attention pooling, program inputs, pooled leaf inputs, roofline offset, FiLM, log label and the L1/MAPE losses
-    (issue 19) train, predict finite positive latencies and survive a checkpoint round trip.
+def test_program_inputs_train_save_and_load(tmp_path):
+    """With TVM's 164 columns the members read the programs' log FLOPs and bytes (``extra_inputs``); such a model
+    trains, predicts finite positive latencies and survives a checkpoint round trip and a fine-tune.
     SYNTHETIC programs with 164 columns, so the program inputs (FLOPs, bytes) are computed."""
     rng = np.random.default_rng(3)
 
@@ -110,144 +116,53 @@ def test_new_model_options_train_save_and_load(tmp_path):
 
     train = [sample(d) for d in ["cpu-a", "cpu-b"] * 60]
     val = [sample("cpu-a") for _ in range(30)]
-    for kw in (dict(pooling="sum", program_inputs=True, loss="l1", label="log"),
-               dict(pooling="attention", film=True, roofline=True, label="log", loss="mape"),
-               dict(pooled_inputs=True, program_inputs=True, label="log", loss="mape"),
-               dict(pooled_inputs=True, label="log", loss="l1")):
-        model = fit(quick_config(epochs=3, ensemble=1, **kw), train, val, device_table=DEVICES)
-        mean, lo, hi = model.predict([s.features for s in val], "cpu-b")
-        assert np.all(np.isfinite(mean)) and np.all(mean > 0) and np.all(lo <= hi)
-        model.save(tmp_path / "m")
-        again = TrainedModel.load(tmp_path / "m")
-        assert np.allclose(again.predict([s.features for s in val], "cpu-b")[0], mean)
-        assert finetune(model, val[:8], steps=2).predict([s.features for s in val], "cpu-a")[0].shape == (30,)
-    with pytest.raises(ValueError, match="label"):
-        TrainConfig(roofline=True)
+    model = fit(quick_config(epochs=3, ensemble=1), train, val, device_table=DEVICES)
+    assert model.members[0].hparams["n_program_inputs"] == 3 and model.program_inputs is not None
+    mean, lo, hi = model.predict([s.features for s in val], "cpu-b")
+    assert np.all(np.isfinite(mean)) and np.all(mean > 0) and np.all(lo <= hi)
+    model.save(tmp_path / "m")
+    again = TrainedModel.load(tmp_path / "m")
+    assert np.array_equal(again.predict([s.features for s in val], "cpu-b")[0], mean)
+    assert finetune(model, val[:8], steps=2).predict([s.features for s in val], "cpu-a")[0].shape == (30,)
 
 
-def test_ema_validates_and_ships_the_averaged_weights(tmp_path):
-    """``ema``: the averaged weights are what is validated and kept. With a decay near 1 they stay near
-    the initialization, so the kept model is worse than the live weights' run on the same seed."""
-    rng = np.random.default_rng(4)
-    train, val = synthetic_samples(600, rng), synthetic_samples(100, rng)
-    live = fit(quick_config(epochs=12, ensemble=1), train, val, device_table=DEVICES)
-    frozen = fit(quick_config(epochs=12, ensemble=1, ema=0.99999), train, val, device_table=DEVICES)
-    smooth = fit(quick_config(epochs=12, ensemble=1, ema=0.9), train, val, device_table=DEVICES)
-    best = {name: m.summary["members"][0]["best_val_mape"] for name, m in
-            (("live", live), ("frozen", frozen), ("smooth", smooth))}
-    assert best["frozen"] > best["live"] and best["smooth"] < best["frozen"], best
-    smooth.save(tmp_path / "m")
-    assert np.allclose(TrainedModel.load(tmp_path / "m").predict([s.features for s in val], "cpu-a")[0],
-                       smooth.predict([s.features for s in val], "cpu-a")[0])
-    with pytest.raises(ValueError, match="ema"):
-        TrainConfig(ema=1.0)
+def test_a_checkpoint_with_a_removed_option_loads_only_at_the_shipped_value(trained, tmp_path):
+    """The options the study dropped (``checkpoint.RETIRED``): a checkpoint naming one at the value the shipped
+    recipe had loads as if it did not name it; at another value it says to retrain."""
+    import json
+
+    model, _, val = trained
+    path = model.save(tmp_path / "m") / "predictor.json"
+    meta = json.loads(path.read_text())
+    meta["model"].update(pooling="mean", film=False)
+    meta["config"].update(ema=0.0, label="log", mse_weight=1000.0)
+    meta["feature_normalizer"]["method"] = "standard"
+    meta["label_transform"]["lambda_"] = 0.0
+    path.write_text(json.dumps(meta))
+    again = TrainedModel.load(tmp_path / "m")
+    assert "ema" not in again.config and TrainConfig.from_dict(again.config) == TrainConfig.from_dict(model.config)
+    feats = [s.features for s in val[:20]]
+    assert np.array_equal(again.predict(feats, "cpu-a")[0], model.predict(feats, "cpu-a")[0])
+    meta["config"]["ema"] = 0.998
+    path.write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match="ema = 0.998.*retrain"):
+        TrainedModel.load(tmp_path / "m")
 
 
-def test_da_when_new_device_adapts_to_a_new_device_only():
-    """``da_when = "new-device"``: a pool of held-out programs on a device with training labels trains
-    exactly as without a pool; a pool on a device without labels switches adaptation on."""
+def test_domain_adaptation_adapts_to_a_new_device_only():
+    """A pool of held-out programs on a device with training labels trains exactly as without a pool (towards
+    new networks on known devices adaptation cost MAPE); a pool on a device without labels switches it on."""
     rng = np.random.default_rng(6)
     train, val = synthetic_samples(200, rng), synthetic_samples(50, rng)
     known, new = synthetic_samples(50, rng), synthetic_samples(50, rng, "cpu-b")
-    cfg = quick_config(epochs=2, ensemble=1, da_when="new-device")
+    cfg = quick_config(epochs=2, ensemble=1)
     same = fit(cfg, train, val, target_pool=known, device_table=DEVICES)
     plain = fit(cfg, train, val, device_table=DEVICES)
     adapted = fit(cfg, train, val, target_pool=new, device_table=DEVICES)
     assert same.summary["n_target"] == 0 and adapted.summary["n_target"] == 50
     feats = [s.features for s in val]
     assert np.allclose(same.predict(feats, "cpu-a")[0], plain.predict(feats, "cpu-a")[0])
-    with pytest.raises(ValueError, match="da_when"):
-        TrainConfig(da_when="sometimes")
-
-
-def test_rank_loss_counts_only_ordered_pairs_of_one_group():
-    """The within-task ranking term: zero when every same-group pair is ordered by a wide margin, large
-    when it is reversed; pairs of different groups and pairs within the noise margin do not count."""
-    import torch
-
-    from cdmpp.model.training import _rank_loss
-
-    target = torch.tensor([0.0, 1.0, 2.0, 2.001])
-    groups = torch.tensor([0, 0, 1, 1])  # pairs (1, 0) in group 0; (3, 2) is within the margin
-    right = _rank_loss(torch.tensor([0.0, 30.0, 5.0, -5.0]), target, groups)
-    wrong = _rank_loss(torch.tensor([30.0, 0.0, 5.0, -5.0]), target, groups)
-    assert float(right) < 1e-6 and float(wrong) > 20
-    assert float(_rank_loss(torch.tensor([0.0, 30.0, 0.0, 0.0]), target, torch.tensor([0, 1, 2, 3]))) == 0.0
-
-
-def test_rank_weight_trains(tmp_path):
-    """``rank_weight`` groups training programs by (task, device) and trains to finite predictions."""
-    samples = synthetic_samples(160, np.random.default_rng(5))
-    samples = [LabeledProgram(s.features, s.device, s.seconds, f"t{i % 8}") for i, s in enumerate(samples)]
-    model = fit(quick_config(epochs=2, ensemble=1, rank_weight=0.5), samples[:120], samples[120:], device_table=DEVICES)
-    mean, _, _ = model.predict([s.features for s in samples[120:]], samples[0].device)
-    assert np.all(np.isfinite(mean)) and np.all(mean > 0)
-
-
-def test_loop_tokens_train_save_load_and_demand_loops(tmp_path):
-    """``loop_tokens``: the compact AST's loops as tokens beside the leaves (issue 19) train, predict finite
-    positive latencies and survive a checkpoint round trip; programs without loops are refused with a
-    message that says so; with the option off, loops in the features change nothing.
-    SYNTHETIC programs: loops of random kinds and extents at positions between the leaves."""
-    import dataclasses
-
-    rng = np.random.default_rng(5)
-
-    def sample(device):
-        n, m = int(rng.integers(1, 5)), int(rng.integers(0, 6))
-        x = np.abs(rng.normal(size=(n, 164))).astype(np.float32) * 4
-        loops = np.stack([rng.integers(0, 6, m), np.log2(rng.integers(1, 512, m) + 1), np.arange(m)], axis=1)
-        prog = FakeProgram(x, np.arange(m, m + n), loops=loops.astype(np.float32))
-        return LabeledProgram(prog, device, float(1e-5 * np.exp2(x[:, 0]).sum() * (1 + m)))
-
-    train = [sample(d) for d in ["cpu-a", "cpu-b"] * 60]
-    val = [sample("cpu-a") for _ in range(30)]
-    feats = [s.features for s in val]
-    cfg = quick_config(epochs=3, ensemble=2, program_inputs=True, label="log", loss="mape")
-    model = fit(dataclasses.replace(cfg, loop_tokens=True), train, val, device_table=DEVICES)
-    assert model.members[0].loop_tokens and model.members[0].hparams["loop_tokens"]
-    mean, lo, hi = model.predict(feats, "cpu-b")
-    assert np.all(np.isfinite(mean)) and np.all(mean > 0) and np.all(lo <= hi)
-    model.save(tmp_path / "m")
-    again = TrainedModel.load(tmp_path / "m")
-    assert np.allclose(again.predict(feats, "cpu-b")[0], mean)
-    assert again.embed(feats).shape == (30, cfg.d_model)
-    assert finetune(model, val[:8], steps=2).predict(feats, "cpu-a")[0].shape == (30,)
-    bare = [dataclasses.replace(f, loops=None) for f in feats]
-    with pytest.raises(ValueError, match="loop tokens.*30 of 30 programs have no loops"):
-        again.predict(bare, "cpu-b")
-
-    plain = fit(cfg, train, val, device_table=DEVICES)  # loop_tokens off: the loops are not read
-    no_loops = [LabeledProgram(dataclasses.replace(s.features, loops=None), s.device, s.seconds) for s in train]
-    assert "loop_tokens" not in plain.members[0].hparams
-    blind = fit(cfg, no_loops, [LabeledProgram(f, "cpu-a", s.seconds) for f, s in zip(bare, val)], device_table=DEVICES)
-    assert np.array_equal(plain.predict(feats, "cpu-b")[0], blind.predict(bare, "cpu-b")[0])
-
-
-def test_budget_lr_warms_up_then_decays_to_the_base_rate():
-    """``lr_schedule = "budget"``: max_lr after the 5 % warm-up, halfway down at mid-run, the base
-    rate at the end (here the steps run out long before the wall-clock budget), and a run trains."""
-    import time
-
-    import torch
-
-    from cdmpp.model.training import _BudgetLR
-
-    opt = torch.optim.Adam([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
-    sched = _BudgetLR(opt, 1e-4, 1e-3, time.monotonic() + 3600, total_steps=100)
-    lrs = []
-    for _ in range(100):
-        sched.step()
-        lrs.append(opt.param_groups[0]["lr"])
-    assert lrs[4] == pytest.approx(1e-3)
-    assert lrs[51] == pytest.approx(1e-4 + 0.9e-3 / 2, rel=0.05)
-    assert lrs[-1] == pytest.approx(1e-4)
-    assert all(a >= b for a, b in zip(lrs[4:], lrs[5:]))
-    samples = synthetic_samples(120, np.random.default_rng(6))
-    model = fit(quick_config(epochs=2, ensemble=1, lr_schedule="budget"), samples[:90], samples[90:], device_table=DEVICES)
-    assert np.all(np.isfinite(model.predict([s.features for s in samples[90:]], samples[0].device)[0]))
-    with pytest.raises(ValueError, match="lr_schedule"):
-        TrainConfig(lr_schedule="step")
+    assert not np.allclose(adapted.predict(feats, "cpu-a")[0], plain.predict(feats, "cpu-a")[0])
 
 
 def test_the_gbt_blend_ends_gbt_minutes_after_the_transformers_deadline(monkeypatch):
@@ -271,7 +186,7 @@ def test_the_gbt_blend_ends_gbt_minutes_after_the_transformers_deadline(monkeypa
     monkeypatch.setattr(training, "_add_gbt_blend", blend_spy)
     rng = np.random.default_rng(4)
     config = quick_config(gbt_blend=True, ensemble=1, epochs=10_000, patience=10_000, max_minutes=0.04,
-                          gbt_minutes=0.25, label="log", loss="mape")
+                          gbt_minutes=0.25)
     start = time.monotonic()
     fit(config, synthetic_samples(300, rng), synthetic_samples(100, rng), device_table=DEVICES)
     assert ends and ends[0] <= start + 60.0 * (0.04 + 0.25) + 0.3
@@ -289,7 +204,7 @@ def test_the_gbt_blend_weights_for_seconds_and_order_are_chosen_on_val_and_survi
     rng = np.random.default_rng(3)
     train = synthetic_samples(400, rng) + synthetic_samples(200, rng, "cpu-b")
     val = synthetic_samples(150, rng) + synthetic_samples(50, rng, "cpu-b")
-    config = quick_config(gbt_blend=True, blend_rank_slack=0.2, ensemble=1, epochs=4, label="log", loss="mape")
+    config = quick_config(gbt_blend=True, blend_rank_slack=0.2, ensemble=1, epochs=4)
     model = fit(config, train, val, device_table=DEVICES)
     w, w_order = model.calibration["gbt_weight"], model.calibration["gbt_order_weight"]
     progs, devs, y = [s.features for s in val], [s.device for s in val], np.array([s.seconds for s in val])
@@ -316,8 +231,6 @@ def test_the_gbt_blend_weights_for_seconds_and_order_are_chosen_on_val_and_survi
     for order in (False, True):
         for a, b in zip(model.predict(progs, devs, order=order), again.predict(progs, devs, order=order)):
             np.testing.assert_allclose(a, b, rtol=1e-6)
-    del again.calibration["gbt_order_weight"]  # a checkpoint from before: one weight for both
-    np.testing.assert_allclose(again.predict(progs, devs, order=True)[0], mean, rtol=1e-6)
     assert not (TrainedModel.load(members_only.save(tmp_path / "plain")).gbt or (tmp_path / "plain" / "gbt.ubj.gz").exists())
     # k-shot on a new device: the blended GBT learns the shots too (trees on top), the source model stays
     shots = [copy.copy(s) for s in val[:20]]
@@ -348,11 +261,11 @@ def test_the_blended_gbt_adapts_with_half_a_tree_per_shot():
 def test_shots_that_rank_more_tasks_than_validation_choose_the_order_weight():
     """``checked_finetune`` chooses the blend's order weight again on the shots, by validation's rule and on
     predictions the shots did not train, when they rank at least as many tasks as validation did; the
-    seconds weight stays validation's, and a checkpoint that does not say what validation ranked keeps it."""
+    seconds weight stays validation's."""
     from cdmpp.model.blend import blend_weight
 
     rng = np.random.default_rng(7)
-    config = quick_config(gbt_blend=True, blend_rank_slack=0.2, ensemble=1, epochs=4, label="log", loss="mape")
+    config = quick_config(gbt_blend=True, blend_rank_slack=0.2, ensemble=1, epochs=4)
     model = fit(config, synthetic_samples(400, rng), synthetic_samples(150, rng), device_table=DEVICES)
     assert model.calibration["order_tasks"] == 10  # ten tasks on one device, each with >= 3 programs
     spec = {**DEVICES["cpu-a"], "clock_ghz": 0.5, "mem_bw_gbs": 2}
@@ -372,6 +285,3 @@ def test_shots_that_rank_more_tasks_than_validation_choose_the_order_weight():
         assert tuned.calibration["gbt_order_weight"] == expected
         assert tuned.calibration["gbt_weight"] == model.calibration["gbt_weight"]
         assert ("order_weight" in tuned.summary["finetune"]) == (ranked_by_validation == 10)
-    del model.calibration["order_tasks"]
-    tuned = checked_finetune(model, shots, config, steps=60, device_table={"cpu-c": spec})
-    assert tuned.calibration["gbt_order_weight"] == model.calibration["gbt_order_weight"]
