@@ -11,6 +11,9 @@ also trains the pooled GBT); two jobs run at a time, one thread each, on the 2-c
 
 The 2026-11-24 run loaded the pinned programs once into a pickle for speed; this file loads them
 through ``cdmpp.evaluation.protocol.load_pinned`` (the same 25,157 programs, from the feature cache).
+
+Most variants set options the study dropped and the library no longer has (issue 57; the table in
+reports/study-issue19.md, "The shipped recipe, and the options removed"): run them at commit e2a78fd.
 """
 
 import json

@@ -1,0 +1,110 @@
+"""What a training run is told: ``TrainConfig``, read from a recipe in ``train/*.toml``.
+
+A recipe is flat ``key = value`` pairs, the network's keys (``cdmpp.model.network.ModelConfig``) among them;
+``base = "default"`` starts from another recipe, so an ablation states only what it changes. The defaults are
+the shipped recipe's (``train/default.toml`` writes them out). What issue 19's study tried and dropped is in
+reports/study-issue19.md, "The shipped recipe, and the options removed".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cdmpp import defaults
+from cdmpp.model.network import ModelConfig
+
+
+@dataclass
+class TrainConfig:
+    """Every knob of a training run; a recipe file sets any subset of them. The defaults are the shipped
+    recipe's (``train/default.toml``)."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)  # the network; a recipe sets its keys flat
+    # blend in a pooled GBT on log latency, weights for seconds and for order chosen on val (cdmpp.model.blend)
+    gbt_blend: bool = True
+    gbt_minutes: float = 5.0  # the blend's GBT ends this long after max_minutes (early stopping ends it first)
+    blend_rank_slack: float = 0.02  # the order's blend weight ranks best within this relative slack of the best MAPE
+    # a CPU device running a thread count without training labels is predicted on the nearest trained CPU
+    # device and moved there by Amdahl's law (cdmpp.model.physics; TrainedModel.anchors), not by its spec vector
+    amdahl_transfer: bool = True
+    # optimization: Adam, a triangular cyclic LR between lr and max_lr, grad-norm clipping
+    lr: float = 1e-4
+    max_lr: float = 1e-3
+    lr_cycle_epochs: float = 20.0  # one up-and-down cycle
+    epochs: int = 60
+    batch_size: int = 256
+    grad_clip: float = 1.0
+    patience: int = 60  # epochs without validation improvement before stopping
+    # domain adaptation: only when fit gets a target pool holding a device without training labels
+    da: str = "cmd"  # "cmd" | "mmd" | "none"
+    da_weight: float = 0.5
+    cmd_k: int = 5
+    val_fraction: float = 0.1  # carved from the training set only when fit gets no validation set
+    # uncertainty: the best states of this many LR cycles of one run; the interval's level
+    ensemble: int = 3
+    interval: float = 0.9
+    # few-shot fine-tuning
+    finetune_lr: float = 1e-4
+    finetune_scope: str = "head"  # "head" (decoder + device encoder) | "all"
+    # run
+    seed: int = 0
+    max_minutes: float = 120.0  # a safety cap: epochs end a run
+    max_steps: int = 0  # > 0: each run stops after this many steps (benchmarks, smoke runs)
+    progress: bool = True
+
+    def __post_init__(self):
+        if isinstance(self.model, dict):
+            self.model = ModelConfig(**self.model)
+        for name, allowed in dict(da=("cmd", "mmd", "none"), finetune_scope=("all", "head")).items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} = {getattr(self, name)!r}: expected one of {allowed}")
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "TrainConfig":
+        """From flat ``key = value`` pairs (a recipe, ``to_dict``, a checkpoint's ``config``): the network's keys
+        go to ``model``."""
+        model_keys = {f.name for f in dataclasses.fields(ModelConfig)}
+        known = {f.name for f in dataclasses.fields(cls)} - {"model"}
+        unknown = sorted(set(values) - known - model_keys)
+        if unknown:
+            raise ValueError(f"unknown training settings {unknown}; known: {sorted(known | model_keys)}")
+        model = ModelConfig(**{k: v for k, v in values.items() if k in model_keys})
+        return cls(model=model, **{k: v for k, v in values.items() if k in known})
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> "TrainConfig":
+        """Load a TOML recipe: flat ``key = value`` pairs; ``base = "default"`` starts from another recipe
+        (a name beside this file), so an ablation states only what it changes."""
+        return cls.from_dict(_read_recipe(Path(path)))
+
+    @classmethod
+    def recipe(cls, name: str) -> "TrainConfig":
+        """A shipped recipe by name (``"default"`` -> ``train/default.toml``) or a path to one."""
+        path = Path(name)
+        if not path.suffix:
+            path = defaults.RECIPES / f"{name}.toml"
+        return cls.from_file(path)
+
+    def to_dict(self) -> dict:
+        """Flat ``key = value`` pairs, the network's keys first (what a checkpoint's ``config`` holds)."""
+        values = dataclasses.asdict(self)
+        return {**values.pop("model"), **values}
+
+    def replace(self, **changes) -> "TrainConfig":
+        """A copy with ``changes`` (flat keys, the network's included)."""
+        return TrainConfig.from_dict({**self.to_dict(), **changes})
+
+
+def _read_recipe(path: Path, seen: tuple[Path, ...] = ()) -> dict:
+    with open(path, "rb") as f:
+        values = tomllib.load(f)
+    base = values.pop("base", None)
+    if base is None:
+        return values
+    base_path = (path.parent / base).with_suffix(".toml")
+    if base_path.resolve() in seen:
+        raise ValueError(f"recipe {path} inherits from itself through {base_path}")
+    return {**_read_recipe(base_path, (*seen, path.resolve())), **values}
