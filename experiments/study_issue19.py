@@ -13,7 +13,7 @@ The 2026-11-24 run loaded the pinned programs once into a pickle for speed; this
 through ``cdmpp.evaluation.protocol.load_pinned`` (the same 25,157 programs, from the feature cache).
 
 Most variants set options the study dropped and the library no longer has (issue 57; the table in
-reports/study-issue19.md, "The shipped recipe, and the options removed"): run them at commit e2a78fd.
+reports/study-issue19.md, "Options removed"): run them at commit e2a78fd.
 """
 
 import json

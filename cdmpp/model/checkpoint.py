@@ -63,9 +63,9 @@ def current_featurizer_version() -> str:
 class TrainedModel:
     """Ensemble of ``CDMPPModel`` members with their transforms; the object ``fit`` returns.
 
-    Uncertainty: members disagree more on programs unlike the training data. The 90 % interval in
-    label space (standardized log seconds) is ``mean +- q * (std_members + delta)``, with ``q`` and ``delta`` calibrated on the
-    validation split (split-conformal, normalized by the ensemble spread); see ``calibrate``.
+    Uncertainty: members disagree more on programs unlike the training data. The 90 % interval in label
+    space (standardized log seconds) is ``mean +- q * (std_members + delta)``, with ``q`` and ``delta``
+    calibrated on the validation split (split-conformal, normalized by the ensemble spread); see ``calibrate``.
     """
 
     def __init__(self, members: list[CDMPPModel], feature_normalizer: FeatureNormalizer, label_transform: LogLatency,

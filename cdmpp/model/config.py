@@ -3,7 +3,7 @@
 A recipe is flat ``key = value`` pairs, the network's keys (``cdmpp.model.network.ModelConfig``) among them;
 ``base = "default"`` starts from another recipe, so an ablation states only what it changes. The defaults are
 the shipped recipe's (``train/default.toml`` writes them out). What issue 19's study tried and dropped is in
-reports/study-issue19.md, "The shipped recipe, and the options removed".
+reports/study-issue19.md, "Options removed".
 """
 
 from __future__ import annotations
