@@ -11,7 +11,7 @@ import pytest
 
 from cdmpp import defaults
 from cdmpp.model.checkpoint import TrainedModel
-from tests.model.shipped_sample import EXPECTED, FEATURES, answers, load_sample
+from tests.model.shipped_sample import EXPECTED, answers, load_sample
 
 
 @pytest.mark.skipif(not (defaults.MODEL / "predictor.json").exists(), reason="no shipped checkpoint")
@@ -23,3 +23,13 @@ def test_shipped_model_answers_unchanged():
     for key, parts in expected.items():
         for part, values in parts.items():
             np.testing.assert_allclose(got[key][part], values, rtol=1e-6, atol=0, err_msg=f"{key} {part}")
+
+
+@pytest.mark.skipif(not (defaults.MODEL / "predictor.json").exists(), reason="no shipped checkpoint")
+def test_the_shipped_model_was_trained_with_the_default_config():
+    """TrainConfig's defaults are the shipped recipe: the shipped checkpoint's config, the dropped options set
+    aside at their shipped values, is TrainConfig() and train/default.toml."""
+    from cdmpp.model.config import TrainConfig
+
+    config = TrainConfig.from_dict(TrainedModel.load(defaults.MODEL).config)
+    assert config == TrainConfig() == TrainConfig.recipe("default")
