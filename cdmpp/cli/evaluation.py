@@ -257,7 +257,7 @@ def add_eval_commands(sub, bsub) -> None:
     proto.add_argument("--peer-minutes", type=float, default=2.0, help="cap on each xgb / mlp training run (default 2)")
     proto.add_argument("--recipe", default="default")
     proto.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                       help="a training setting on top of the recipe (TOML value; repeatable), e.g. pooling=\"sum\"")
+                       help="a training setting on top of the recipe (TOML value; repeatable), e.g. gbt_blend=false")
     proto.add_argument("--label", default="cdmpp", help="row name of the cdmpp model (ablations)")
     proto.add_argument("--minutes", type=float, default=120.0,
                        help="safety cap on each cdmpp training run (default 120); the recipe's epochs are the budget, "
