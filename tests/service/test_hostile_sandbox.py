@@ -44,7 +44,8 @@ def engine(predictor):
 def _clear(engine):
     from cdmpp.lru import LRU
 
-    engine._cache, engine._preds = LRU(engine.cache_size), LRU(engine.cache_size)
+    engine.predictor.features.clear()
+    engine._preds = LRU(engine.cache_size)
 
 
 def test_non_finite_features_are_a_422_naming_the_item_and_are_not_cached(engine, device, items):
