@@ -130,14 +130,12 @@ class FeatureCache:
                 keyed[i] = _hash_key(where, loaded[i][1])
             elif keyed[i] is None:
                 keyed[i] = item_key(where, p, shared)
-        out: list = [None] * len(programs)
         with self._lock:
-            for i, k in enumerate(keyed):
-                out[i] = self._cache.get(k)
-        todo = [i for i, f in enumerate(out) if f is None]
-        if stats is not None:
-            stats.cache_hits += len(programs) - len(todo)
-            stats.cache_misses += len(todo)
+            out: list = [self._cache.get(k) for k in keyed]
+            todo = [i for i, f in enumerate(out) if f is None]
+            if stats is not None:
+                stats.cache_hits += len(programs) - len(todo)
+                stats.cache_misses += len(todo)
         if not todo:
             return out
         if cancel is not None and cancel.is_set():
@@ -151,11 +149,11 @@ class FeatureCache:
             if refused:
                 raise _program_error(refused)
         code = {i for i in there if is_tvmscript(programs[i])}
+        parse_s = feat_s = 0.0
         if here:
             t0 = time.perf_counter()
             feats = self._here(programs, here, loaded, kind if isinstance(target, str) else target)
-            if stats is not None:
-                stats.featurize_seconds += time.perf_counter() - t0
+            feat_s += time.perf_counter() - t0
             for i, f in zip(here, feats):
                 out[i] = f
         if there:
@@ -163,19 +161,19 @@ class FeatureCache:
                 from cdmpp.sandbox.pool import default_sandbox
 
                 sandbox = default_sandbox(kind)
-            feats, parse_s, feat_s = self._there(sandbox, [programs[i] for i in there], there, code, kind,
-                                                 workload, deadline, cancel)
-            if stats is not None:
-                stats.parse_seconds += parse_s
-                stats.featurize_seconds += feat_s
+            feats, p_s, f_s = self._there(sandbox, [programs[i] for i in there], there, code, kind, workload,
+                                          deadline, cancel)
+            parse_s, feat_s = parse_s + p_s, feat_s + f_s
             for i, f in zip(there, feats):
                 out[i] = f
         with self._lock:
             for i in todo:
                 if i not in code:  # features of a worker that ran TVMScript stay with this call
                     self._cache.put(keyed[i], out[i])
-        if stats is not None:
-            stats.programs_featurized += len(todo)
+            if stats is not None:
+                stats.parse_seconds += parse_s
+                stats.featurize_seconds += feat_s
+                stats.programs_featurized += len(todo)
         return out
 
     def candidates(self, context, candidates) -> list:
