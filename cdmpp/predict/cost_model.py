@@ -176,20 +176,18 @@ class CDMPPCostModel(PyCostModel):
 
     def _device(self, context) -> str:
         """The device id scored: ``device=``, else the predictor's device whose target matches the tuning
-        target (``_match_device``); resolved once (``Predictor.device``), and refused if unknown."""
+        target (``_match_device``)."""
         if self.device is None:
             p = self.predictor
             self.device = _match_device({d: p.device(d).target for d in p.devices()}, context.target)
-        if not self.remote:
-            self.predictor.device(self.device)  # raises UnknownDeviceError; a table device joins the model
         return self.device
 
     def _local(self, context, candidates, device: str, task: str) -> np.ndarray:
         """Seconds per candidate (NaN where a candidate does not featurize).
 
         With a tuning context of n > 1 threads, n threads featurize chunks of the candidates
-        (``Predictor.featurize_candidates``) on a one-thread TVM context: TVM's hash and extractor release the GIL, so one
-        thread's compact-AST walk runs while another extracts. Meanwhile this thread scores what is
+        (``Predictor.featurize_candidates``) on a one-thread TVM context: TVM's hash and extractor release
+        the GIL, so one thread's compact-AST walk runs while another extracts. Meanwhile this thread scores what is
         featurized, in order, in a few large model calls: the model's fixed cost per call is several ms,
         so small calls per chunk cost more than the forward itself, and torch on more than one thread
         spins against the featurizing threads. The thread count is the tuner's, as for XGBModel's
@@ -197,6 +195,7 @@ class CDMPPCostModel(PyCostModel):
         candidates = list(candidates)
         n = len(candidates)
         seconds = np.full(n, np.nan)
+        self.predictor.device(device)  # UnknownDeviceError; a device of the table joins the model, once
         model = self.model_ if self.model_ is not None else self.predictor.model
         featurize = self.predictor.featurize_candidates
         threads = max(1, min(int(context.num_threads), n // 8))

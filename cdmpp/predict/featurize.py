@@ -120,6 +120,10 @@ class FeatureCache:
         if kind not in TARGET_KINDS:
             raise ProgramError(f"unknown target {target!r}: expected one of {', '.join(TARGET_KINDS)}")
         where = kind if isinstance(target, str) else str(target)  # what the cache keys name
+        if not tvmscript and not trusted:  # refused here, before any worker (or the cache) sees it
+            refused = [(i, TVMSCRIPT_OFF) for i, p in enumerate(programs) if isinstance(p, str) and is_tvmscript(p)]
+            if refused:
+                raise _program_error(refused)
         shared = workload_digest(workload) if keys is None else b""
         local = [i for i, p in enumerate(programs)
                  if isinstance(p, Program) or not isinstance(p, (str, dict))]  # TVM objects: hashed here
@@ -144,10 +148,6 @@ class FeatureCache:
             raise Cancelled("request timed out")
         here = [i for i in todo if i in loaded or trusted]
         there = [i for i in todo if i not in loaded and not trusted]
-        if not tvmscript:  # refused here, before any worker sees it
-            refused = [(i, TVMSCRIPT_OFF) for i in there if is_tvmscript(programs[i])]
-            if refused:
-                raise _program_error(refused)
         code = {i for i in there if is_tvmscript(programs[i])}
         parse_s = feat_s = 0.0
         if here:

@@ -57,7 +57,7 @@ class Settings:
     token: str | None = None  # bearer token for /v1/* and /metrics; None = no auth
     threads: int = 2  # prediction threads (CPU-bound work runs here, never on the event loop)
     torch_threads: int = 1  # intra-op threads per prediction; >1 fights the other threads for cores
-    cache_size: int = 50_000  # request-level feature cache entries
+    cache_size: int = 50_000  # entries of the feature cache (of the predictor loaded here) and of the prediction cache
     featurize_procs: int = 1  # sandbox workers that parse and featurize new programs (at least 1)
     allow_tvmscript: bool = False  # TVMScript is Python: accept it only when every caller is trusted
     item_cpu_s: float = 20.0  # CPU seconds a worker may spend on one program before it is killed (TVMScript

@@ -165,15 +165,15 @@ def test_a_device_is_resolved_once_and_its_target_kind_comes_from_the_table(pred
     path = tmp_path / "devices.json"
     path.write_text(json.dumps([cpu, gpu]))
     p = Predictor(copy.deepcopy(predictor.model), devices=path)
-    assert p.target_kind("odd-chip-2t/cuda-looking-id") == "llvm" and p.target_kind("odd-gpu/sm90") == "cuda"
     calls = []
     resolve = p._devices._resolve
     p._devices._resolve = lambda d: calls.append(d) or resolve(d)
+    assert p.target_kind("odd-chip-2t/cuda-looking-id") == "llvm" and p.target_kind("odd-gpu/sm90") == "cuda"
     feats = [featurize(s.mod) for s in sampled["matmul"][:2]]
     dev = p.device("odd-chip-2t/cuda-looking-id")
     assert isinstance(dev, Device) and dev.kind == "llvm" and not dev.trained
     for _ in range(3):
         p.predict_features(feats, "odd-chip-2t/cuda-looking-id", "llvm")
         p.predict_features(feats, dev)
-    assert calls == ["odd-chip-2t/cuda-looking-id"]
+    assert calls == ["odd-chip-2t/cuda-looking-id", "odd-gpu/sm90"]
     assert p.device(dev) is dev
