@@ -4,8 +4,9 @@ The public Python API, imported lazily so that ``import cdmpp`` stays fast (TVM 
 name that needs them is first used)::
 
     from cdmpp import Predictor, load_program
-    predictor = Predictor.load()                      # the shipped model
+    predictor = Predictor.load()                      # the shipped model (or Predictor.load(url): a server)
     predictor.predict([program], "amd-epyc-znver4-2t/llvm-avx512")   # -> [Prediction(seconds, lo90, hi90, ood)]
+    predictor.device("amd-epyc-znver4-2t/llvm-avx512")               # -> Device(id, kind, target, specs, ...)
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ __version__ = "0.1.0"
 _API = {
     "Predictor": "cdmpp.predict.predictor",
     "Prediction": "cdmpp.predict.predictor",
-    "UnknownDeviceError": "cdmpp.predict.predictor",
+    "UnknownDeviceError": "cdmpp.predict.devices",
+    "Device": "cdmpp.predict.devices",
     "load_program": "cdmpp.program.inputs",
     "ProgramError": "cdmpp.program.inputs",
     "Client": "cdmpp.predict.client",

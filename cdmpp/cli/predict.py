@@ -155,10 +155,10 @@ def predict_named(predictor, feats: list, device: str, kind: str) -> tuple[dict,
     return {}, errors
 
 
-def _default_devices(predictor, kind: str) -> list[str]:
+def _default_devices(predictor, kind: str) -> list:
     """The devices the model was trained on that run ``kind`` code (all its devices if it says none)."""
-    devs = [d for d in predictor.devices() if predictor.target_kind(d) == kind]
-    trained = [d for d in devs if predictor.trained_on(d)]
+    devs = [d for d in map(predictor.device, predictor.devices()) if d.kind == kind]
+    trained = [d for d in devs if d.trained]
     return trained or devs
 
 
@@ -178,24 +178,19 @@ def load_predictor(model: str | None, devices: str):
 
 
 def cmd_predict(args) -> int:
-    from cdmpp.predict.predictor import UnknownDeviceError
-
     items = read_programs(args.programs)
     if not items:
         raise ValueError("no programs in " + ", ".join(args.programs))
     predictor = load_predictor(args.model, args.devices)
-    devices = [d.strip() for ds in args.device or [] for d in ds.split(",") if d.strip()]
-    devices = devices or _default_devices(predictor, args.target or "llvm")
-    for d in devices:
-        if d not in predictor.devices():
-            raise UnknownDeviceError(d, predictor.devices())
+    named = [d.strip() for ds in args.device or [] for d in ds.split(",") if d.strip()]
+    devices = [predictor.device(d) for d in named] or _default_devices(predictor, args.target or "llvm")
     rows, errors, by_kind = [], [], {}
-    for d in devices:
-        kind = args.target or predictor.target_kind(d)
+    for dev in devices:
+        d, kind = dev.id, args.target or dev.kind
         if kind not in by_kind:
             by_kind[kind] = featurize_named(predictor, [p for _, p in items], kind, args.trusted)
             errors += [(items[i][0], None, r) for i, r in by_kind[kind][1].items()]
-        preds, errs = predict_named(predictor, by_kind[kind][0], d, kind)
+        preds, errs = predict_named(predictor, by_kind[kind][0], dev, kind)
         errors += [(items[i][0], d, r) for i, r in errs.items()]
         rows += [{"program": items[i][0], "device": d, "seconds": p.seconds, "lo90": p.lo90, "hi90": p.hi90,
                   "flags": list(p.ood)} for i, p in sorted(preds.items())]

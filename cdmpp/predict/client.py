@@ -1,7 +1,9 @@
-"""``Client``: the HTTP service behind the same ``predict`` call as an in-process ``Predictor``.
+"""``Client``: the HTTP service behind the same interface as an in-process ``Predictor``.
 
-Code written against ``Predictor.predict(programs, device)`` runs unchanged against a server: the same
-return type (``Prediction``), the same errors (``UnknownDeviceError`` with ``.known``, ``ProgramError``).
+Code written against a ``Predictor`` (``predict(programs, device, target, workload, order)``,
+``devices()``, ``device(id)``, ``version``) runs unchanged against a server (``Predictor.load(url)``
+returns a ``Client``): the same return types (``Prediction``, ``Device``), the same errors
+(``UnknownDeviceError`` with ``.known``, ``ProgramError``).
 TVM objects are sent as MetaSchedule workload + trace (the scheduled module with an empty trace; servers
 accept TVMScript only when their operator allows it); ``str``/``dict`` items go as they are. Big
 batches are split to stay under the server's limits; connection errors and 5xx answers are retried
@@ -17,7 +19,8 @@ from typing import Any, Sequence
 
 import httpx
 
-from cdmpp.predict.predictor import Prediction, UnknownDeviceError
+from cdmpp.predict.devices import Device, UnknownDeviceError, target_kind
+from cdmpp.predict.predictor import Prediction
 from cdmpp.program.inputs import ProgramError
 
 RETRY_STATUS = frozenset({500, 502, 503, 504})
@@ -68,17 +71,19 @@ class Client:
         self.retries, self.backoff_s, self.batch_size = retries, backoff_s, batch_size
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._http = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout, transport=transport)
+        self._devices: dict[str, Device] | None = None
 
-    # ---- the Predictor-like API ---------------------------------------------------------------------
-    def predict(self, programs: Sequence, device: str, target: str | None = None,
-                workload: Any = None, order: bool = False) -> list[Prediction]:
+    # ---- the Predictor API --------------------------------------------------------------------------
+    def predict(self, programs: Sequence, device: str | Device, target: str | None = None,
+                workload: Any = None, order: bool = False, *, trusted: bool = False) -> list[Prediction]:
         """Latency with a 90 % interval per program on ``device``, as ``Predictor.predict`` returns it
-        (``order`` too).
+        (``order`` too; ``trusted`` is the server's to decide: it parses what it is sent in its sandbox).
 
         ``workload``: the unscheduled task shared by the programs (``Workload.as_json()``, or the TVM
         module itself). With it, workload+trace items may leave out their workload, and ``Schedule``s of
         that module travel as their traces: the fast form for a compiler's candidates.
         """
+        device = device.id if isinstance(device, Device) else device
         if workload is not None and not isinstance(workload, (str, list, dict)):  # a TVM module
             from tvm.s_tir.meta_schedule.database import Workload
 
@@ -107,9 +112,39 @@ class Client:
             out += [Prediction(p["seconds"], p["lo90"], p["hi90"]) for p in data["predictions"]]
         return out
 
-    def devices(self) -> list[dict]:
-        """``[{"id", "specs", "info"}, ...]`` of the devices the served model predicts."""
-        return self._request("GET", "/v1/devices")["devices"]
+    def predict_seconds(self, programs: Sequence, device: str | Device, trusted: bool = False):
+        import numpy as np
+
+        return np.array([p.seconds for p in self.predict(programs, device)])
+
+    def devices(self) -> list[str]:
+        """The ids of the devices the served model predicts."""
+        return list(self._device_table())
+
+    def device(self, device: str | Device) -> Device:
+        """``device`` as the server resolved it (``GET /v1/devices``, asked once); ``UnknownDeviceError``."""
+        if isinstance(device, Device):
+            return device
+        table = self._device_table()
+        if device not in table:
+            raise UnknownDeviceError(device, list(table))
+        return table[device]
+
+    @property
+    def version(self) -> str:
+        return str(self.models()[0]["model_version"])
+
+    def _device_table(self) -> dict[str, Device]:
+        if self._devices is None:
+            trained = set(self.models()[0].get("trained_devices") or ())
+            out = {}
+            for d in self._request("GET", "/v1/devices")["devices"]:
+                info = {**d.get("info", {}), "specs": d.get("specs", {})}
+                target = info.get("target") if isinstance(info.get("target"), dict) else {}
+                out[d["id"]] = Device(d["id"], target_kind(target), target, dict(d.get("specs", {})),
+                                      d["id"] in trained, info)
+            self._devices = out
+        return self._devices
 
     def models(self) -> list[dict]:
         return self._request("GET", "/v1/models")["models"]

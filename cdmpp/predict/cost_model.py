@@ -14,14 +14,15 @@ pre-trained model carries the first iterations, where a model of the task alone 
 from, and the correction learns what the task's own measurements teach, as XGBoost does late in a
 search. With ``online_finetune`` the in-process transformer is instead (or also) fine-tuned
 (``cdmpp.model.training.finetune``) on them every ``finetune_every`` new results. The caller's
-``Predictor`` is never modified: the fine-tuned model is this cost model's own. With ``url`` the
-predictions come from a cdmpp server (``cdmpp.predict.client.Client``); candidates travel as traces over
-one shared workload, and there is nothing to correct or fine-tune in process.
+``Predictor``'s model is never modified: the fine-tuned model is this cost model's own. With ``url`` the
+predictor is a cdmpp server (``Predictor.load(url)``, a ``cdmpp.predict.client.Client``); candidates
+travel as traces over one shared workload, and there is nothing to correct or fine-tune in process.
 
-An evolutionary search scores many candidates more than once (a parent kept unmutated, the measured
-best re-seeded every round): about a sixth of them in a ResNet-18 conv2d search. Features are kept by
-the candidate's structural hash (``feature_cache`` programs), so a repeat costs a hash instead of TVM's
-feature extraction, which is nearly all of the time of a prediction.
+A thin adapter: devices are the ``Predictor``'s (``Predictor.device``: target and kind from the device
+table), and so are features (``Predictor.featurize_candidates``: an evolutionary search scores many
+candidates more than once, a parent kept unmutated, the measured best re-seeded every round, about a
+sixth of them in a ResNet-18 conv2d search; the predictor's feature cache keeps them by structural hash,
+so a repeat costs a hash instead of TVM's feature extraction, nearly all of a prediction's time).
 """
 
 from __future__ import annotations
@@ -29,17 +30,14 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import threading
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
-from cdmpp.lru import LRU
 from cdmpp.model.pooled_gbt import summed_rows
 from cdmpp.program import tvm_env
-from cdmpp.program.features import program_hash
 
 tvm_env.setup()
 from tvm.ir.utils import derived_object  # noqa: E402
@@ -58,33 +56,25 @@ class CDMPPCostModel(PyCostModel):
     def __init__(self, predictor=None, url: str | None = None, device: str | None = None,
                  online_finetune: bool = False, finetune_every: int = 16, finetune_steps: int = 20,
                  max_buffer: int = 1024, token: str | None = None, model: str | None = None,
-                 correct: bool = True, min_correct: int = 16, feature_cache: int = 4096):
+                 correct: bool = True, min_correct: int = 16):
         super().__init__()
         if predictor is not None and url is not None:
             raise ValueError("pass a predictor or a url, not both")
+        from cdmpp.predict.predictor import Predictor
+
         self.url = url
-        self.client = None
-        self.predictor = None
-        if url is not None:
-            from cdmpp.predict.client import Client
-
-            self.client = Client(url, token=token)
-        else:
-            from cdmpp.predict.predictor import Predictor
-
-            self.predictor = predictor if predictor is not None else Predictor.load(model)
+        self.predictor = Predictor.load(url, token=token) if url is not None else (
+            predictor if predictor is not None else Predictor.load(model))
+        self.remote = url is not None
         self.device = device
-        self.online_finetune = bool(online_finetune and url is None)
+        self.online_finetune = bool(online_finetune and not self.remote)
         self.finetune_every, self.finetune_steps, self.max_buffer = finetune_every, finetune_steps, max_buffer
-        self.correct, self.min_correct = bool(correct and url is None), min_correct
+        self.correct, self.min_correct = bool(correct and not self.remote), min_correct
         self.corrections_: dict[str, object] = {}  # task -> xgboost Booster of log(measured / predicted)
         self.model_ = None  # the fine-tuned TrainedModel, once there is one
         self.predicted_: dict = {}  # (program hash, device) -> the current model's seconds, for the corrections
         self.buffer_: list = []  # cdmpp.records.dataset.LabeledProgram of every measured candidate (newest last)
         self.since_finetune_ = 0
-        self._featurizer = None  # cdmpp.program.features.Featurizer, made on first use
-        self.features_ = LRU(feature_cache)  # (target, program hash) -> ProgramFeatures of a candidate featurized before
-        self._cache_lock = threading.Lock()  # around features_: featurizing threads share it
         self.reference_: dict[str, float] = {}  # task (workload hash) -> reference seconds of its scores
         self.n_predict_calls = self.n_predicted = self.n_results = self.n_failed_results = self.n_finetunes = 0
 
@@ -106,7 +96,7 @@ class CDMPPCostModel(PyCostModel):
             return np.zeros(0, dtype="float64")
         device = self._device(context)
         key = _task_id(context.mod)
-        seconds = (self._remote(context, candidates, device) if self.client
+        seconds = (self._remote(context, candidates, device) if self.remote
                    else self._local(context, candidates, device, key))
         ok = np.isfinite(seconds) & (seconds > 0)
         if key not in self.reference_ and ok.any():
@@ -125,9 +115,9 @@ class CDMPPCostModel(PyCostModel):
             else:
                 self.n_failed_results += 1
         self.n_results += len(measured)
-        if not measured or self.predictor is None:
+        if not measured or self.remote:
             return
-        feats = self._features(context, [c for c, _ in measured])
+        feats = self.predictor.featurize_candidates(context, [c for c, _ in measured])
         task = _task_id(context.mod)
         device = self._device(context)
         self.buffer_ += [LabeledProgram(f, device, s, task) for f, (_, s) in zip(feats, measured) if f is not None]
@@ -185,61 +175,19 @@ class CDMPPCostModel(PyCostModel):
         return seconds
 
     def _device(self, context) -> str:
+        """The device id scored: ``device=``, else the predictor's device whose target matches the tuning
+        target (``_match_device``)."""
         if self.device is None:
-            self.device = _match_device(self._devices_with_targets(), context.target)
+            p = self.predictor
+            self.device = _match_device({d: p.device(d).target for d in p.devices()}, context.target)
         return self.device
-
-    def _devices_with_targets(self) -> dict[str, dict]:
-        if self.client is not None:
-            return {d["id"]: d.get("info", {}).get("target") or {} for d in self.client.devices()}
-        return {d: self.predictor.device_info(d).get("target") or {} for d in self.predictor.devices()}
-
-    def _ensure_featurizer(self) -> None:
-        if self._featurizer is None:
-            from cdmpp.program.features import Featurizer
-
-            self._featurizer = Featurizer()
-
-    def _features(self, context, candidates) -> list:
-        """Features per candidate (None for one that fails): from the cache by structural hash, else
-        extracted on ``context``'s threads and cached. Safe from several threads at once: a worker of
-        ``_local`` hashes, looks up and extracts its own chunk, so none of it waits on one thread."""
-        target = str(context.target)
-        hashes = [program_hash(c.sch.mod) for c in candidates]
-        with self._cache_lock:
-            feats = [self.features_.get((target, h)) for h in hashes]
-        todo = [i for i, f in enumerate(feats) if f is None]
-        new = self._extract(context, [candidates[i] for i in todo])
-        with self._cache_lock:
-            for i, f in zip(todo, new):
-                if f is not None:
-                    f.program_hash = hashes[i]
-                    self.features_.put((target, hashes[i]), f)
-                feats[i] = f
-        return feats
-
-    def _extract(self, context, candidates) -> list:
-        """TVM's features of each candidate, on ``context``'s threads; None for one that fails."""
-        if not candidates:
-            return []
-        self._ensure_featurizer()
-        try:
-            return self._featurizer.from_candidates(context, candidates, with_hash=False)
-        except Exception:
-            out = []
-            for c in candidates:
-                try:
-                    out.append(self._featurizer.from_candidates(context, [c], with_hash=False)[0])
-                except Exception:
-                    out.append(None)
-            return out
 
     def _local(self, context, candidates, device: str, task: str) -> np.ndarray:
         """Seconds per candidate (NaN where a candidate does not featurize).
 
         With a tuning context of n > 1 threads, n threads featurize chunks of the candidates
-        (``_features``) on a one-thread TVM context: TVM's hash and extractor release the GIL, so one
-        thread's compact-AST walk runs while another extracts. Meanwhile this thread scores what is
+        (``Predictor.featurize_candidates``) on a one-thread TVM context: TVM's hash and extractor release
+        the GIL, so one thread's compact-AST walk runs while another extracts. Meanwhile this thread scores what is
         featurized, in order, in a few large model calls: the model's fixed cost per call is several ms,
         so small calls per chunk cost more than the forward itself, and torch on more than one thread
         spins against the featurizing threads. The thread count is the tuner's, as for XGBModel's
@@ -247,25 +195,22 @@ class CDMPPCostModel(PyCostModel):
         candidates = list(candidates)
         n = len(candidates)
         seconds = np.full(n, np.nan)
+        self.predictor.device(device)  # UnknownDeviceError; a device of the table joins the model, once
         model = self.model_ if self.model_ is not None else self.predictor.model
-        if device not in model.device_specs.table:
-            from cdmpp.predict.predictor import UnknownDeviceError
-
-            raise UnknownDeviceError(device, sorted(model.device_specs.table))
-        self._ensure_featurizer()
+        featurize = self.predictor.featurize_candidates
         threads = max(1, min(int(context.num_threads), n // 8))
         with _torch_threads(1):
             if threads == 1:
-                feats = self._features(context, candidates)
+                feats = featurize(context, candidates)
                 self._score(model, device, feats, range(n), seconds)
                 return self._corrected(seconds, feats, task)
-            one = self._featurizer._context(context.target)  # a one-thread context of the same target
+            one = self.predictor.features.featurizer()._context(context.target)  # one thread, the same target
             size = max(4, -(-n // (4 * threads)))  # a few chunks per thread: none waits long on the last
             batch = max(64, min(256, n // 4))  # programs per model call
             feats: list = [None] * n
             with ThreadPoolExecutor(threads, thread_name_prefix="cdmpp-costmodel") as pool:
                 chunks = [range(a, min(n, a + size)) for a in range(0, n, size)]
-                parts = [pool.submit(self._features, one, candidates[c.start:c.stop]) for c in chunks]
+                parts = [pool.submit(featurize, one, candidates[c.start:c.stop]) for c in chunks]
                 ready: list[int] = []
                 for chunk, part in zip(chunks, parts):
                     if len(ready) >= batch:
@@ -293,14 +238,14 @@ class CDMPPCostModel(PyCostModel):
         workload = Workload(context.mod).as_json()
         seconds = np.full(len(candidates), np.nan)
         try:
-            preds = self.client.predict(items, device, target=str(context.target.kind.name), workload=workload,
+            preds = self.predictor.predict(items, device, target=str(context.target.kind.name), workload=workload,
                                         order=True)
             seconds[:] = [p.seconds for p in preds]
         except ProgramError as e:  # score the bad candidates 0 and ask again for the rest
             bad = {int(x["index"]) for x in getattr(e, "errors", None) or []}
             keep = [i for i in range(len(items)) if i not in bad]
             if bad and keep:
-                preds = self.client.predict([items[i] for i in keep], device, target=str(context.target.kind.name),
+                preds = self.predictor.predict([items[i] for i in keep], device, target=str(context.target.kind.name),
                                             workload=workload, order=True)
                 seconds[keep] = [p.seconds for p in preds]
         return seconds

@@ -1,7 +1,11 @@
 """``Predictor``: programs in any accepted form + a device id → latency with a 90 % interval.
 
-The one object that the CLI, the HTTP service, the MetaSchedule cost model and notebooks call. It
-featurizes (with an in-memory cache keyed by program hash), then runs the trained ensemble, and says
+The one way in to prediction: the CLI, notebooks, the HTTP service (``cdmpp.service.engine``, a thin
+adapter that adds a prediction cache and request deadlines) and the MetaSchedule cost model
+(``cdmpp.predict.cost_model``) all call a ``Predictor``; ``cdmpp.predict.client.Client`` is the same
+``predict`` over HTTP, and ``Predictor.load(url)`` returns one. A ``Predictor`` resolves each device
+once (``cdmpp.predict.devices``: target, target kind and specs from the device table), featurizes and
+caches in one place (``cdmpp.predict.featurize.FeatureCache``), then runs the trained ensemble, and says
 for each prediction whether it lies outside what the model was trained on (``Prediction.ood``).
 
 Text and JSON (TVMScript, workload+trace) may come from anywhere and TVMScript is parsed by running
@@ -12,26 +16,17 @@ Python, so ``predict`` parses them in a sandbox worker (``cdmpp.sandbox.pool``) 
 from __future__ import annotations
 
 import os
-import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
 from cdmpp import defaults
-from cdmpp.lru import LRU
+from cdmpp.predict.devices import Device, Devices, UnknownDeviceError
+from cdmpp.predict.featurize import FeatureCache
 
-
-
-class UnknownDeviceError(KeyError):
-    def __init__(self, device: str, known: Sequence[str]):
-        super().__init__(device)
-        self.device, self.known = device, list(known)
-
-    def __str__(self) -> str:
-        return (f"unknown device {self.device!r}; known devices: {', '.join(self.known)} "
-                "(describe a new one with `cdmpp devices add SPEC.json`)")
+__all__ = ["Device", "Prediction", "Predictor", "UnknownDeviceError", "target_kind_problem"]
 
 
 _GPU_BINDING_COLS = slice(50, 56)  # blockIdx_{x,y,z}_len, threadIdx_{x,y,z}_len: log2(extent + 1), 1 when unbound
@@ -71,27 +66,34 @@ class Prediction:
 
 
 class Predictor:
-    """A loaded model plus featurization. Thread-safe for concurrent ``predict`` calls."""
+    """A loaded model plus featurization. Thread-safe for concurrent ``predict`` calls.
+
+    ``devices``: the device table whose devices the model never saw are predicted from their specs;
+    ``cache_size``: programs whose features are kept (``FeatureCache``)."""
 
     def __init__(self, model, path: str | os.PathLike | None = None, cache_size: int = 100_000,
                  devices: str | os.PathLike | None = defaults.DEVICES):
         self.model = model
         self.path = str(path) if path else None
-        self._table_path = devices  # the device table: devices the model never saw are predicted from their specs
-        self._table = None
-        self._cache = LRU(cache_size)  # program hash -> ProgramFeatures
-        self._lock = threading.Lock()
-        self._featurizer = None
+        self.features = FeatureCache(cache_size)
+        self._devices = Devices(model, devices)
 
     @classmethod
-    def load(cls, path: str | os.PathLike | None = None) -> "Predictor":
-        """Load a checkpoint folder (default: the model shipped with cdmpp)."""
+    def load(cls, path: str | os.PathLike | None = None, **kwargs) -> "Predictor":
+        """Load a checkpoint folder (default: the model shipped with cdmpp); ``kwargs`` as the constructor's.
+
+        An ``http://`` or ``https://`` URL instead returns a ``cdmpp.predict.client.Client`` of that cdmpp
+        server (``kwargs`` as ``Client``'s: ``token``, ``timeout``, ...): the same ``predict`` over HTTP."""
+        if isinstance(path, str) and path.startswith(("http://", "https://")):
+            from cdmpp.predict.client import Client
+
+            return Client(path, **kwargs)
         from cdmpp.model.checkpoint import TrainedModel
 
         path = Path(path) if path else defaults.MODEL
         if not (path / "predictor.json").exists():
             raise FileNotFoundError(f"no cdmpp checkpoint at {path} (expected predictor.json + weights.safetensors)")
-        return cls(TrainedModel.load(path), path)
+        return cls(TrainedModel.load(path), path, **kwargs)
 
     # ---- what the model knows -------------------------------------------------------------------
     @property
@@ -101,59 +103,43 @@ class Predictor:
 
     def device_table(self):
         """The device table (``cdmpp.devices.table.DeviceTable``) read once; empty when there is none."""
-        if self._table is None:
-            from cdmpp.devices.table import DeviceTable
-
-            self._table = DeviceTable(self._table_path) if self._table_path else {}
-        return self._table
+        return self._devices.table()
 
     def devices(self) -> list[str]:
         """Every device this predictor answers for: the model's and the device table's."""
-        table = self.device_table()
-        return sorted(set(self.model.device_specs.table) | set(table.ids() if table else ()))
+        return self._devices.ids()
 
-    def _resolve(self, device: str) -> None:
-        """Make ``device`` predictable: a device of the table the model never saw joins it from its specs."""
-        if device in self.model.device_specs.table:
-            return
-        table = self.device_table()
-        if not table or device not in table:
-            raise UnknownDeviceError(device, self.devices())
-        with self._lock:
-            self.model.add_device(device, table.get(device).specs())
+    def device(self, device: str | Device) -> Device:
+        """``device`` resolved once: target, target kind, specs (``cdmpp.predict.devices``). A device of
+        the table the model never saw joins it from its specs. Raises ``UnknownDeviceError``."""
+        return self._devices.get(device)
 
     def device_info(self, device: str) -> dict:
-        self._resolve(device)
-        known = self.model.summary.get("devices")
-        info = dict(known.get(device, {})) if isinstance(known, dict) else {}  # fit() stores a plain list
-        table = self.device_table()
-        if table and device in table:
-            info.setdefault("target", table.get(device).target)
-        info.setdefault("specs", self.model.device_specs.table[device])
-        return info
+        return dict(self.device(device).info)
 
-    def target_kind(self, device: str) -> str:
-        """The target kind ``device`` runs ("llvm" or "cuda"), from its target in the device table or checkpoint."""
-        target = self.device_info(device).get("target") or {}
-        kind = target.get("kind") if isinstance(target, dict) else None
-        return "cuda" if kind == "cuda" or (kind is None and "/cuda" in device) else "llvm"
+    def target_kind(self, device: str | Device) -> str:
+        """The target kind ``device`` runs ("llvm" or "cuda"), from its target in the device table."""
+        return self.device(device).kind
 
-    def trained_on(self, device: str) -> bool:
+    def trained_on(self, device: str | Device) -> bool:
         """Whether the model saw measurements of ``device`` (else its predictions rest on specs alone)."""
+        if isinstance(device, Device):
+            return device.trained
         train = self.model.summary.get("train_devices")
         return True if train is None else device in train
 
-    def ood_flags(self, features: Sequence, device: str, target_kind: str | None = None) -> list[tuple[str, ...]]:
+    def ood_flags(self, features: Sequence, device: str | Device, target_kind: str | None = None
+                  ) -> list[tuple[str, ...]]:
         """Out-of-distribution flags per program. Features are out of range when a leaf value lies outside
         the training leaves' [min, max] of its column (checkpoints that record it), or, for older
         checkpoints, differs from a column that was constant in training or is not finite: values the model
         certainly never saw. (A z-score rule flagged half of ordinary programs: rare binary columns.)"""
-        return [flags for flags, _ in self._ood(features, device)]
+        return [flags for flags, _ in self._ood(features, self.device(device))]
 
-    def _ood(self, features: Sequence, device: str) -> list[tuple[tuple[str, ...], np.ndarray]]:
+    def _ood(self, features: Sequence, device: Device) -> list[tuple[tuple[str, ...], np.ndarray]]:
         """Per program: (flags, boolean mask of its leaf values outside the training range)."""
         common = []
-        if not self.trained_on(device):
+        if not device.trained:
             common.append(DEVICE_UNTRAINED)
         norm = self.model.feature_normalizer
         lo, hi = getattr(norm, "min_", None), getattr(norm, "max_", None)
@@ -174,7 +160,7 @@ class Predictor:
             out.append((tuple(common + ([FEATURES_OUT_OF_RANGE] if far.any() else [])), far))
         return out
 
-    def _at_risk(self, features: Sequence, device: str, seconds: np.ndarray) -> list[bool]:
+    def _at_risk(self, features: Sequence, device: Device, seconds: np.ndarray) -> list[bool]:
         """Whether each flagged program's prediction moves by more than ``RISK_FACTOR`` when its out-of-range
         values are held at the training range: a value beyond it the model does not lean on (an allocation
         size of 0, as Ansor-lowered programs have) is no reason to distrust the answer."""
@@ -189,94 +175,72 @@ class Predictor:
             g = copy.copy(f)
             g.leaf_features = np.clip(np.nan_to_num(np.asarray(f.leaf_features, np.float64)), lo, hi).astype(np.float32)
             clipped.append(g)
-        held = self.model.predict(clipped, device)[0]
+        held = self.model.predict(clipped, device.id)[0]
         ratio = np.abs(np.log(np.maximum(held, 1e-30) / np.maximum(seconds, 1e-30)))
         return list(ratio > np.log(RISK_FACTOR))
 
     # ---- featurization with a cache ---------------------------------------------------------------
-    def featurize(self, programs: Sequence, target: str = "llvm", trusted: bool = False) -> list:
-        """ProgramFeatures for each program; repeated programs (same structural hash) are featurized once.
+    def featurize(self, programs: Sequence, target: Any = "llvm", trusted: bool = False, workload: Any = None,
+                  **options) -> list:
+        """ProgramFeatures for each program (``target``: a kind, "llvm"/"cuda", or a TVM target); a program
+        seen before (same text, or the same structural hash) is featurized once.
 
         Text and dict items are parsed in a sandbox worker unless ``trusted``; a bad one raises
-        ``ProgramError`` with ``errors`` = ``[{"index", "reason"}]``.
+        ``ProgramError`` with ``errors`` = ``[{"index", "reason"}]``. ``options``: those of
+        ``FeatureCache.featurize`` (the service's sandbox, deadline, TVMScript policy, counters).
         """
-        from cdmpp.program.inputs import Program
+        return self.features.featurize(programs, target, trusted, workload, **options)
 
-        tvm_objects = [i for i, p in enumerate(programs) if trusted or not isinstance(p, (str, dict))]
-        out: list = [None] * len(programs)
-        if len(tvm_objects) < len(programs):
-            out = self._featurize_untrusted(programs, target, set(tvm_objects))
-        if not tvm_objects:
-            return out
-        from cdmpp.program.features import Featurizer, program_hash
-        from cdmpp.program.inputs import load_program
-
-        progs = {i: programs[i] if isinstance(programs[i], Program) else load_program(programs[i], target)
-                 for i in tvm_objects}
-        hashes = {i: program_hash(p.mod) for i, p in progs.items()}
-        todo = []
-        with self._lock:
-            for i, h in hashes.items():
-                f = self._cache.get(h)
-                if f is not None:
-                    out[i] = f
-                else:
-                    todo.append(i)
-            if self._featurizer is None and todo:
-                self._featurizer = Featurizer()
-        if todo:
-            feats = self._featurizer([progs[i] for i in todo])
-            with self._lock:
-                for i, f in zip(todo, feats):
-                    out[i] = f
-                    self._cache.put(hashes[i], f)
-        return out
-
-    def _featurize_untrusted(self, programs: Sequence, target, skip: set[int]) -> list:
-        from cdmpp.program.inputs import TARGET_KINDS, ProgramError
-        from cdmpp.sandbox.pool import default_sandbox
-
-        kind = target.strip() if isinstance(target, str) else str(target.kind.name)  # a str or a tvm Target
-        if kind not in TARGET_KINDS:
-            raise ProgramError(f"unknown target {target!r}: expected one of {', '.join(TARGET_KINDS)}")
-        idx = [i for i in range(len(programs)) if i not in skip]
-        feats, errors, _, _ = default_sandbox(kind).run([programs[i] for i in idx], idx, kind, tvmscript=True)
-        if errors:
-            err = ProgramError("; ".join(f"program {i}: {r}" for i, r in errors[:5]))
-            err.errors = [{"index": i, "reason": r} for i, r in errors]
-            raise err
-        out: list = [None] * len(programs)
-        for i, f in zip(idx, feats):
-            out[i] = f
-        return out
+    def featurize_candidates(self, context, candidates) -> list:
+        """Features of a MetaSchedule tuner's candidates (None for one that fails), cached likewise."""
+        return self.features.candidates(context, candidates)
 
     # ---- prediction -----------------------------------------------------------------------------
-    def predict_features(self, features: Sequence, device: str, target_kind: str | None = None,
+    def predict(self, programs: Sequence, device: str | Device, target: str | None = None, workload: Any = None,
+                order: bool = False, *, trusted: bool = False) -> list[Prediction]:
+        """Latency (seconds) with a 90 % interval and OOD flags for each program on ``device``.
+
+        Programs: PrimFunc, IRModule, Schedule, TVMScript text or workload+trace JSON (see
+        ``cdmpp.program.inputs``); text and JSON are parsed in a sandbox worker unless ``trusted=True`` (say so
+        only for text you wrote or generated yourself). ``target``: "llvm"/"cuda", default the device's.
+        ``workload``: the unscheduled module (``Workload.as_json()``) shared by trace items that leave it out.
+        ``order=True``: seconds that order the programs of one task best (a compiler's search; see
+        ``TrainedModel.predict``), not the best estimate of each program's latency.
+        Raises ``UnknownDeviceError`` or ``cdmpp.program.inputs.ProgramError``.
+        """
+        dev = self.device(device)
+        kind = target or dev.kind
+        return self.predict_features(self.featurize(programs, kind, trusted, workload), dev, kind, order)
+
+    def predict_seconds(self, programs: Sequence, device: str | Device, trusted: bool = False) -> np.ndarray:
+        return np.array([p.seconds for p in self.predict(programs, device, trusted=trusted)])
+
+    def predict_features(self, features: Sequence, device: str | Device, target_kind: str | None = None,
                          order: bool = False) -> list[Prediction]:
-        """Predictions for featurized programs; ``target_kind`` (the programs' target) feeds the OOD flags;
-        ``order`` as in ``predict``."""
-        self._resolve(device)
+        """Predictions for featurized programs; ``target_kind`` (the programs' target) must be the device's;
+        ``order`` as in ``predict``. A program the device cannot run (no computation, GPU threads on a CPU
+        or none on a GPU) raises ``ProgramError`` naming every such item."""
+        dev = self.device(device)
         if not features:
             return []
         from cdmpp.program.inputs import ProgramError
         from cdmpp.sandbox.wire import NO_COMPUTATION
 
-        device_kind = self.target_kind(device)
-        if target_kind is not None and target_kind != device_kind:
-            err = ProgramError(f"target {target_kind!r} does not run on {device!r} (a {device_kind} device)")
+        if target_kind is not None and target_kind != dev.kind:
+            err = ProgramError(f"target {target_kind!r} does not run on {dev.id!r} (a {dev.kind} device)")
             err.errors = [{"index": i, "reason": str(err)} for i in range(len(features))]
             raise err
-        errors = [(i, NO_COMPUTATION if f.n_leaves == 0 else target_kind_problem(f, device_kind))
+        errors = [(i, NO_COMPUTATION if f.n_leaves == 0 else target_kind_problem(f, dev.kind))
                   for i, f in enumerate(features)]
         errors = [(i, r) for i, r in errors if r]
         if errors:
             err = ProgramError(f"program {errors[0][0]}: {errors[0][1]}")
             err.errors = [{"index": i, "reason": r} for i, r in errors]
             raise err
-        mean, lo, hi = self.model.predict(list(features), device, order=order)
-        found = self._ood(features, device)
+        mean, lo, hi = self.model.predict(list(features), dev.id, order=order)
+        found = self._ood(features, dev)
         far = [i for i, (flags, _) in enumerate(found) if FEATURES_OUT_OF_RANGE in flags]
-        risky = dict(zip(far, self._at_risk([features[i] for i in far], device, mean[far])))
+        risky = dict(zip(far, self._at_risk([features[i] for i in far], dev, mean[far])))
         from cdmpp.program.features import FEATURE_NAMES
 
         out = []
@@ -289,21 +253,3 @@ class Predictor:
                 names = tuple(FEATURE_NAMES[c] for c in np.nonzero(mask.any(axis=0))[0])
             out.append(Prediction(float(m), float(a), float(b), flags, names))
         return out
-
-    def predict(self, programs: Sequence, device: str, trusted: bool = False, target: str | None = None,
-                order: bool = False) -> list[Prediction]:
-        """Latency (seconds) with a 90 % interval and OOD flags for each program on ``device``.
-
-        Programs: PrimFunc, IRModule, Schedule, TVMScript text or workload+trace JSON (see
-        ``cdmpp.program.inputs``); text and JSON are parsed in a sandbox worker unless ``trusted=True`` (say so
-        only for text you wrote or generated yourself). ``target``: "llvm"/"cuda", default the device's.
-        ``order=True``: seconds that order the programs of one task best (a compiler's search; see
-        ``TrainedModel.predict``), not the best estimate of each program's latency.
-        Raises ``UnknownDeviceError`` or ``cdmpp.program.inputs.ProgramError``.
-        """
-        self._resolve(device)
-        kind = target or self.target_kind(device)
-        return self.predict_features(self.featurize(programs, kind, trusted), device, kind, order)
-
-    def predict_seconds(self, programs: Sequence, device: str, trusted: bool = False) -> np.ndarray:
-        return np.array([p.seconds for p in self.predict(programs, device, trusted)])

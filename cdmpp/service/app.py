@@ -57,7 +57,7 @@ class Settings:
     token: str | None = None  # bearer token for /v1/* and /metrics; None = no auth
     threads: int = 2  # prediction threads (CPU-bound work runs here, never on the event loop)
     torch_threads: int = 1  # intra-op threads per prediction; >1 fights the other threads for cores
-    cache_size: int = 50_000  # request-level feature cache entries
+    cache_size: int = 50_000  # entries of the feature cache (of the predictor loaded here) and of the prediction cache
     featurize_procs: int = 1  # sandbox workers that parse and featurize new programs (at least 1)
     allow_tvmscript: bool = False  # TVMScript is Python: accept it only when every caller is trusted
     item_cpu_s: float = 20.0  # CPU seconds a worker may spend on one program before it is killed (TVMScript
@@ -131,17 +131,17 @@ def _warm_up(predictor: Predictor, engine: PredictEngine, timeout_s: float = 300
     shipped sample is package data, so the workers may parse it as TVMScript."""
     if not engine.sandbox.wait_ready(timeout_s):
         raise RuntimeError(f"sandbox workers not ready in {timeout_s:g} s: {engine.sandbox.start_errors[-3:]}")
-    devices = predictor.devices()
+    devices = [predictor.device(d) for d in predictor.devices()]
     if not devices:
         return
     text = (resources.files("cdmpp") / "samples" / "conv2d.tvmscript").read_text()
-    device = next((d for d in devices if predictor.target_kind(d) in engine.sandbox.kinds), devices[0])
-    kind = predictor.target_kind(device)
-    if kind == "llvm":
-        feats, errors, _, _ = engine.sandbox.run([text], [0], kind, tvmscript=True)
-        if errors:
-            raise RuntimeError(f"warm-up program failed: {errors}")
-        predictor.predict_features(feats, device, kind)
+    device = next((d for d in devices if d.kind in engine.sandbox.kinds), devices[0])
+    if device.kind == "llvm":
+        try:
+            feats = predictor.featurize([text], "llvm", sandbox=engine.sandbox)
+        except ProgramError as e:
+            raise RuntimeError(f"warm-up program failed: {getattr(e, 'errors', None) or e}") from None
+        predictor.predict_features(feats, device, "llvm")
 
 
 def create_app(settings: Settings | None = None, predictor: Predictor | None = None) -> FastAPI:
@@ -155,8 +155,8 @@ def create_app(settings: Settings | None = None, predictor: Predictor | None = N
         import torch
 
         torch.set_num_threads(max(1, settings.torch_threads))
-        pred = predictor or Predictor.load(settings.model)
-        kinds = tuple({pred.target_kind(d) for d in pred.devices()}) or ("llvm",)
+        pred = predictor or Predictor.load(settings.model, cache_size=settings.cache_size)
+        kinds = tuple({pred.device(d).kind for d in pred.devices()}) or ("llvm",)
         sandbox = Sandbox(settings.featurize_procs, item_cpu_s=settings.item_cpu_s, mem_mb=settings.worker_mem_mb,
                           user=settings.worker_user, kinds=kinds)
         engine = PredictEngine(pred, settings.cache_size, sandbox, settings.allow_tvmscript)
@@ -234,16 +234,18 @@ def create_app(settings: Settings | None = None, predictor: Predictor | None = N
                                          settings.timeout_s)
         except asyncio.TimeoutError:
             raise Saturated("body parsing", settings.timeout_s) from None
-        if req.device not in predictor.devices():
-            raise _unknown_device(UnknownDeviceError(req.device, predictor.devices()))
+        try:  # resolved once: the engine and the predictor take the Device
+            device = predictor.device(req.device)
+        except UnknownDeviceError as e:
+            raise _unknown_device(e) from None
         cancel = threading.Event()
         small, large = request.app.state.small, request.app.state.large
-        args = (req.programs, req.device, req.target, req.workload, cancel, deadline, req.order)
+        args = (req.programs, device, req.target, req.workload, cancel, deadline, req.order)
 
         async def work():
             # the cache first, on a thread of its own (a hash and a lookup per item): a wholly cached
             # request never queues behind new work, and the rest is weighed by its new programs
-            cached = await anyio.to_thread.run_sync(engine.cached, req.programs, req.device, req.target,
+            cached = await anyio.to_thread.run_sync(engine.cached, req.programs, device, req.target,
                                                     req.workload, req.order)
             new = len(req.programs) if cached is None else sum(p is None for p in cached)
             if new == 0:
@@ -289,7 +291,8 @@ def create_app(settings: Settings | None = None, predictor: Predictor | None = N
         if not table.tasks_of(network):
             raise ApiError(404, ErrorBody(detail=f"unknown network {network!r}; known: "
                                                  f"{', '.join(table.occurrences())}"))
-        target = parse_target(pred.device_info(device).get("target") or pred.target_kind(device))
+        dev = pred.device(device)
+        target = parse_target(dev.target or dev.kind)
         if schedules == "best-measured" and not os.path.isdir(settings.dataset):
             raise ApiError(503, ErrorBody(detail=f"this server has no dataset at {settings.dataset} (CDMPP_DATASET) "
                                                  "for best-measured schedules; ask for schedules=default"))
@@ -301,8 +304,10 @@ def create_app(settings: Settings | None = None, predictor: Predictor | None = N
         """Predict a whole network's latency on one device: the weighted sum of its tasks' programs
         (``cdmpp network``)."""
         req = await read(request, NetworkRequest)
-        if req.device not in predictor.devices():
-            raise _unknown_device(UnknownDeviceError(req.device, predictor.devices()))
+        try:
+            predictor.device(req.device)
+        except UnknownDeviceError as e:
+            raise _unknown_device(e) from None
         deadline = time.monotonic() + settings.timeout_s
         job = request.app.state.large.run(SMALL, deadline, threading.Event(), network_prediction, req.network,
                                           req.device, req.schedules, learn=False)
@@ -321,7 +326,7 @@ def create_app(settings: Settings | None = None, predictor: Predictor | None = N
         """The devices this model predicts, with the spec vector it sees for each."""
         out = []
         for d in predictor.devices():
-            info = {k: v for k, v in predictor.device_info(d).items() if k != "id"}
+            info = {k: v for k, v in predictor.device(d).info.items() if k != "id"}
             specs = {k: float(v) for k, v in (info.pop("specs", None) or {}).items()}
             out.append(DeviceOut(id=d, specs=specs, info=info))
         return DevicesResponse(devices=out)

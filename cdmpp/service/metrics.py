@@ -73,7 +73,7 @@ class Metrics:
                 ("cdmpp_feature_cache_hits_total", "counter",
                  "Programs not in the prediction cache whose features were cached (no parsing).", s.cache_hits),
                 ("cdmpp_feature_cache_misses_total", "counter", "Programs parsed and featurized.", s.cache_misses),
-                ("cdmpp_feature_cache_entries", "gauge", "Entries in the request-level feature cache.",
+                ("cdmpp_feature_cache_entries", "gauge", "Entries in the predictor's feature cache.",
                  engine.cache_len()),
                 ("cdmpp_parse_seconds_total", "counter", "CPU time spent parsing programs.", s.parse_seconds),
                 ("cdmpp_featurize_seconds_total", "counter", "Time spent extracting features.", s.featurize_seconds),

@@ -127,20 +127,22 @@ def test_a_candidate_scored_again_is_not_featurized_again(tvm, predictor, device
     from tvm.s_tir import meta_schedule as ms
 
     from cdmpp.predict.cost_model import CDMPPCostModel
+    from cdmpp.predict.predictor import Predictor
     from cdmpp.program import tvm_env
 
     context, cands = _candidates(tvm_env.make_target("llvm", num_cores=1), n=16)
-    cm = CDMPPCostModel(predictor=predictor, device=device, online_finetune=False)
+    fresh = Predictor(predictor.model)  # its own feature cache: the session's has seen these candidates
+    cm = CDMPPCostModel(predictor=fresh, device=device, online_finetune=False)
     first = cm._local(context, cands[:10], device, "t")
     extracted = []
-    extract = cm._extract
-    cm._extract = lambda ctx, cs: extracted.extend(cs) or extract(ctx, cs)
+    extract = fresh.features._extract
+    fresh.features._extract = lambda ctx, cs: extracted.extend(cs) or extract(ctx, cs)
     again = cm._local(context, cands[4:], device, "t")
     assert extracted == cands[10:]  # only the six never seen
     # the same features; the score may differ in float32 rounding, since the batch around it differs
     np.testing.assert_allclose(again[:6], first[4:], rtol=1e-6)
-    hashes = {f.program_hash for f in cm._features(context, cands)}
-    assert all(hashes) and len(hashes) == len(cm.features_)
+    hashes = {f.program_hash for f in fresh.featurize_candidates(context, cands)}
+    assert all(hashes) and len(hashes) == len(fresh.features)
     # on two threads, the workers featurizing chunks look in the same cache
     extracted.clear()
     two = ms.TuneContext(context.mod, target=context.target, num_threads=2)

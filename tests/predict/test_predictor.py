@@ -145,3 +145,35 @@ def test_out_of_range_names_the_inputs_and_fires_only_where_the_prediction_moves
     assert moved, "some column must matter"
     assert len(moved) < N_FEATURES - 8, "a column the model ignores must not flag"
     assert RISK_FACTOR > 1
+
+
+def test_a_device_is_resolved_once_and_its_target_kind_comes_from_the_table(predictor, device, sampled, tmp_path):
+    """Issue 57: the kind is the table's target, whatever the id says, and a device is resolved once for
+    all the calls that use it (the HTTP path checked one device four times per request)."""
+    import copy
+    import json
+
+    from cdmpp.devices.table import DeviceTable
+    from cdmpp.predict.predictor import Device, Predictor
+    from cdmpp.program.features import featurize
+
+    table = DeviceTable()
+    cpu = table.get(device).to_dict()
+    cpu.update(id="odd-chip-2t/cuda-looking-id", hardware="a chip named oddly", relation="")
+    gpu = table.get("nvidia-h100/cuda-sm90").to_dict()
+    gpu.update(id="odd-gpu/sm90", hardware="a GPU named oddly", relation="")
+    path = tmp_path / "devices.json"
+    path.write_text(json.dumps([cpu, gpu]))
+    p = Predictor(copy.deepcopy(predictor.model), devices=path)
+    calls = []
+    resolve = p._devices._resolve
+    p._devices._resolve = lambda d: calls.append(d) or resolve(d)
+    assert p.target_kind("odd-chip-2t/cuda-looking-id") == "llvm" and p.target_kind("odd-gpu/sm90") == "cuda"
+    feats = [featurize(s.mod) for s in sampled["matmul"][:2]]
+    dev = p.device("odd-chip-2t/cuda-looking-id")
+    assert isinstance(dev, Device) and dev.kind == "llvm" and not dev.trained
+    for _ in range(3):
+        p.predict_features(feats, "odd-chip-2t/cuda-looking-id", "llvm")
+        p.predict_features(feats, dev)
+    assert calls == ["odd-chip-2t/cuda-looking-id", "odd-gpu/sm90"]
+    assert p.device(dev) is dev

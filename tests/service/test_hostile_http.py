@@ -233,8 +233,11 @@ def test_cached_request_is_not_stuck_behind_two_large_ones(predictor, device, ta
 @pytest.mark.slow
 def test_work_that_cannot_start_in_time_is_refused_at_once(predictor, device, task):
     """Was: queued requests waited to a 504 at the deadline while /healthz said ok."""
+    from cdmpp.predict.predictor import Predictor
+
     wl, tr = task
-    with app_server(predictor, featurize_procs=1, threads=1, timeout_s=6) as u:
+    cold = Predictor(predictor.model)  # a feature cache of its own: the session's has seen fresh(tr, 1024, 1)
+    with app_server(cold, featurize_procs=1, threads=1, timeout_s=6) as u:
         small = {"device": device, "programs": [tr], "workload": wl}
         assert httpx.post(u + "/v1/predict", json=small, timeout=60).status_code == 200
         warm = {"device": device, "programs": fresh(tr, 128, 3), "workload": wl}  # the large lane learns its pace

@@ -44,7 +44,8 @@ def engine(predictor):
 def _clear(engine):
     from cdmpp.lru import LRU
 
-    engine._cache, engine._preds = LRU(engine.cache_size), LRU(engine.cache_size)
+    engine.predictor.features.clear()
+    engine._preds = LRU(engine.cache_size)
 
 
 def test_non_finite_features_are_a_422_naming_the_item_and_are_not_cached(engine, device, items):
@@ -107,3 +108,19 @@ def test_over_http_the_poisoned_item_is_a_422_not_a_500(predictor, device, items
             assert [e["index"] for e in r.json()["errors"]] == [1] and "finite" in r.json()["errors"][0]["reason"]
         r = httpx.post(u + "/v1/predict", json={"device": device, "programs": [good]}, timeout=120)
         assert r.status_code == 200 and math.isfinite(r.json()["predictions"][0]["seconds"])
+
+
+def test_tvmscript_stays_refused_though_the_predictor_parsed_it_for_a_trusted_caller(predictor, device):
+    """The service shares its predictor's feature cache (issue 57), which holds what in-process callers
+    featurized: a TVMScript text parsed for a trusted caller is still refused over HTTP when TVMScript
+    is off, before the cache is looked at."""
+    import types
+
+    from cdmpp.sandbox.wire import TVMSCRIPT_OFF
+    from cdmpp.service.engine import BadPrograms, PredictEngine
+
+    predictor.predict([SAMPLE], device, trusted=True)  # now in the predictor's feature cache
+    e = PredictEngine(predictor, sandbox=types.SimpleNamespace(close=lambda: None), allow_tvmscript=False)
+    with pytest.raises(BadPrograms) as err:
+        e.predict([SAMPLE], device)
+    assert err.value.errors == [(0, TVMSCRIPT_OFF)]
