@@ -17,7 +17,7 @@ import sys
 import time
 
 from cdmpp.measure.measurer import MeasureConfig, Measurer
-from cdmpp.measure.results import is_stable, measurement_fields, run_provenance
+from cdmpp.measure.results import program_record, run_provenance
 from cdmpp.measure.stop import stop_at
 from cdmpp.records.labels import label
 from cdmpp.records.store import RecordStore, record_id, slug
@@ -79,11 +79,8 @@ def collect(tasks, dataset_dir: str, device, target, per_task: int = 32, budget_
                                    [record_id(device.id, p[0].key, p[2]) for p in pending])
         recs = []
         for (task, sch, phash), (secs, err, build_s, others) in zip(pending, results):
-            recs.append({
-                "id": record_id(device.id, task.key, phash), "device": device.id, "task": task.key,
-                "task_name": task.name, "networks": sorted(task.occurrences), "program_hash": phash,
-                "trace": to_json_value(sch.trace.as_json()), **measurement_fields(secs, err, build_s, others, cfg, run_id),
-                "stable": is_stable(secs, cfg) if secs else None})
+            recs.append(program_record(device.id, task, phash, to_json_value(sch.trace.as_json()), secs, err, build_s,
+                                       others, cfg, run_id))
             stats["failed" if err else "measured"] += 1
         store.append(device.id, recs)
         bar.update(len(pending))
@@ -130,21 +127,18 @@ def twin_traces(store: RecordStore, source: str, tasks: dict, done: dict | None 
     done = done or {}
     out: dict[str, list] = {}
     skipped = 0
-    for r in store.iter_records(source):
-        if label(r) is not None and r["task"] in tasks and r.get("trace") is not None:
-            if r.get("program_hash") in done.get(r["task"], ()):
+    for r in store.records(source):
+        if label(r) is not None and r.task in tasks and r.has_trace:
+            if r.program_hash in done.get(r.task, ()):
                 skipped += 1
             else:
-                out.setdefault(r["task"], []).append(r["trace"])
+                out.setdefault(r.task, []).append(r.trace)
     return out, skipped
 
 
-def built_record(device, task, b, secs: list, err: str | None, others: float, cfg, run_id: str, **extra) -> dict:
+def built_record(device, task, b, secs: list, err: str | None, others: float, cfg, run_id: str, **extra):
     """The record of one program the fast measurer built (``cdmpp.measure.fast.Built``) and ran."""
-    return {"id": record_id(device.id, task.key, b.program_hash), "device": device.id, "task": task.key,
-            "task_name": task.name, "networks": sorted(task.occurrences), "program_hash": b.program_hash,
-            "trace": b.trace, **measurement_fields(secs, err, b.build_s, others, cfg, run_id),
-            "stable": is_stable(secs, cfg) if secs else None, **extra}
+    return program_record(device.id, task, b.program_hash, b.trace, secs, err, b.build_s, others, cfg, run_id, **extra)
 
 
 def failed_jobs_path(dataset_dir: str, device_id: str) -> str:
