@@ -1,7 +1,7 @@
-"""The fast local measurer: a task's programs sampled, built and linked as one module in a worker
+"""``FastMeasurer``, the fast local measurer (``Measurer`` kind ``"fast"``): a task's programs sampled, built and linked as one module in a worker
 process, then run in one long-lived runner process with adaptive repeats.
 
-Why not MetaSchedule's ``LocalBuilder``/``LocalRunner`` (``cdmpp.measure.measurer.Measurer``): per program they
+Why not MetaSchedule's ``LocalBuilder``/``LocalRunner`` (``cdmpp.measure.metaschedule``): per program they
 export a tar, link it with gcc in the runner, load it, and go through a process-pool round trip; the
 builder starts a new pool (and imports TVM) per batch. Here one ``tvm.tirx.build`` of an IRModule that
 holds all of a task's schedules (each PrimFunc under its own symbol) is linked once into one ``.so``,
@@ -34,29 +34,14 @@ import signal
 import tempfile
 import time
 import traceback
-from dataclasses import dataclass, field
 
 from cdmpp.errors import error_message
+from cdmpp.measure.measurer import SKIP_AFTER_TIMEOUTS, Built, Measurer, Result
 
 BUILD_SECONDS_PER_PROGRAM = 20.0  # a build job hangs past this per program (+ 60 s); builds take 1-3 s per program
 STARTUP_S = 120.0  # a new runner process imports TVM
 _clock = time.perf_counter  # the direct timer's clock (a test replaces it)
 DIRECT_MIN_S = 1e-3  # repeats of kernels at least this long are timed around direct calls (adaptive_repeats)
-
-
-@dataclass
-class Built:
-    """One program after the build job: where its code is, or why it has none."""
-
-    task: str
-    program_hash: str
-    trace: object  # JSON value of the MetaSchedule trace
-    so: str | None = None
-    fname: str | None = None
-    args: list = field(default_factory=list)  # [(dtype, shape)] of the PrimFunc's buffers
-    error: str | None = None
-    build_s: float = 0.0
-    cpu_s: float = 0.0  # its share of the build job's CPU seconds (sampling, lowering, LLVM, linking)
 
 
 # ---- build worker side ----------------------------------------------------------------------------
@@ -487,11 +472,13 @@ def remove_dir(path: str) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
-class FastMeasurer:
+class FastMeasurer(Measurer):
     """Prepares tasks in build workers and runs their programs in the runner process, guarded like
-    ``cdmpp.measure.measurer.Measurer``: no program runs while another process is busy (``CpuGuard``), a task
+    ``cdmpp.measure.metaschedule.MetaScheduleMeasurer``: no program runs while another process is busy (``CpuGuard``), a task
     whose run phase others disturbed is run again, ``PAUSE`` files pause it, a stop signal ends it
     after the program in flight (KeyboardInterrupt)."""
+
+    kind = "fast"
 
     def __init__(self, target, cfg, threads: int, pause_dir: str | None = None, overlap: bool | None = None):
         from cdmpp.measure.guard import CpuGuard
@@ -550,16 +537,11 @@ class FastMeasurer:
                     if _signal(child, signal.SIGSTOP):
                         self._held.append(child)
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
+    def provenance(self) -> dict:
+        return {"measurer": self.kind, "overlap": self.overlap}
 
     def measure_jobs(self, jobs):
-        """``jobs``: iterable of dicts (``task_key``, ``mod_json`` and ``traces``, or ``n`` + ``seed``, and
-        ``skip``). Yields ``(job, [(Built, seconds, error, others_cpu)])`` per job: as
-        their builds finish with overlap, else in the order given."""
+        """``Measurer.measure_jobs``: as their builds finish with overlap, else in the order given."""
         from collections import deque
 
         from cdmpp.measure.stop import STOP, _measuring
@@ -640,7 +622,6 @@ class FastMeasurer:
         self.times["paused"] += time.monotonic() - t0
 
     def _run_task(self, progs: list[Built]) -> list:
-        from cdmpp.measure.measurer import SKIP_AFTER_TIMEOUTS
         from cdmpp.measure.stop import STOP
 
         cfg, rcfg = self.cfg, runner_cfg(self.cfg)
@@ -681,8 +662,8 @@ class FastMeasurer:
         out = []
         for b in progs:
             if b.error is not None:
-                out.append((b, [], b.error, 0.0))
+                out.append(Result(b, [], b.error, 0.0))
             else:
                 secs, err = by_prog[id(b)]
-                out.append((b, [] if err else [float(s) for s in secs], err, others))
+                out.append(Result(b, [] if err else [float(s) for s in secs], err, others))
         return out

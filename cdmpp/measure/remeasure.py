@@ -9,7 +9,8 @@ import os
 import time
 
 from cdmpp.devices.probe import check_runs_here
-from cdmpp.measure.measurer import MeasureConfig, Measurer
+from cdmpp.measure.measurer import MeasureConfig
+from cdmpp.measure.metaschedule import MetaScheduleMeasurer
 from cdmpp.measure.results import pass_record, run_provenance
 from cdmpp.measure.stop import stop_at
 from cdmpp.records.labels import label, usable
@@ -77,10 +78,11 @@ def remeasure(tasks, dataset_dir: str, device, target, passes: int = 2, min_gap_
     run_id = store.add_run(run_provenance(device, target, cfg, rpc, mode="remeasure", passes=passes))
     measurer = None  # its build and run workers take seconds to start: only when there is work
     if todo:
-        measurer = Measurer(target, cfg, rpc, pause_flag=os.path.join(dataset_dir, "PAUSE"), artifact_dir=artifact_dir)
+        measurer = MetaScheduleMeasurer(target, cfg, rpc, pause_flag=os.path.join(dataset_dir, "PAUSE"),
+                                        artifact_dir=artifact_dir)
     bar = tqdm(total=len(todo), unit="prog", desc="remeasure", disable=not progress, dynamic_ncols=True)
     if measurer:
-        measurer.on_wait = lambda waited: bar.set_postfix_str(f"waiting {waited:.0f}s for a quiet machine")
+        measurer.on_wait = lambda waited, what: bar.set_postfix_str(f"{what} {waited:.0f}s")
     deadline = time.monotonic() + budget_minutes * 60 if budget_minutes else None
     stats = {"measured": 0, "failed": 0, "todo": len(todo), "too_recent": waiting, "stopped_by_budget": False}
     t_start, task_mod = time.time(), (None, None)
@@ -211,7 +213,8 @@ def remeasure_noise(dataset_dir: str, tasks, device, target, n: int = 100, seed:
         raise ValueError(f"no labeled records of {device.id} measured with repeat={cfg.repeat}, "
                          f"min_repeat_ms={cfg.min_repeat_ms} in {dataset_dir}: nothing to re-measure")
     rows = []
-    with Measurer(target, cfg, pause_flag=os.path.join(dataset_dir, "PAUSE"), artifact_dir=artifact_dir) as measurer:
+    with MetaScheduleMeasurer(target, cfg, pause_flag=os.path.join(dataset_dir, "PAUSE"),
+                              artifact_dir=artifact_dir) as measurer:
         for i in tqdm(range(0, len(recs), 24), desc="re-measure", unit="batch", disable=not progress):
             batch = recs[i:i + 24]
             mods = [apply_trace(load_task_mod(tasks[r.task]), r.trace) for r in batch]

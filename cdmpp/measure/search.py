@@ -69,7 +69,7 @@ def collect_from_search(tasks, dataset_dir: str, device, target, trials: int, cf
     from tvm.s_tir import meta_schedule as ms
     from tvm.s_tir.meta_schedule.arg_info import ArgInfo
 
-    from cdmpp.measure.fast import FastMeasurer
+    from cdmpp.measure.measurer import Measurer
     from cdmpp.measure.stop import stop_at
     from cdmpp.program.features import program_hash
     from cdmpp.program.inputs import to_json_value
@@ -89,8 +89,8 @@ def collect_from_search(tasks, dataset_dir: str, device, target, trials: int, cf
              "stopped_by_budget": False}
     bar = tqdm(total=len(task_list) * trials, unit="prog", disable=not progress, dynamic_ncols=True)
     t_start = time.time()
-    with stop_at(deadline) as spent, FastMeasurer(target, cfg, device.threads, pause_dir=dataset_dir,
-                                                   overlap=False) as measurer:
+    with stop_at(deadline) as spent, Measurer.create("fast", target, cfg, device.threads, pause_dir=dataset_dir,
+                                                     overlap=False) as measurer:
         measurer.on_wait = lambda waited, what: bar.set_postfix_str(f"{what} {waited:.0f}s")
         try:
             for task in task_list:

@@ -1,4 +1,4 @@
-"""``Measurer``: MetaSchedule's builder and runner on real programs: valid inputs, repeats within a budget, timeouts, kept artifacts."""
+"""``MetaScheduleMeasurer``: MetaSchedule's builder and runner on real programs: valid inputs, repeats within a budget, timeouts, kept artifacts."""
 
 import os
 import time
@@ -90,9 +90,10 @@ def test_measuring_leaves_no_built_artifacts_behind():
     from cdmpp.zoo import workloads
 
     tvm_env.setup(1)
-    from cdmpp.measure.measurer import MeasureConfig, Measurer
+    from cdmpp.measure.measurer import MeasureConfig
+    from cdmpp.measure.metaschedule import MetaScheduleMeasurer
 
-    with Measurer(tvm_env.make_target("llvm", num_cores=1),
+    with MetaScheduleMeasurer(tvm_env.make_target("llvm", num_cores=1),
                   MeasureConfig(repeat=2, min_repeat_ms=1, builders=1, quiet_share=1.0)) as m:
         seen = []
         run_one = m._run_one
