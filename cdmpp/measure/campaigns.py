@@ -40,7 +40,7 @@ def collect(tasks, dataset_dir: str, device, target, per_task: int = 32, budget_
     measurer, ``cdmpp.measure.fast``) or ``"metaschedule"`` (MetaSchedule's builder and runner, batches of
     ``batch_size`` programs; it can keep built programs in ``artifact_dir`` for later passes).
     ``overlap``: fast measurer only; build the next tasks while one runs (runner alone on its cores); None:
-    ``cdmpp.measure.fast.default_overlap`` (on for 1-thread CPU and GPU programs on a machine with more cores).
+    ``cdmpp.measure.processes.default_overlap`` (on for 1-thread CPU and GPU programs on a machine with more cores).
     ``budget_minutes`` bounds the whole call, waits for a quiet machine included (``stop_at``); ``deadline``
     (``time.monotonic()``), where given, instead: a command's budget counts from its start."""
     from tqdm import tqdm
@@ -55,10 +55,6 @@ def collect(tasks, dataset_dir: str, device, target, per_task: int = 32, budget_
                          "or use the MetaSchedule measurer")
     if programs_from and measurer != "fast":
         raise ValueError("--programs-from needs the fast measurer")
-    if measurer == "fast" and overlap is None:
-        from cdmpp.measure.fast import default_overlap
-
-        overlap = default_overlap(device.threads, "cuda" if target.kind.name == "cuda" else "cpu")
     store = RecordStore(dataset_dir)
     done: dict[str, set] = {}
     for rid in store.done_ids(device.id):
@@ -81,7 +77,7 @@ def collect(tasks, dataset_dir: str, device, target, per_task: int = 32, budget_
             yield {"task_key": t.key, "mod_json": t.mod_json, "n": per_task, "seed": task_seed(t.key, seed),
                    "skip": frozenset(done.get(t.key, ()))}
     stats = {"measured": 0, "failed": 0, "skipped_done": 0, "tasks": len(task_list), "jobs": n_jobs,
-             "twins_measured": 0, "stopped_by_budget": False, "overlap": overlap,
+             "twins_measured": 0, "stopped_by_budget": False, "overlap": None,
              "skipped_failed_jobs": sum(bool(twins.get(t.key)) for t in task_list) - len(twin_tasks)
              + (len(task_list) - len(new_tasks) if per_task > 0 else 0)}
     bar = tqdm(total=n_jobs, unit="task", disable=not progress, dynamic_ncols=True, smoothing=0.05)
@@ -89,12 +85,14 @@ def collect(tasks, dataset_dir: str, device, target, per_task: int = 32, budget_
     with stop_at(deadline) as spent:  # the budget stops waits for builds and for a quiet machine too
         m = Measurer.create(measurer, target, cfg, device.threads, pause_dir=dataset_dir, overlap=overlap, rpc=rpc,
                             device_id=device.id, artifact_dir=artifact_dir, batch_size=batch_size)
-        extra = {"overlap": overlap, "programs_from": programs_from} if measurer == "fast" else {}
-        run_id = store.add_run(run_provenance(device, target, cfg, rpc, per_task=per_task, seed=seed,
-                                              measurer=m.kind, **extra))
-        m.on_wait = lambda waited, what: bar.set_postfix_str(f"{what} {waited:.0f}s")
-        results_of = m.measure_jobs(jobs())
+        results_of = run_id = None
         try:
+            about = m.provenance()  # which measurer, and how it runs (the fast one: overlap or not)
+            stats["overlap"] = about.get("overlap")
+            run_id = store.add_run(run_provenance(device, target, cfg, rpc, per_task=per_task, seed=seed, **about,
+                                                  programs_from=programs_from))
+            m.on_wait = lambda waited, what: bar.set_postfix_str(f"{what} {waited:.0f}s")
+            results_of = m.measure_jobs(jobs())
             for job, results in results_of:
                 task = by_key[job["task_key"]]
                 if isinstance(results, str):  # the build job failed as a whole (crash, timeout): nothing to store
@@ -126,7 +124,8 @@ def collect(tasks, dataset_dir: str, device, target, per_task: int = 32, budget_
                 raise
             stats["stopped_by_budget"] = True
         finally:
-            results_of.close()
+            if results_of is not None:
+                results_of.close()
             bar.close()
             m.close()
     stats["skipped_done"] = m.skipped + twins_done
