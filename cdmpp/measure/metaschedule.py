@@ -187,13 +187,12 @@ class MetaScheduleMeasurer(Measurer):
                 open_jobs.append([job, "build: " + error_message(e, lines=3, limit=600), 0])
                 yield from finished()
                 continue
-            entry = [job, [None] * len(progs), 0]
-            open_jobs.append(entry)
+            entry = [job, [None] * len(progs), sum(mod is not None for _, mod in progs)]  # counted up front:
+            open_jobs.append(entry)  # a batch that ends inside this job must not find it finished
             for i, (b, mod) in enumerate(progs):
                 if mod is None:  # a trace that no longer applies
                     entry[1][i] = Result(b, [], b.error, 0.0)
                     continue
-                entry[2] += 1
                 pending.append((entry, i, b, mod))
                 if len(pending) >= self.batch_size:
                     flush()

@@ -156,11 +156,14 @@ def test_metaschedule_jobs_are_measured_in_batches_that_run_on_across_jobs():
         return [([1e-3], None, 0.5, 0.0) for _ in mods]
 
     m._programs, m.measure = programs, measure
-    jobs = [{"task_key": "a", "n": 2}, {"task_key": "bad", "n": 1}, {"task_key": "b", "n": 2}, {"task_key": "c", "n": 0}]
+    jobs = [{"task_key": "a", "n": 2}, {"task_key": "bad", "n": 1}, {"task_key": "b", "n": 2}, {"task_key": "c", "n": 0},
+            {"task_key": "d", "n": 7}]
     out = list(m.measure_jobs(jobs))
-    assert [mods for mods, _ in batches] == [["mod-a0", "mod-a1", "mod-b0"], ["mod-b1"]]
+    assert [mods for mods, _ in batches] == [["mod-a0", "mod-a1", "mod-b0"], ["mod-b1", "mod-d0", "mod-d1"],
+                                             ["mod-d2", "mod-d3", "mod-d4"], ["mod-d5", "mod-d6"]]
     assert batches[0][1] == ["d/llvm|a|a0", "d/llvm|a|a1", "d/llvm|b|b0"]  # record ids: kept artifacts' keys
-    assert [j["task_key"] for j, _ in out] == ["a", "bad", "b", "c"]
+    assert [j["task_key"] for j, _ in out] == ["a", "bad", "b", "c", "d"]
     assert out[1][1].startswith("build: ") and out[3][1] == []
+    assert [r.program.program_hash for r in out[4][1]] == [f"d{i}" for i in range(7)]  # a job longer than a batch
     a = out[0][1]
     assert all(isinstance(r, Result) and r.seconds == [1e-3] and r.program.build_s == 0.5 for r in a)
