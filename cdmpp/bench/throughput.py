@@ -58,7 +58,7 @@ def bench_collect(task_table: str, devices: str, threads: int, mcpu: str | None,
     load0 = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
         s = collect(sub, dataset or tmp, device, target, per_task=per_task, cfg=cfg, seed=seed,
-                    fast={"fast": True, "metaschedule": False}[measurer], overlap=overlap, artifact_dir=None)
+                    measurer=measurer, overlap=overlap, artifact_dir=None)
     s.update(device=device.id, measurer=measurer, overlap=s.get("overlap", overlap), loadavg_1m_before=load0,
              loadavg_1m_after=os.getloadavg()[0])
     s.setdefault("programs_per_s", round(s["measured"] / max(1e-9, s["seconds"]), 3))

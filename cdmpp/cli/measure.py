@@ -116,14 +116,14 @@ def cmd_collect(args) -> int:
     cfg = MeasureConfig(repeat=args.repeat, min_repeat_ms=args.min_repeat_ms, cache_flush=args.cache_flush,
                         builders=args.builders, quiet_share=args.quiet_share, max_wait_s=60 * args.max_wait_minutes,
                         run_budget_s=args.run_budget_s)
-    fast = {"auto": None, "fast": True, "metaschedule": False}[args.measurer]
     if args.from_search:
         return _collect_from_search(args, table, device, target, cfg, deadline)
     print(f"collecting {len(table)} tasks x {args.per_task} schedules on {device.id} into {args.dataset}"
           + (f", {args.programs_from}'s programs first" if args.programs_from else ""), file=sys.stderr)
     s = collect(table, args.dataset, device, target, per_task=args.per_task, budget_minutes=args.budget_minutes,
                 cfg=cfg, batch_size=args.batch_size, seed=args.seed, rpc=rpc, artifact_dir=_artifact_dir(args),
-                programs_from=args.programs_from, fast=fast, overlap=args.overlap, deadline=deadline)
+                programs_from=args.programs_from,
+                measurer=None if args.measurer == "auto" else args.measurer, overlap=args.overlap, deadline=deadline)
     print(f"done: {s['measured']} measured, {s['failed']} failed, {s['skipped_done']} already stored, "
           f"{s['tasks']} tasks, {s['seconds']} s" + (" (stopped by budget)" if s["stopped_by_budget"] else "")
           + (f", {s['programs_per_s']} programs/s; seconds spent: {s['times']}" if "times" in s else ""))

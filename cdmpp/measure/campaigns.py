@@ -2,10 +2,11 @@
 
 For each task (from a ``TaskTable``), ``per_task`` distinct schedules are drawn from MetaSchedule's
 design space with a seed derived from the task key, so a restarted collection draws the same programs
-and skips those already stored (records are keyed by device, task and program hash). How a batch is
-built and run: ``cdmpp.measure.fast`` (the default) or ``cdmpp.measure.measurer`` (MetaSchedule's builder
-and runner; remote devices, cache flushing); both measure only on a quiet machine
-(``cdmpp.measure.guard``) and stop or pause cleanly (``cdmpp.measure.stop``).
+and skips those already stored (records are keyed by device, task and program hash). Each task is a job
+for a ``Measurer`` (``cdmpp.measure.measurer``): the fast one (``cdmpp.measure.fast``, the default) or
+MetaSchedule's builder and runner (``cdmpp.measure.metaschedule``; remote devices, cache flushing); both
+measure only on a quiet machine (``cdmpp.measure.guard``) and stop or pause cleanly
+(``cdmpp.measure.stop``). The loop is the same whichever measures.
 """
 
 from __future__ import annotations
@@ -17,10 +18,10 @@ import sys
 import time
 
 from cdmpp.measure.measurer import MeasureConfig, Measurer
-from cdmpp.measure.results import is_stable, measurement_fields, run_provenance
+from cdmpp.measure.results import program_record, run_provenance
 from cdmpp.measure.stop import stop_at
 from cdmpp.records.labels import label
-from cdmpp.records.store import RecordStore, record_id, slug
+from cdmpp.records.store import RecordStore, slug
 
 
 def task_seed(key: str, seed: int) -> int:
@@ -30,149 +31,30 @@ def task_seed(key: str, seed: int) -> int:
 def collect(tasks, dataset_dir: str, device, target, per_task: int = 32, budget_minutes: float | None = None,
             cfg: MeasureConfig | None = None, batch_size: int = 32, seed: int = 0, rpc=None,
             artifact_dir: str | None = None, progress: bool = True, programs_from: str | None = None,
-            fast: bool | None = None, overlap: bool | None = None, deadline: float | None = None) -> dict:
+            measurer: str | None = None, overlap: bool | None = None, deadline: float | None = None) -> dict:
     """Measure ``per_task`` schedules of every task in ``tasks``; resumable; returns a summary.
 
-    ``programs_from``: another device's id; its stored (labelled) programs of these tasks are measured
-    first, so both devices share them (twins), then new ones. ``fast`` (default: unless ``rpc`` or
-    ``cache_flush``): the fast local measurer (``cdmpp.measure.fast``); else MetaSchedule's builder and
-    runner (``Measurer``), which can keep built programs in ``artifact_dir`` for later passes.
-    ``overlap``: fast path only; build the next tasks while one runs (runner alone on its cores); None:
-    ``cdmpp.measure.fast.default_overlap`` (on for 1-thread CPU and GPU programs on a machine with more cores).
+    One job per task (``cdmpp.measure.measurer``), twins first: ``programs_from``, another device's id,
+    has its stored (labelled) programs of these tasks measured first, so both devices share them, then
+    new ones. ``measurer``: ``"fast"`` (the default unless ``rpc`` or ``cache_flush``: the fast local
+    measurer, ``cdmpp.measure.fast``) or ``"metaschedule"`` (MetaSchedule's builder and runner, batches of
+    ``batch_size`` programs; it can keep built programs in ``artifact_dir`` for later passes).
+    ``overlap``: fast measurer only; build the next tasks while one runs (runner alone on its cores); None:
+    ``cdmpp.measure.processes.default_overlap`` (on for 1-thread CPU and GPU programs on a machine with more cores).
     ``budget_minutes`` bounds the whole call, waits for a quiet machine included (``stop_at``); ``deadline``
     (``time.monotonic()``), where given, instead: a command's budget counts from its start."""
+    from tqdm import tqdm
+
     cfg = cfg or MeasureConfig()
     if deadline is None and budget_minutes:
         deadline = time.monotonic() + 60 * budget_minutes
-    if fast is None:
-        fast = rpc is None and not cfg.cache_flush
-    if fast and (rpc or cfg.cache_flush):
+    if measurer is None:
+        measurer = "fast" if rpc is None and not cfg.cache_flush else "metaschedule"
+    if measurer == "fast" and (rpc or cfg.cache_flush):
         raise ValueError("the fast measurer runs locally without cache flushing: drop --rpc-tracker/--cache-flush "
                          "or use the MetaSchedule measurer")
-    if fast or programs_from:
-        return _collect_fast(tasks, dataset_dir, device, target, per_task, deadline, cfg, seed,
-                             programs_from, fast, overlap, progress)
-    from tqdm import tqdm
-
-    from cdmpp.measure.schedules import sample_schedules
-    from cdmpp.program.features import program_hash
-    from cdmpp.program.inputs import to_json_value
-    from cdmpp.zoo.tasks import load_task_mod
-
-    cfg = cfg or MeasureConfig()
-    store = RecordStore(dataset_dir)
-    done = store.done_ids(device.id)
-    run_id = store.add_run(run_provenance(device, target, cfg, rpc, per_task=per_task, seed=seed,
-                                          measurer="metaschedule"))
-    measurer = Measurer(target, cfg, rpc, pause_flag=os.path.join(dataset_dir, "PAUSE"), artifact_dir=artifact_dir)
-    measurer.on_wait = lambda waited: bar.set_postfix_str(f"waiting {waited:.0f}s for a quiet machine")
-    task_list = sorted(tasks, key=lambda t: t.key)
-    stats = {"measured": 0, "failed": 0, "skipped_done": 0, "tasks": len(task_list), "stopped_by_budget": False}
-    t_start = time.time()
-    bar = tqdm(total=len(task_list) * per_task, unit="prog", disable=not progress, dynamic_ncols=True)
-    pending: list[tuple] = []
-
-    def flush():
-        if not pending:
-            return
-        results = measurer.measure([p[1].mod for p in pending], [p[0].key for p in pending],
-                                   [record_id(device.id, p[0].key, p[2]) for p in pending])
-        recs = []
-        for (task, sch, phash), (secs, err, build_s, others) in zip(pending, results):
-            recs.append({
-                "id": record_id(device.id, task.key, phash), "device": device.id, "task": task.key,
-                "task_name": task.name, "networks": sorted(task.occurrences), "program_hash": phash,
-                "trace": to_json_value(sch.trace.as_json()), **measurement_fields(secs, err, build_s, others, cfg, run_id),
-                "stable": is_stable(secs, cfg) if secs else None})
-            stats["failed" if err else "measured"] += 1
-        store.append(device.id, recs)
-        bar.update(len(pending))
-        bar.set_postfix(ok=stats["measured"], failed=stats["failed"])
-        pending.clear()
-
-    try:
-        with stop_at(deadline) as spent:
-            try:
-                for task in task_list:
-                    mod = load_task_mod(task)
-                    schs = sample_schedules(mod, target, per_task, seed=task_seed(task.key, seed))
-                    bar.total -= per_task - len(schs)  # tasks with fewer distinct schedules
-                    for sch in schs:
-                        phash = program_hash(sch.mod)
-                        if record_id(device.id, task.key, phash) in done:
-                            stats["skipped_done"] += 1
-                            bar.update(1)
-                            continue
-                        pending.append((task, sch, phash))
-                        if len(pending) >= batch_size:
-                            flush()
-                    if spent.is_set():  # sampling does not look at the stop flag
-                        raise KeyboardInterrupt
-                flush()
-            except KeyboardInterrupt:
-                if not spent.is_set():
-                    raise
-                stats["stopped_by_budget"] = True
-    finally:
-        bar.close()
-        measurer.close()
-    stats["seconds"] = round(time.time() - t_start, 1)
-    stats["run"] = run_id
-    return stats
-
-
-def twin_traces(store: RecordStore, source: str, tasks: dict, done: dict | None = None) -> tuple[dict[str, list], int]:
-    """Per task key (of ``tasks``, a dict by key), the traces of ``source``'s labelled programs but those in
-    ``done`` (task key -> program hashes this device has already: replaying a trace only to skip it costs
-    a build worker as much as a new program); and how many were left out so."""
-    if not store.files(source):
-        raise ValueError(f"--programs-from {source}: no records of that device in {store.root}")
-    done = done or {}
-    out: dict[str, list] = {}
-    skipped = 0
-    for r in store.iter_records(source):
-        if label(r) is not None and r["task"] in tasks and r.get("trace") is not None:
-            if r.get("program_hash") in done.get(r["task"], ()):
-                skipped += 1
-            else:
-                out.setdefault(r["task"], []).append(r["trace"])
-    return out, skipped
-
-
-def built_record(device, task, b, secs: list, err: str | None, others: float, cfg, run_id: str, **extra) -> dict:
-    """The record of one program the fast measurer built (``cdmpp.measure.fast.Built``) and ran."""
-    return {"id": record_id(device.id, task.key, b.program_hash), "device": device.id, "task": task.key,
-            "task_name": task.name, "networks": sorted(task.occurrences), "program_hash": b.program_hash,
-            "trace": b.trace, **measurement_fields(secs, err, b.build_s, others, cfg, run_id),
-            "stable": is_stable(secs, cfg) if secs else None, **extra}
-
-
-def failed_jobs_path(dataset_dir: str, device_id: str) -> str:
-    """Where a device's build jobs that failed as a whole (timed out, crashed a worker) are listed."""
-    return os.path.join(dataset_dir, f"failed-jobs-{slug(device_id)}.jsonl")
-
-
-def _failed_jobs(path: str) -> set[tuple[str, str]]:
-    """(task key, seed or "twins") of the jobs listed in ``path``: the same job would fail again (its
-    programs are drawn from the same seed), so a resumed collection skips it instead of waiting out its
-    build timeout. Delete the file to retry them."""
-    if not os.path.exists(path):
-        return set()
-    with open(path) as f:
-        return {(j["task"], str(j["seed"])) for j in map(json.loads, filter(str.strip, f))}
-
-
-def _collect_fast(tasks, dataset_dir, device, target, per_task, deadline, cfg, seed, programs_from,
-                  fast, overlap, progress) -> dict:
-    """``collect`` with the fast measurer: jobs of one task each, twins first."""
-    from tqdm import tqdm
-
-    from cdmpp.measure.fast import FastMeasurer, default_overlap
-
-    if not fast:
+    if programs_from and measurer != "fast":
         raise ValueError("--programs-from needs the fast measurer")
-    if overlap is None:
-        overlap = default_overlap(device.threads, "cuda" if target.kind.name == "cuda" else "cpu")
     store = RecordStore(dataset_dir)
     done: dict[str, set] = {}
     for rid in store.done_ids(device.id):
@@ -181,8 +63,6 @@ def _collect_fast(tasks, dataset_dir, device, target, per_task, deadline, cfg, s
     task_list = sorted(tasks, key=lambda t: t.key)
     by_key = {t.key: t for t in task_list}
     twins, twins_done = twin_traces(store, programs_from, by_key, done) if programs_from else ({}, 0)
-    run_id = store.add_run(run_provenance(device, target, cfg, None, per_task=per_task, seed=seed,
-                                       measurer="fast", overlap=overlap, programs_from=programs_from))
     failed_path = failed_jobs_path(dataset_dir, device.id)
     failed = _failed_jobs(failed_path)
     twin_tasks = [t for t in task_list if twins.get(t.key) and (t.key, "twins") not in failed]
@@ -197,16 +77,22 @@ def _collect_fast(tasks, dataset_dir, device, target, per_task, deadline, cfg, s
             yield {"task_key": t.key, "mod_json": t.mod_json, "n": per_task, "seed": task_seed(t.key, seed),
                    "skip": frozenset(done.get(t.key, ()))}
     stats = {"measured": 0, "failed": 0, "skipped_done": 0, "tasks": len(task_list), "jobs": n_jobs,
-             "twins_measured": 0, "stopped_by_budget": False, "overlap": overlap,
+             "twins_measured": 0, "stopped_by_budget": False, "overlap": None,
              "skipped_failed_jobs": sum(bool(twins.get(t.key)) for t in task_list) - len(twin_tasks)
              + (len(task_list) - len(new_tasks) if per_task > 0 else 0)}
     bar = tqdm(total=n_jobs, unit="task", disable=not progress, dynamic_ncols=True, smoothing=0.05)
     t_start = time.time()
     with stop_at(deadline) as spent:  # the budget stops waits for builds and for a quiet machine too
-        measurer = FastMeasurer(target, cfg, device.threads, pause_dir=dataset_dir, overlap=overlap)
-        measurer.on_wait = lambda waited, what: bar.set_postfix_str(f"{what} {waited:.0f}s")
-        results_of = measurer.measure_jobs(jobs())
+        m = Measurer.create(measurer, target, cfg, device.threads, pause_dir=dataset_dir, overlap=overlap, rpc=rpc,
+                            device_id=device.id, artifact_dir=artifact_dir, batch_size=batch_size)
+        results_of = run_id = None
         try:
+            about = m.provenance()  # which measurer, and how it runs (the fast one: overlap or not)
+            stats["overlap"] = about.get("overlap")
+            run_id = store.add_run(run_provenance(device, target, cfg, rpc, per_task=per_task, seed=seed, **about,
+                                                  programs_from=programs_from))
+            m.on_wait = lambda waited, what: bar.set_postfix_str(f"{what} {waited:.0f}s")
+            results_of = m.measure_jobs(jobs())
             for job, results in results_of:
                 task = by_key[job["task_key"]]
                 if isinstance(results, str):  # the build job failed as a whole (crash, timeout): nothing to store
@@ -227,7 +113,7 @@ def _collect_fast(tasks, dataset_dir, device, target, per_task, deadline, cfg, s
                         done.setdefault(task.key, set()).add(b.program_hash)
                     store.append(device.id, recs)
                 bar.update(1)
-                waited = measurer.times["paused"] + measurer.times["wait_quiet"]
+                waited = m.times.get("paused", 0.0) + m.times.get("wait_quiet", 0.0)
                 rate = stats["measured"] / max(1e-9, time.time() - t_start - waited)
                 bar.set_postfix(ok=stats["measured"], failed=stats["failed"], waited=f"{waited:.0f}s",
                                 rate=f"{rate:.2f}/s not waiting")
@@ -238,14 +124,51 @@ def _collect_fast(tasks, dataset_dir, device, target, per_task, deadline, cfg, s
                 raise
             stats["stopped_by_budget"] = True
         finally:
-            results_of.close()
+            if results_of is not None:
+                results_of.close()
             bar.close()
-            measurer.close()
-    stats["skipped_done"] = measurer.skipped + twins_done
+            m.close()
+    stats["skipped_done"] = m.skipped + twins_done
     stats["seconds"] = round(time.time() - t_start, 1)
     stats["programs_per_s"] = round(stats["measured"] / max(1e-9, stats["seconds"]), 3)
-    stats["times"] = {k: round(v, 1) for k, v in measurer.times.items()}
+    stats["times"] = {k: round(v, 1) for k, v in m.times.items()}
     stats["run"] = run_id
     return stats
 
 
+def twin_traces(store: RecordStore, source: str, tasks: dict, done: dict | None = None) -> tuple[dict[str, list], int]:
+    """Per task key (of ``tasks``, a dict by key), the traces of ``source``'s labelled programs but those in
+    ``done`` (task key -> program hashes this device has already: replaying a trace only to skip it costs
+    a build worker as much as a new program); and how many were left out so."""
+    if not store.files(source):
+        raise ValueError(f"--programs-from {source}: no records of that device in {store.root}")
+    done = done or {}
+    out: dict[str, list] = {}
+    skipped = 0
+    for r in store.records(source):
+        if label(r) is not None and r.task in tasks and r.has_trace:
+            if r.program_hash in done.get(r.task, ()):
+                skipped += 1
+            else:
+                out.setdefault(r.task, []).append(r.trace)
+    return out, skipped
+
+
+def built_record(device, task, b, secs: list, err: str | None, others: float, cfg, run_id: str, **extra):
+    """The record of one program a measurer built (``cdmpp.measure.measurer.Built``) and ran."""
+    return program_record(device.id, task, b.program_hash, b.trace, secs, err, b.build_s, others, cfg, run_id, **extra)
+
+
+def failed_jobs_path(dataset_dir: str, device_id: str) -> str:
+    """Where a device's build jobs that failed as a whole (timed out, crashed a worker) are listed."""
+    return os.path.join(dataset_dir, f"failed-jobs-{slug(device_id)}.jsonl")
+
+
+def _failed_jobs(path: str) -> set[tuple[str, str]]:
+    """(task key, seed or "twins") of the jobs listed in ``path``: the same job would fail again (its
+    programs are drawn from the same seed), so a resumed collection skips it instead of waiting out its
+    build timeout. Delete the file to retry them."""
+    if not os.path.exists(path):
+        return set()
+    with open(path) as f:
+        return {(j["task"], str(j["seed"])) for j in map(json.loads, filter(str.strip, f))}

@@ -9,10 +9,12 @@ import os
 import time
 
 from cdmpp.devices.probe import check_runs_here
-from cdmpp.measure.measurer import MeasureConfig, Measurer
-from cdmpp.measure.results import measurement_fields, run_provenance
+from cdmpp.measure.measurer import MeasureConfig
+from cdmpp.measure.metaschedule import MetaScheduleMeasurer
+from cdmpp.measure.results import pass_record, run_provenance
 from cdmpp.measure.stop import stop_at
 from cdmpp.records.labels import label, usable
+from cdmpp.records.record import MISSING, Record
 from cdmpp.records.store import RecordStore
 
 
@@ -56,30 +58,31 @@ def remeasure(tasks, dataset_dir: str, device, target, passes: int = 2, min_gap_
             raise ValueError(f"{device.id} has no probe set yet ({probe_path}): run `cdmpp noise` first")
         only = set(json.load(open(probe_path))["ids"])
     now, todo, waiting = time.time(), [], 0
-    for r in store.iter_records(device.id):
-        if label(r) is None or r["task"] not in tasks.tasks or (only is not None and r["id"] not in only):
+    for r in store.records(device.id):
+        if label(r) is None or r.task not in tasks.tasks or (only is not None and r.id not in only):
             continue
-        if runs is not None and r.get("run") not in runs:
+        if runs is not None and r.run not in runs:
             continue
-        if unstable_only and r.get("stable") is not False and not _drawn(r["id"], random_share, seed):
+        if unstable_only and r.stable is not False and not _drawn(r.id, random_share, seed):
             continue
-        if hashes is not None and r["program_hash"] not in hashes:
+        if hashes is not None and r.program_hash not in hashes:
             continue
-        valid = [r] + [p for p in r.get("remeasures", []) if usable(p)]
+        valid = [r] + [p for p in r.remeasures if usable(p)]
         if hashes is None and len(valid) >= passes:
             continue
         if now - max(_measured_at(p, provenance) for p in valid) < 60 * min_gap_minutes:
             waiting += 1
             continue
-        todo.append((r, len(r.get("remeasures", [])) + 2))  # a pass number no earlier pass of r used
-    todo.sort(key=lambda t: t[0]["task"])
+        todo.append((r, len(r.remeasures) + 2))  # a pass number no earlier pass of r used
+    todo.sort(key=lambda t: t[0].task)
     run_id = store.add_run(run_provenance(device, target, cfg, rpc, mode="remeasure", passes=passes))
     measurer = None  # its build and run workers take seconds to start: only when there is work
     if todo:
-        measurer = Measurer(target, cfg, rpc, pause_flag=os.path.join(dataset_dir, "PAUSE"), artifact_dir=artifact_dir)
+        measurer = MetaScheduleMeasurer(target, cfg, rpc, pause_flag=os.path.join(dataset_dir, "PAUSE"),
+                                        artifact_dir=artifact_dir)
     bar = tqdm(total=len(todo), unit="prog", desc="remeasure", disable=not progress, dynamic_ncols=True)
     if measurer:
-        measurer.on_wait = lambda waited: bar.set_postfix_str(f"waiting {waited:.0f}s for a quiet machine")
+        measurer.on_wait = lambda waited, what: bar.set_postfix_str(f"{what} {waited:.0f}s")
     deadline = time.monotonic() + budget_minutes * 60 if budget_minutes else None
     stats = {"measured": 0, "failed": 0, "todo": len(todo), "too_recent": waiting, "stopped_by_budget": False}
     t_start, task_mod = time.time(), (None, None)
@@ -89,14 +92,13 @@ def remeasure(tasks, dataset_dir: str, device, target, passes: int = 2, min_gap_
                 for i in range(0, len(todo), batch_size):
                     batch, mods = todo[i:i + batch_size], []
                     for r, _ in batch:
-                        if task_mod[0] != r["task"]:
-                            task_mod = (r["task"], load_task_mod(tasks[r["task"]]))
-                        mods.append(apply_trace(task_mod[1], r["trace"]))
-                    results = measurer.measure(mods, [r["task"] for r, _ in batch], [r["id"] for r, _ in batch])
+                        if task_mod[0] != r.task:
+                            task_mod = (r.task, load_task_mod(tasks[r.task]))
+                        mods.append(apply_trace(task_mod[1], r.trace))
+                    results = measurer.measure(mods, [r.task for r, _ in batch], [r.id for r, _ in batch])
                     recs = []
                     for (r, n), (secs, err, build_s, others) in zip(batch, results):
-                        recs.append({"id": f"{r['id']}|pass{n}", "of": r["id"], "device": device.id, "task": r["task"],
-                                     **measurement_fields(secs, err, build_s, others, cfg, run_id)})
+                        recs.append(pass_record(r, n, device.id, secs, err, build_s, others, cfg, run_id))
                         stats["failed" if err else "measured"] += 1
                     store.append(device.id, recs)
                     bar.update(len(batch))
@@ -125,7 +127,7 @@ def implausible_twins(dataset_dir: str, device, twin, min_seconds: float = 1e-4,
     if few.threads == many.threads:
         raise ValueError(f"{device.id} and {twin.id} run the same number of threads: no speedup to check")
     store = RecordStore(dataset_dir)
-    labels = {d.id: {r["program_hash"]: label(r) for r in store.iter_records(d.id) if label(r) is not None}
+    labels = {d.id: {r.program_hash: label(r) for r in store.records(d.id) if label(r) is not None}
               for d in (few, many)}
     out = set()
     for h, t_few in labels[few.id].items():
@@ -142,12 +144,12 @@ def _drawn(record_id: str, share: float, seed: int) -> bool:
     return share > 0 and int(hashlib.sha256(f"{seed}:{record_id}".encode()).hexdigest()[:8], 16) < share * 2**32
 
 
-def _measured_at(measurement: dict, runs: dict) -> float:
+def _measured_at(measurement: Record, runs: dict) -> float:
     """When a pass was measured; records older than the ``measured_at`` field fall back to their
     run's start (earlier than the truth, so a gap can only look longer than it was)."""
-    if "measured_at" in measurement:
-        return float(measurement["measured_at"])
-    date = (runs.get(measurement.get("run")) or {}).get("date")
+    if measurement.measured_at is not MISSING:
+        return float(measurement.measured_at)
+    date = (runs.get(measurement.run) or {}).get("date")
     return _parse_date(date) if date else 0.0
 
 
@@ -193,8 +195,8 @@ def remeasure_noise(dataset_dir: str, tasks, device, target, n: int = 100, seed:
         raise ValueError(f"unknown collection run(s) {', '.join(unknown)}: see {dataset_dir}/runs.jsonl")
     if probe_runs:
         same = set(probe_runs)
-    by_id = {r["id"]: r for r in store.iter_records(device.id)
-             if label(r) is not None and r["task"] in tasks.tasks and r.get("run") in same}
+    by_id = {r.id: r for r in store.records(device.id)
+             if label(r) is not None and r.task in tasks.tasks and r.run in same}
     name = slug(device.id) + ("-runs-" + hashlib.sha256(",".join(sorted(probe_runs)).encode()).hexdigest()[:8]
                               if probe_runs else "")
     probe_path = os.path.join(dataset_dir, f"probe-{name}.json")
@@ -211,16 +213,17 @@ def remeasure_noise(dataset_dir: str, tasks, device, target, n: int = 100, seed:
         raise ValueError(f"no labeled records of {device.id} measured with repeat={cfg.repeat}, "
                          f"min_repeat_ms={cfg.min_repeat_ms} in {dataset_dir}: nothing to re-measure")
     rows = []
-    with Measurer(target, cfg, pause_flag=os.path.join(dataset_dir, "PAUSE"), artifact_dir=artifact_dir) as measurer:
+    with MetaScheduleMeasurer(target, cfg, pause_flag=os.path.join(dataset_dir, "PAUSE"),
+                              artifact_dir=artifact_dir) as measurer:
         for i in tqdm(range(0, len(recs), 24), desc="re-measure", unit="batch", disable=not progress):
             batch = recs[i:i + 24]
-            mods = [apply_trace(load_task_mod(tasks[r["task"]]), r["trace"]) for r in batch]
-            for r, (secs, err, _, others) in zip(batch, measurer.measure(mods, keys=[r["id"] for r in batch])):
+            mods = [apply_trace(load_task_mod(tasks[r.task]), r.trace) for r in batch]
+            for r, (secs, err, _, others) in zip(batch, measurer.measure(mods, keys=[r.id for r in batch])):
                 if err or not secs or others >= cfg.quiet_share:
                     continue
                 old, first, new = label(r), label(r, passes=1), min(secs)
-                rows.append({"id": r["id"], "old": old, "new": new, "first_pass": first,
-                             "passes": 1 + sum(usable(p) for p in r.get("remeasures", []))})
+                rows.append({"id": r.id, "old": old, "new": new, "first_pass": first,
+                             "passes": 1 + sum(usable(p) for p in r.remeasures)})
     import numpy as np
 
     def noise(new: str, old: str) -> tuple[float | None, float | None]:

@@ -12,12 +12,31 @@ import time
 from cdmpp.measure.guard import cpu_model
 from cdmpp.measure.measurer import MeasureConfig
 from cdmpp.program import tvm_env
+from cdmpp.records.record import Record
+from cdmpp.records.store import record_id
 
 
 def measurement_fields(secs: list, err: str | None, build_s: float, others: float, cfg: MeasureConfig, run_id: str) -> dict:
     """The fields every measurement record has, first pass or later one."""
     return {"seconds": secs, "error": err, "build_s": round(build_s, 3), "others_cpu": round(others, 3),
             "disturbed": others >= cfg.quiet_share, "run": run_id, "measured_at": round(time.time())}
+
+
+def program_record(device_id: str, task, program_hash: str, trace, secs: list, err: str | None, build_s: float,
+                   others: float, cfg: MeasureConfig, run_id: str, **extra) -> Record:
+    """The record of a program of ``task`` (``cdmpp.zoo.tasks.Task``) measured for the first time on the
+    device; ``extra``: keys of its own (a searched candidate's ``search``), stored after the others."""
+    return Record(id=record_id(device_id, task.key, program_hash), device=device_id, task=task.key,
+                  task_name=task.name, networks=sorted(task.occurrences), program_hash=program_hash, trace=trace,
+                  **measurement_fields(secs, err, build_s, others, cfg, run_id),
+                  stable=is_stable(secs, cfg) if secs else None, extra=extra)
+
+
+def pass_record(of: Record, n: int, device_id: str, secs: list, err: str | None, build_s: float, others: float,
+                cfg: MeasureConfig, run_id: str) -> Record:
+    """A later measurement (pass ``n``) of the stored record ``of`` (``cdmpp remeasure``)."""
+    return Record(id=f"{of.id}|pass{n}", of=of.id, device=device_id, task=of.task,
+                  **measurement_fields(secs, err, build_s, others, cfg, run_id))
 
 
 def run_provenance(device, target, cfg: MeasureConfig, rpc, **extra) -> dict:
@@ -29,10 +48,6 @@ def run_provenance(device, target, cfg: MeasureConfig, rpc, **extra) -> dict:
         "host": platform.node(), "measure": dataclasses.asdict(cfg),
         "rpc": f"{rpc[0]}:{rpc[1]}/{rpc[2]}" if rpc else None, "command": " ".join(sys.argv), **extra,
     }
-
-
-
-
 
 def is_stable(secs: list[float], cfg: MeasureConfig) -> bool | None:
     """Whether a pass's fastest repeat was stable (the fast measurer's stopping rule held): it came before

@@ -20,6 +20,7 @@ import time
 from cdmpp.measure.campaigns import built_record, task_seed
 from cdmpp.measure.results import run_provenance
 from cdmpp.records.labels import label
+from cdmpp.records.record import Record
 from cdmpp.records.store import RecordStore
 
 COST_MODELS = ("cdmpp", "xgb", "random")
@@ -40,12 +41,12 @@ def _cost_model(kind: str, device_id: str, seed: int, threads: int):
     raise ValueError(f"unknown search cost model {kind!r}: expected one of {', '.join(COST_MODELS)}")
 
 
-def _stored(store: RecordStore, device_id: str, keys: set) -> dict[str, dict[str, dict]]:
+def _stored(store: RecordStore, device_id: str, keys: set) -> dict[str, dict[str, Record]]:
     """Per task key of ``keys``: program hash -> the device's stored record (with its trace)."""
-    out: dict[str, dict[str, dict]] = {}
-    for r in store.iter_records(device_id):
-        if r.get("task") in keys and r.get("program_hash"):
-            out.setdefault(r["task"], {})[r["program_hash"]] = r
+    out: dict[str, dict[str, Record]] = {}
+    for r in store.records(device_id):
+        if r.task in keys and r.program_hash:
+            out.setdefault(r.task, {})[r.program_hash] = r
     return out
 
 
@@ -68,7 +69,7 @@ def collect_from_search(tasks, dataset_dir: str, device, target, trials: int, cf
     from tvm.s_tir import meta_schedule as ms
     from tvm.s_tir.meta_schedule.arg_info import ArgInfo
 
-    from cdmpp.measure.fast import FastMeasurer
+    from cdmpp.measure.measurer import Measurer
     from cdmpp.measure.stop import stop_at
     from cdmpp.program.features import program_hash
     from cdmpp.program.inputs import to_json_value
@@ -88,14 +89,14 @@ def collect_from_search(tasks, dataset_dir: str, device, target, trials: int, cf
              "stopped_by_budget": False}
     bar = tqdm(total=len(task_list) * trials, unit="prog", disable=not progress, dynamic_ncols=True)
     t_start = time.time()
-    with stop_at(deadline) as spent, FastMeasurer(target, cfg, device.threads, pause_dir=dataset_dir,
-                                                   overlap=False) as measurer:
+    with stop_at(deadline) as spent, Measurer.create("fast", target, cfg, device.threads, pause_dir=dataset_dir,
+                                                     overlap=False) as measurer:
         measurer.on_wait = lambda waited, what: bar.set_postfix_str(f"{what} {waited:.0f}s")
         try:
             for task in task_list:
                 have = stored.get(task.key, {})
-                searched = [r for r in have.values() if r.get("search") and label(r) is not None]
-                left = trials - sum(1 for r in have.values() if r.get("search"))
+                searched = [r for r in have.values() if r.extra.get("search") and label(r) is not None]
+                left = trials - sum(1 for r in have.values() if r.extra.get("search"))
                 bar.update(trials - max(left, 0))
                 if left <= 0:
                     continue
@@ -105,7 +106,7 @@ def collect_from_search(tasks, dataset_dir: str, device, target, trials: int, cf
                 workload = db.commit_workload(mod)
                 for r in searched:  # a resumed search starts from what it measured before
                     db.commit_tuning_record(ms.database.TuningRecord(
-                        _schedule(mod, r["trace"]).trace, workload, [label(r)], target, args_info))
+                        _schedule(mod, r.trace).trace, workload, [label(r)], target, args_info))
                 ctx = ms.TuneContext(mod, target=target, space_generator="post-order-apply",
                                      search_strategy=ms.search_strategy.EvolutionarySearch(population_size=population),
                                      task_name=task.name, rand_state=task_seed(task.key, seed), num_threads=device.threads)
@@ -145,7 +146,7 @@ def collect_from_search(tasks, dataset_dir: str, device, target, trials: int, cf
                         r = have.get(h)
                         secs = label(r) if r is not None else None
                         runner_results.append(ms.runner.RunnerResult([secs], None) if secs else
-                                              ms.runner.RunnerResult(None, (r or {}).get("error") or "not measured"))
+                                              ms.runner.RunnerResult(None, (r.error if r is not None else None) or "not measured"))
                         if secs:
                             db.commit_tuning_record(ms.database.TuningRecord(c.sch.trace, workload, [secs], target,
                                                                              args_info))

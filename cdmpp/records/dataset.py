@@ -22,6 +22,7 @@ import numpy as np
 from cdmpp import defaults
 from cdmpp.program.features import FEATURIZER_VERSION, ROWS_COMPATIBLE_VERSIONS, ProgramFeatures
 from cdmpp.records.labels import label, usable
+from cdmpp.records.record import Record
 from cdmpp.records.store import LoadReport, RecordStore, publish_numbered, slug
 
 
@@ -135,8 +136,8 @@ def load_dataset(dataset_dir: str, task_table, devices=None, networks=None, task
     cache = FeatureCache(cache_dir or defaults.cache_dir(dataset_dir))
     records, failed = [], 0
     def chosen(traces: bool, report: LoadReport):  # with ``devices``, only their files (in file order, as without)
-        return (r for d in sorted(devices, key=slug) for r in store.iter_records(d, report, traces)) if devices \
-            else store.iter_records(report=report, traces=traces)
+        return (r for d in sorted(devices, key=slug) for r in store.records(d, report, traces)) if devices \
+            else store.records(report=report, traces=traces)
 
     for rec in chosen(False, report):  # labels and ids only: a trace is read again where features are missing
         y = label(rec)
@@ -148,44 +149,44 @@ def load_dataset(dataset_dir: str, task_table, devices=None, networks=None, task
             break
     for p in report.problems:
         print(f"dataset: {p}", file=sys.stderr)
-    missing = {r["id"] for r, _ in records if cache.get(r["program_hash"]) is None}
+    missing = {r.id for r, _ in records if cache.get(r.program_hash) is None}
     if missing:
-        _featurize_records([r for r in chosen(True, LoadReport()) if r["id"] in missing], task_table, cache, progress)
+        _featurize_records([r for r in chosen(True, LoadReport()) if r.id in missing], task_table, cache, progress)
     ds = Dataset(failed=failed, report=report)
     for rec, y in records:
-        f = cache.get(rec["program_hash"])
+        f = cache.get(rec.program_hash)
         if f is None:
             continue  # its task is not in the table or its program no longer loads (reported above)
-        ds.programs.append(LabeledProgram(f, rec["device"], y, rec["task"], rec.get("task_name", ""),
-                                          list(rec.get("networks", [])), rec["id"]))
+        ds.programs.append(LabeledProgram(f, rec.device, y, rec.task, rec.task_name or "",
+                                          list(rec.networks or []), rec.id))
     return ds.filter(devices, networks, tasks)
 
 
-def _workload_of(rec: dict, task_table, mods: dict):
+def _workload_of(rec: Record, task_table, mods: dict):
     """The record's task workload, loaded once per task into ``mods``; None if the table lacks the task."""
     from cdmpp.zoo.tasks import load_task_mod
 
-    key = rec["task"]
+    key = rec.task
     if key not in mods:
         mods[key] = load_task_mod(task_table[key]) if key in task_table.tasks else None
     return mods[key]
 
 
-def _target_kind(rec: dict) -> str:
-    return "cuda" if "cuda" in rec["device"] else "llvm"
+def _target_kind(rec: Record) -> str:
+    return "cuda" if "cuda" in rec.device else "llvm"
 
 
-def _scheduled(rec: dict, workload):
+def _scheduled(rec: Record, workload):
     """The record's scheduled module: its trace replayed on ``workload``, or (Ansor and AutoTVM imports,
     ``cdmpp.records.import_logs``) its stored TVMScript ``program``."""
     from cdmpp.program.inputs import apply_trace, load_program
 
-    if rec.get("trace") is None and rec.get("program"):
-        return load_program(rec["program"]).mod
-    return apply_trace(workload, rec["trace"])
+    if not rec.has_trace and rec.program:
+        return load_program(rec.program).mod
+    return apply_trace(workload, rec.trace)
 
 
-def _featurize_records(records: list[dict], task_table, cache: FeatureCache, progress: bool) -> None:
+def _featurize_records(records: list[Record], task_table, cache: FeatureCache, progress: bool) -> None:
     from tqdm import tqdm
 
     from cdmpp.program.features import Featurizer, program_flops
@@ -196,25 +197,25 @@ def _featurize_records(records: list[dict], task_table, cache: FeatureCache, pro
     last_flush = time.time()
     first = {}  # one record per program: its twins on other devices share its features (cache key: the hash)
     for rec in records:
-        first.setdefault(rec["program_hash"], rec)
+        first.setdefault(rec.program_hash, rec)
     for rec in tqdm(list(first.values()), desc="featurize", unit="prog", disable=not progress, dynamic_ncols=True):
-        workload = None if rec.get("program") else _workload_of(rec, task_table, mods)
-        if workload is None and not rec.get("program"):
-            print(f"dataset: task {rec['task']} of {rec['id']} is not in the task table; skipped", file=sys.stderr)
+        workload = None if rec.program else _workload_of(rec, task_table, mods)
+        if workload is None and not rec.program:
+            print(f"dataset: task {rec.task} of {rec.id} is not in the task table; skipped", file=sys.stderr)
             continue
         try:
             mod = _scheduled(rec, workload)
-            old = cache.stale.get(rec["program_hash"])
+            old = cache.stale.get(rec.program_hash)
             if old is not None:  # rows still valid: recount only the FLOPs
                 f = ProgramFeatures(old.leaf_features, old.positions, program_flops(mod), old.program_hash)
             else:
                 f = featurizer([load_program(mod, _target_kind(rec))])[0]
-            if rec.get("flops"):  # an imported lowered program (no blocks): its workload's count
-                f.flops = float(rec["flops"])
+            if rec.flops:  # an imported lowered program (no blocks): its workload's count
+                f.flops = float(rec.flops)
         except ProgramError as e:
-            print(f"dataset: {rec['id']}: cannot featurize: {str(e).splitlines()[-1][:200]}", file=sys.stderr)
+            print(f"dataset: {rec.id}: cannot featurize: {str(e).splitlines()[-1][:200]}", file=sys.stderr)
             continue
-        f.program_hash = rec["program_hash"]  # the hash the collector stored (same function)
+        f.program_hash = rec.program_hash  # the hash the collector stored (same function)
         cache.put(f)
         if time.time() - last_flush > 60:
             cache.flush()
@@ -265,9 +266,9 @@ def _walk_loops(todo: dict[str, list[ProgramFeatures]], dataset_dir: str, task_t
     from cdmpp.program.inputs import ProgramError, apply_trace, load_program
 
     recs = {}
-    for rec in RecordStore(dataset_dir).iter_records():
-        h = rec.get("program_hash")
-        if h in todo and h not in recs and (rec.get("trace") is not None or rec.get("program")):
+    for rec in RecordStore(dataset_dir).records():
+        h = rec.program_hash
+        if h in todo and h not in recs and (rec.has_trace or rec.program):
             recs[h] = rec
     out: dict[str, np.ndarray] = {}
     new: dict[str, np.ndarray] = {}
@@ -285,19 +286,19 @@ def _walk_loops(todo: dict[str, list[ProgramFeatures]], dataset_dir: str, task_t
         publish_numbered(tmp, cache_dir, "loops-", ".npz")
         new.clear()
 
-    for i, (h, rec) in enumerate(sorted(recs.items(), key=lambda kv: kv[1]["task"])):  # one task's programs together
+    for i, (h, rec) in enumerate(sorted(recs.items(), key=lambda kv: kv[1].task or "")):  # one task's programs together
         f = todo[h][0]
-        workload = None if rec.get("program") else _workload_of(rec, task_table, mods)
+        workload = None if rec.program else _workload_of(rec, task_table, mods)
         try:
-            if workload is None and not rec.get("program"):
-                raise ProgramError(f"task {rec['task']} is not in the task table")
+            if workload is None and not rec.program:
+                raise ProgramError(f"task {rec.task} is not in the task table")
             prog = load_program(_scheduled(rec, workload), _target_kind(rec))
             ast = compact_ast_of(prog, expected_leaves=f.n_leaves)
             if list(ast.leaf_positions) != [int(x) for x in f.positions]:
                 raise ProgramError("its compact AST's leaf positions differ from the cached features'")
         except ProgramError as e:
             failed += 1
-            print(f"attach_loops: {rec['id']}: {str(e).splitlines()[-1][:200]}", file=sys.stderr)
+            print(f"attach_loops: {rec.id}: {str(e).splitlines()[-1][:200]}", file=sys.stderr)
             continue
         out[h] = new[h] = ast.loop_tokens()
         now = time.time()
@@ -327,15 +328,15 @@ def summarize(dataset_dir: str, task_table=None) -> dict:
     repassed: Counter = Counter()  # labels with more than one pass (cdmpp remeasure)
     tasks: dict[str, set] = defaultdict(set)
     per_network: dict[str, Counter] = defaultdict(Counter)
-    for rec in RecordStore(dataset_dir).iter_records(report=report):
-        dev = rec.get("device", "?")
+    for rec in RecordStore(dataset_dir).records(report=report):
+        dev = rec.device or "?"
         if label(rec) is None:
-            (failed if rec.get("error") or not rec.get("seconds") else disturbed)[dev] += 1
+            (failed if rec.error or not rec.seconds else disturbed)[dev] += 1
             continue
         per_device[dev] += 1
-        repassed[dev] += any(usable(p) for p in rec.get("remeasures", []))
-        tasks[dev].add(rec["task"])
-        for net in {o.split("@")[0] for o in rec.get("networks", [])}:
+        repassed[dev] += any(usable(p) for p in rec.remeasures)
+        tasks[dev].add(rec.task)
+        for net in {o.split("@")[0] for o in rec.networks or []}:
             per_network[dev][net] += 1
     return {
         "devices": {d: {"programs": per_device[d], "failed": failed[d], "disturbed": disturbed[d], "tasks": len(tasks[d]),

@@ -19,6 +19,7 @@ import sys
 import time
 
 from cdmpp.records.importers import FAILED_RUN_S, _merge_workloads, _target_kind, stored_keys
+from cdmpp.records.record import Record
 from cdmpp.records.store import RecordStore, record_id
 
 FORMATS = ("ansor", "autotvm")
@@ -167,11 +168,11 @@ def import_log(fmt: str, log: str, dataset_dir: str, device: str, task_table=Non
                         "device": device, "spec": spec, "tvm_version": tvm.__version__, "side_tvm_version": "0.19",
                         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "command": " ".join(sys.argv),
                         "imported": {"from": src, "format": f"{fmt}-log", "workloads": workloads}})
-                pending.append({  # "trace" right before "seconds", as the store's trace-less reader expects
-                    "id": rid, "device": device, "task": tkey, "task_name": name, "networks": networks,
-                    "program_hash": phash, "flops": flops, "program": text, "trace": None, "seconds": secs,
-                    "error": None, "run": run_id, "source": f"{src}:{lineno}", "target": p["target"],
-                    "log_key": p["key"], "log_target": ans["target"]})
+                pending.append(Record(  # a TVMScript program and no trace
+                    id=rid, device=device, task=tkey, task_name=name, networks=networks, program_hash=phash,
+                    flops=flops, program=text, trace=None, seconds=secs, error=None, run=run_id,
+                    extra={"source": f"{src}:{lineno}", "target": p["target"], "log_key": p["key"],
+                           "log_target": ans["target"]}))
                 counts["added"] += 1
                 if len(pending) >= batch:
                     store.append(device, pending)

@@ -33,6 +33,7 @@ import sys
 import time
 
 from cdmpp import defaults
+from cdmpp.records.record import Record
 from cdmpp.records.store import LoadReport, RecordStore, read_records, record_id, slug
 
 WORKLOADS = "workloads.jsonl"  # a dataset's own workloads: {"key", "name", "mod_json", "source"} per line
@@ -373,12 +374,11 @@ def import_metaschedule(db_dir: str, dataset_dir: str, device: str, task_table=N
                 "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "command": " ".join(sys.argv),
                 "imported": {"from": os.path.abspath(db_dir), "format": fmt}})
         known = task_table.tasks.get(key) if task_table is not None else None
-        pending.append({  # the collector's shape, "trace" right before "seconds" (store._without_trace)
-            "id": rid, "device": device, "task": key,
-            "task_name": name,
-            "networks": sorted(known.occurrences) if known else [], "program_hash": phash,
-            "trace": trace, "seconds": secs, "error": None, "run": run_id,
-            "source": f"{src}:{lineno}", "target": json.dumps(target, sort_keys=True), "ms_key": mkey})
+        pending.append(Record(  # the collector's fields, where the database has them
+            id=rid, device=device, task=key, task_name=name,
+            networks=sorted(known.occurrences) if known else [], program_hash=phash,
+            trace=trace, seconds=secs, error=None, run=run_id,
+            extra={"source": f"{src}:{lineno}", "target": json.dumps(target, sort_keys=True), "ms_key": mkey}))
         counts["added"] += 1
         if len(pending) >= batch:
             store.append(device, pending)

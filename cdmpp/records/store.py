@@ -13,6 +13,8 @@ A later measurement of a stored program (``cdmpp remeasure``) is a record of its
 ``remeasures`` instead of yielding it as a program.
 A record measured while other processes were busy (``disturbed``) is kept but counts as not done: a
 resumed collection measures the program again and the new record supersedes it when read.
+A line is a ``cdmpp.records.record.Record`` (``records`` reads them typed; ``iter_records`` gives the stored
+JSON objects as dicts, for readers that have not moved to records yet).
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Iterator
 
+from cdmpp.records.record import MISSING, Record
+
 
 def slug(device_id: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", device_id)
@@ -39,9 +43,13 @@ def record_id(device: str, task: str, program_hash: str) -> str:
 DISTURBED_SHARE = 0.10  # older records (no ``disturbed`` field): others used more CPU than this
 
 
-def is_disturbed(rec: dict) -> bool:
+def is_disturbed(rec: Record | dict) -> bool:
     """Measured while other processes were busy: the collector's ``disturbed`` flag; records from before
     that flag fall back to the CPU share others used (``others_cpu``)."""
+    if isinstance(rec, Record):
+        if rec.disturbed is not MISSING:
+            return bool(rec.disturbed)
+        return (0.0 if rec.others_cpu is MISSING else rec.others_cpu) > DISTURBED_SHARE
     return bool(rec.get("disturbed", rec.get("others_cpu", 0.0) > DISTURBED_SHARE))
 
 
@@ -186,13 +194,15 @@ class RecordStore:
             f.flush()
             os.fsync(f.fileno())
 
-    def append(self, device: str, records: list[dict]) -> None:
-        """Append finished records durably (one write, flush, fsync)."""
+    def append(self, device: str, records: list[Record | dict]) -> None:
+        """Append finished records durably (one write, flush, fsync). A dict is written as it is (a copy
+        of a stored line, ``cdmpp.records.importers.import_store``)."""
         if not records:
             return
         path = self._active(device)
         self._repair_tail(path)
-        blob = "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in records).encode()
+        blob = "".join(json.dumps(r.to_dict() if isinstance(r, Record) else r, separators=(",", ":")) + "\n"
+                       for r in records).encode()
         with open(path, "ab") as f:
             f.write(blob)
             f.flush()
@@ -265,12 +275,25 @@ class RecordStore:
         """Every record once (by id), parts first; bad lines are reported, not fatal. The first record of
         an id wins, unless it was disturbed and a later one of the same id was not. Re-measurements come
         attached to their record (``remeasures``, in file order), not on their own. ``traces=False``:
-        records without their traces, for readers that need only labels and ids."""
+        records without their traces, for readers that need only labels and ids. The stored JSON objects:
+        ``records`` gives the same as ``Record``s."""
+        yield from self._read(device, report, traces, typed=False)
+
+    def records(self, device: str | None = None, report: LoadReport | None = None,
+                traces: bool = True) -> Iterator[Record]:
+        """``iter_records`` as ``Record``s, later passes in their ``remeasures``."""
+        yield from self._read(device, report, traces, typed=True)
+
+    def _read(self, device, report, traces, typed):
         report = report if report is not None else LoadReport()
-        kept: dict[str, dict] = {}
+        kept: dict = {}
         for path in self.files(device):
             for rec in read_records(path, report, traces):
-                rid = rec["id"]
+                if typed:
+                    rec = Record.from_dict(rec)
+                    rid = rec.id
+                else:
+                    rid = rec["id"]
                 old = kept.get(rid)
                 if old is None:
                     kept[rid] = rec
@@ -279,12 +302,17 @@ class RecordStore:
                 report.duplicates += 1
                 if is_disturbed(old) and not is_disturbed(rec):
                     kept[rid] = rec
-        for rid in [rid for rid, rec in kept.items() if "of" in rec]:
+        passes = [rid for rid, rec in kept.items() if (rec.of is not MISSING if typed else "of" in rec)]
+        for rid in passes:
             later = kept.pop(rid)
             report.records -= 1
             report.remeasures += 1
-            if later["of"] in kept:
-                kept[later["of"]].setdefault("remeasures", []).append(later)
+            of = later.of if typed else later["of"]
+            if of in kept:
+                if typed:
+                    kept[of].remeasures.append(later)
+                else:
+                    kept[of].setdefault("remeasures", []).append(later)
         yield from kept.values()
 
     def done_ids(self, device: str) -> set[str]:

@@ -261,8 +261,11 @@ def test_the_fast_measurer_resumes_a_collection_the_metaschedule_one_began(tmp_p
     tasks = [_task(tvm, "matmul", workloads.matmul(32, 32, 32))]
     cfg = MeasureConfig(repeat=2, min_repeat_ms=1, builders=1, quiet_share=1.0)
     target, dev, ds = tvm_env.make_target("llvm", num_cores=1), SimpleNamespace(id="d/llvm", threads=1), str(tmp_path)
-    first = collect(tasks, ds, dev, target, per_task=3, cfg=cfg, fast=False, progress=False)
+    first = collect(tasks, ds, dev, target, per_task=3, cfg=cfg, measurer="metaschedule", progress=False)
     assert first["measured"] == 3
+    keys = ["id", "device", "task", "task_name", "networks", "program_hash", "trace", "seconds", "error", "build_s",
+            "others_cpu", "disturbed", "run", "measured_at", "stable"]  # the stored form, as before records were typed
+    assert all(list(r) == keys for r in RecordStore(ds).iter_records())
     again = collect(tasks, ds, dev, target, per_task=3, cfg=cfg, progress=False)
     assert again["measured"] == 0 and again["skipped_done"] == 3
 

@@ -185,7 +185,7 @@ def test_a_paused_fast_collection_waits_and_honours_a_stop(tmp_path):
 
 
 def test_overlap_by_default_for_one_thread_cpu_and_for_gpu_programs_with_cores_to_spare():
-    from cdmpp.measure.fast import default_overlap
+    from cdmpp.measure.processes import default_overlap
 
     spare = len(os.sched_getaffinity(0)) > 1
     assert default_overlap(1, "cpu") == spare
@@ -229,9 +229,9 @@ def test_the_helper_builder_and_its_children_are_stopped_while_a_task_runs():
         m._hold_helper(False)
         assert m._held == [] and settled(lambda s: "T" not in s)
     finally:
-        from cdmpp.measure.fast import _descendants
+        from cdmpp.measure.processes import descendants
 
-        for pid in _descendants(worker.pid):
+        for pid in descendants(worker.pid):
             os.kill(pid, 9)
         worker.kill()
         worker.wait()
@@ -243,7 +243,7 @@ def test_a_stop_signal_does_not_wait_for_a_build_in_flight():
     import threading
     import time
 
-    from cdmpp.measure.fast import wait_stoppable
+    from cdmpp.measure.processes import wait_stoppable
     from cdmpp.measure.stop import STOP
 
     never = cf.Future()
@@ -266,7 +266,7 @@ def test_builds_are_taken_as_they_finish_and_a_hung_head_is_given_up_after_its_b
     import concurrent.futures as cf
     from collections import deque
 
-    from cdmpp.measure.fast import next_ready
+    from cdmpp.measure.processes import next_ready
 
     slow, fast, later = cf.Future(), cf.Future(), cf.Future()
     queue = deque([("slow", slow, None), ("fast", fast, None), ("later", later, None)])

@@ -1,4 +1,4 @@
-"""``Measurer``: MetaSchedule's builder and runner on real programs: valid inputs, repeats within a budget, timeouts, kept artifacts."""
+"""``MetaScheduleMeasurer``: MetaSchedule's builder and runner on real programs: valid inputs, repeats within a budget, timeouts, kept artifacts."""
 
 import os
 import time
@@ -90,9 +90,10 @@ def test_measuring_leaves_no_built_artifacts_behind():
     from cdmpp.zoo import workloads
 
     tvm_env.setup(1)
-    from cdmpp.measure.measurer import MeasureConfig, Measurer
+    from cdmpp.measure.measurer import MeasureConfig
+    from cdmpp.measure.metaschedule import MetaScheduleMeasurer
 
-    with Measurer(tvm_env.make_target("llvm", num_cores=1),
+    with MetaScheduleMeasurer(tvm_env.make_target("llvm", num_cores=1),
                   MeasureConfig(repeat=2, min_repeat_ms=1, builders=1, quiet_share=1.0)) as m:
         seen = []
         run_one = m._run_one
@@ -132,3 +133,37 @@ def test_a_kept_artifact_is_run_again_without_building(tmp_path, measurer):
         assert all(err is None and secs and min(secs) > 0 for secs, err, _, _ in out)
     assert all(b > 0 for _, _, b, _ in first) and [b for _, _, b, _ in again] == [0.0, 0.0]
     assert len(os.listdir(kept)) == 3 and not os.listdir(m.tmp_root)
+
+
+def test_metaschedule_jobs_are_measured_in_batches_that_run_on_across_jobs():
+    """The MetaSchedule measurer behind the ``Measurer`` interface: programs of consecutive jobs share
+    batches of ``batch_size`` as its own collect loop had them; a job comes back, in order, once all its
+    programs are measured; a job whose workload does not load comes back with the reason."""
+    from cdmpp.measure.measurer import Built, Result
+    from cdmpp.measure.metaschedule import MetaScheduleMeasurer
+
+    m = MetaScheduleMeasurer.__new__(MetaScheduleMeasurer)
+    m.batch_size, m.device_id, m.skipped = 3, "d/llvm", 0
+    batches = []
+
+    def programs(job):
+        if job["task_key"] == "bad":
+            raise ValueError("not a module")
+        return [(Built(job["task_key"], f"{job['task_key']}{i}", None), f"mod-{job['task_key']}{i}") for i in range(job["n"])]
+
+    def measure(mods, groups, keys):
+        batches.append((list(mods), list(keys)))
+        return [([1e-3], None, 0.5, 0.0) for _ in mods]
+
+    m._programs, m.measure = programs, measure
+    jobs = [{"task_key": "a", "n": 2}, {"task_key": "bad", "n": 1}, {"task_key": "b", "n": 2}, {"task_key": "c", "n": 0},
+            {"task_key": "d", "n": 7}]
+    out = list(m.measure_jobs(jobs))
+    assert [mods for mods, _ in batches] == [["mod-a0", "mod-a1", "mod-b0"], ["mod-b1", "mod-d0", "mod-d1"],
+                                             ["mod-d2", "mod-d3", "mod-d4"], ["mod-d5", "mod-d6"]]
+    assert batches[0][1] == ["d/llvm|a|a0", "d/llvm|a|a1", "d/llvm|b|b0"]  # record ids: kept artifacts' keys
+    assert [j["task_key"] for j, _ in out] == ["a", "bad", "b", "c", "d"]
+    assert out[1][1].startswith("build: ") and out[3][1] == []
+    assert [r.program.program_hash for r in out[4][1]] == [f"d{i}" for i in range(7)]  # a job longer than a batch
+    a = out[0][1]
+    assert all(isinstance(r, Result) and r.seconds == [1e-3] and r.program.build_s == 0.5 for r in a)

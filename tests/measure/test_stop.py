@@ -14,9 +14,10 @@ TERM_SCRIPT = textwrap.dedent("""
     from cdmpp.zoo import workloads
     tvm_env.setup(1)
     from cdmpp.cli import stop_signals_interrupt
-    from cdmpp.measure.measurer import MeasureConfig, Measurer
+    from cdmpp.measure.measurer import MeasureConfig
+    from cdmpp.measure.metaschedule import MetaScheduleMeasurer
     cfg = MeasureConfig(repeat=3, min_repeat_ms=1, builders=1, quiet_share=1.0)
-    with stop_signals_interrupt(), Measurer(tvm_env.make_target("llvm", num_cores=1), cfg) as m:
+    with stop_signals_interrupt(), MetaScheduleMeasurer(tvm_env.make_target("llvm", num_cores=1), cfg) as m:
         print(m.tmp_root, flush=True)
         m.measure([workloads.matmul(1024, 1024, 1024)])  # unscheduled: runs for seconds
 """)

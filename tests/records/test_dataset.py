@@ -50,6 +50,8 @@ def test_loops_survive_the_feature_cache_and_the_wire(tmp_path):
 
 def test_twins_are_featurized_once(real, tmp_path, monkeypatch):
     """Records of one program on several devices share its features, so a fresh cache extracts each once."""
+    import dataclasses
+
     from cdmpp.program.features import Featurizer
     from cdmpp.records.dataset import _featurize_records
     from cdmpp.records.store import RecordStore
@@ -57,8 +59,8 @@ def test_twins_are_featurized_once(real, tmp_path, monkeypatch):
     from tests.data import TASKS
 
     folder, _ = real
-    records = [r for _, r in zip(range(6), RecordStore(str(folder)).iter_records())]
-    twins = [{**r, "id": r["id"] + "-twin", "device": "other/llvm"} for r in records[:3]]
+    records = [r for _, r in zip(range(6), RecordStore(str(folder)).records())]
+    twins = [dataclasses.replace(r, id=r.id + "-twin", device="other/llvm") for r in records[:3]]
     calls = []
     extract = Featurizer.__call__
 
@@ -69,5 +71,5 @@ def test_twins_are_featurized_once(real, tmp_path, monkeypatch):
     monkeypatch.setattr(Featurizer, "__call__", counted)
     cache = FeatureCache(str(tmp_path))
     _featurize_records(records + twins, TaskTable.load(str(TASKS)), cache, progress=False)
-    hashes = {r["program_hash"] for r in records}
+    hashes = {r.program_hash for r in records}
     assert sum(calls) == len(hashes) and all(cache.get(h) is not None for h in hashes)
