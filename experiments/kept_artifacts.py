@@ -1,5 +1,5 @@
 """Programs/s of a pass that builds its programs versus one that runs the artifacts kept from the first
-(``Measurer(artifact_dir=...)``): the same random stored programs, the collector's settings, this machine.
+(``MetaScheduleMeasurer(artifact_dir=...)``): the same random stored programs, the collector's settings, this machine.
 Run it with nothing else measuring (stop or PAUSE a collection first).
 
     python benchmarks/kept_artifacts.py [DEVICE] [N]
@@ -10,7 +10,8 @@ import tempfile
 import time
 
 from cdmpp.program import tvm_env
-from cdmpp.measure.measurer import MeasureConfig, Measurer
+from cdmpp.measure.measurer import MeasureConfig
+from cdmpp.measure.metaschedule import MetaScheduleMeasurer
 from cdmpp.records.labels import label
 from cdmpp.devices.table import DeviceTable
 from cdmpp.program.inputs import apply_trace
@@ -27,7 +28,7 @@ recs = sorted(random.Random(0).sample(labeled, n), key=lambda r: r["task"])
 task_mods = {key: load_task_mod(tasks[key]) for key in {r["task"] for r in recs}}
 mods = [apply_trace(task_mods[r["task"]], r["trace"]) for r in recs]
 with tempfile.TemporaryDirectory() as kept:
-    measurer = Measurer(spec.make_target(), MeasureConfig(), artifact_dir=kept)
+    measurer = MetaScheduleMeasurer(spec.make_target(), MeasureConfig(), artifact_dir=kept)
     for name in ("built", "kept"):
         t, failed = time.perf_counter(), 0
         for i in range(0, n, 32):
