@@ -1,0 +1,74 @@
+"""The protocol's numbers on a fixed sample stay what they were (issue 57: behaviour unchanged while the
+runner is rebuilt). One seed, a cheap method mix (cdmpp at one epoch, the pooled GBT and its variants, the
+GBT blend, the twin predictors, TVM's XGBModel and the Tenset MLP), every within-device and cross-device setting the sample allows; each
+row's metrics are compared with ``protocol_numbers.json``, recorded before the change.
+
+MECHANICS ONLY for the cross-device rows: the target is the relabeled fake device. Rewrite the record
+(only when a change is meant to move the numbers, and say so in its commit) with
+``CDMPP_RECORD_PROTOCOL_NUMBERS=1 pytest tests/evaluation/test_protocol_numbers.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.data import FAKE_DEVICE, ROOT
+
+RECORD = Path(__file__).with_name("protocol_numbers.json")
+
+
+@pytest.fixture(scope="module")
+def one_epoch_recipe(tmp_path_factory):
+    from cdmpp.defaults import RECIPES
+
+    path = tmp_path_factory.mktemp("recipe") / "one-epoch.toml"
+    path.write_text(f'base = "{RECIPES / "default"}"\nd_model = 32\nd_ff = 64\nepochs = 1\nensemble = 1\n'
+                    "lr_cycle_epochs = 1\ngbt_minutes = 1\n")
+    return str(path)
+
+
+VARIES = ("time", "train_seconds", "recipe")  # wall clock, a temporary path: the rest of a row is compared
+
+
+def _rows(runs: Path) -> dict:
+    """{"setting | method": the row's numbers, metrics flattened} of a runs file (one seed: each pair once)."""
+    out = {}
+    for r in map(json.loads, runs.read_text().splitlines()):
+        flat = {f"metrics.{k}": v for k, v in r.pop("metrics").items()}
+        flat.update({k: v for k, v in r.items() if k not in VARIES and not isinstance(v, (dict, list))})
+        out[f"{r['setting']} | {r['method']}"] = flat
+    return out
+
+
+@pytest.mark.slow
+def test_the_protocol_numbers_on_a_fixed_sample_are_unchanged(two_devices, held, one_epoch_recipe, tmp_path):
+    from cdmpp.devices.table import DeviceTable
+    from cdmpp.evaluation.protocol import ProtocolOptions, run_seed
+
+    table = DeviceTable(str(ROOT / "datasets" / "devices.json")).spec_table()
+    real_dev = next(iter({p.device for p in two_devices.programs} - {FAKE_DEVICE}))
+    table[FAKE_DEVICE] = {**table[real_dev], "cores": 1, "simd_width_bits": 256}
+    runs = tmp_path / "runs.jsonl"
+    opts = ProtocolOptions(target_device=FAKE_DEVICE, held_out=held, seeds=(0,),
+                           settings=("random-new", "cross-model", "cross-device-new", "cross-device-seen"),
+                           ks=("0", "8"), samplers=("kmeans", "random"),
+                           methods=("cdmpp", "pooled-gbt", "pooled-gbt-roofline", "gbt-blend", "twins", "xgb", "mlp"),
+                           recipe=one_epoch_recipe, minutes=60.0, peer_minutes=30.0, runs=str(runs))
+    run_seed(opts, 0, ds=two_devices, device_table=table)
+    got = _rows(runs)
+    if os.environ.get("CDMPP_RECORD_PROTOCOL_NUMBERS"):
+        RECORD.write_text(json.dumps(got, indent=1, sort_keys=True) + "\n")
+    want = json.loads(RECORD.read_text())
+    assert sorted(got) == sorted(want), "the rows written changed"
+    for row, metrics in want.items():
+        assert sorted(got[row]) == sorted(metrics), row
+        for key, value in metrics.items():
+            if not isinstance(value, float):
+                assert got[row][key] == value, (row, key, got[row][key], value)
+            else:
+                assert math.isclose(got[row][key], value, rel_tol=1e-6, abs_tol=1e-9), (row, key, got[row][key], value)
