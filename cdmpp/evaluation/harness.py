@@ -13,7 +13,6 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import math
-import subprocess
 import sys
 import time
 import tomllib
@@ -28,6 +27,7 @@ from cdmpp.evaluation import metrics as ev
 from cdmpp.evaluation import splits
 from cdmpp.evaluation.methods.cdmpp_model import CDMPP
 from cdmpp.evaluation.methods.peers import make_peers
+from cdmpp.provenance import git_commit
 from cdmpp.records.dataset import per_device_counts
 
 ABLATIONS = {"no-pe": "ablation-no-pe", "no-da": "ablation-no-da", "random-sampler": None}
@@ -266,14 +266,6 @@ def _device_table(path: str) -> dict:
 
     return DeviceTable(path).spec_table()
 
-
-
-def git_commit() -> str | None:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=Path(__file__).parent, timeout=5).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        return None
 
 
 def _json_default(obj):
