@@ -262,9 +262,11 @@ def add_eval_commands(sub, bsub) -> None:
     proto.add_argument("--minutes", type=float, default=120.0,
                        help="safety cap on each cdmpp training run (default 120); the recipe's epochs are the budget, "
                             "so a loaded machine gives the same model (--set epochs=N to change it)")
-    proto.add_argument("--device-ids", default="amd-epyc-znver4-2t/llvm-avx512,amd-epyc-znver4-1t/llvm-avx512",
-                       help="devices whose programs are used (pinned, so added data does not move the numbers)")
-    proto.add_argument("--target-device", default="amd-epyc-znver4-1t/llvm-avx512")
+    proto.add_argument("--device-ids", default=",".join(defaults.PROTOCOL_DEVICES),
+                       help="devices whose programs are used (pinned, so added data does not move the numbers; "
+                            "default %(default)s)")
+    proto.add_argument("--target-device", default=defaults.PROTOCOL_TARGET,
+                       help="cross-device settings: the device held out (default %(default)s)")
     proto.add_argument("--jobs", type=int, default=1, help="seeds run in parallel processes")
     proto.add_argument("--threads", type=int, default=1,
                        help="torch / XGBoost threads of each job (default 1; the shipped model trains with all cores)")

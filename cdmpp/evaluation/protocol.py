@@ -56,8 +56,6 @@ SETTINGS = ("random-new", "cross-model", "leave-one-chip-out", "cross-device-new
             "paper-5-leaf")
 GBT_BLEND = "GBT peers' blend (latency target, MAPE loss; weight on validation)"
 WITHIN_DEVICE = ("random-new", "cross-model", "paper", "paper-5-leaf")  # one split, cdmpp and the peers on it
-PINNED_DEVICES = ("amd-epyc-znver4-2t/llvm-avx512", "amd-epyc-znver4-1t/llvm-avx512")
-TARGET_DEVICE = "amd-epyc-znver4-1t/llvm-avx512"
 KS = ("0", "16", "64", "5%")
 SUMMARY_KEYS = ("mape", "mape_capped", "mape_fast10", "median_ape", "within_10", "within_25", "spearman", "top1",
                 "top5", "coverage90")
@@ -68,8 +66,8 @@ class ProtocolOptions:
     dataset: str = defaults.DATASET
     task_table: str = defaults.TASK_TABLE
     devices: str = defaults.DEVICES
-    device_ids: Sequence[str] = PINNED_DEVICES  # pinned: data added later on other devices is not used
-    target_device: str = TARGET_DEVICE
+    device_ids: Sequence[str] = defaults.PROTOCOL_DEVICES  # pinned: data added later on other devices is not used
+    target_device: str = defaults.PROTOCOL_TARGET
     settings: Sequence[str] = SETTINGS
     seeds: Sequence[int] = (0, 1, 2)
     ks: Sequence[str] = KS
