@@ -1,6 +1,9 @@
 """The evaluation protocol of docs/evaluation.md: every setting, every seed, cdmpp beside its peers.
 
-``run_protocol`` trains, per seed, one cdmpp model and one pooled GBT per setting and scores them:
+``run_protocol`` trains, per seed, the methods of ``ProtocolOptions.methods`` per setting and scores them. The
+methods come by name from ``cdmpp.evaluation.methods.registry`` (cdmpp, the pooled GBT and its variants, the
+GBT blend, TVM's XGBModel, the Tenset MLP) and the runner treats them alike, through the ``Method`` interface
+(``fit``, ``predict_interval``, ``adapt``):
 
 * ``random-new`` and ``cross-model``: train/val/test from ``cdmpp.evaluation.splits`` (grouped by program hash
   across devices; the cross-model DA pool is a held-out share that is never tested);
@@ -51,10 +54,10 @@ import numpy as np
 from cdmpp import defaults
 from cdmpp.evaluation import metrics as ev
 from cdmpp.evaluation import splits
+from cdmpp.evaluation.methods.registry import GBT_BLEND  # noqa: F401  (the blend's row name, as before)
 
 SETTINGS = ("random-new", "cross-model", "leave-one-chip-out", "cross-device-new", "cross-device-seen", "paper",
             "paper-5-leaf")
-GBT_BLEND = "GBT peers' blend (latency target, MAPE loss; weight on validation)"
 WITHIN_DEVICE = ("random-new", "cross-model", "paper", "paper-5-leaf")  # one split, cdmpp and the peers on it
 KS = ("0", "16", "64", "5%")
 SUMMARY_KEYS = ("mape", "mape_capped", "mape_fast10", "median_ape", "within_10", "within_25", "spearman", "top1",
@@ -177,20 +180,83 @@ def twin_priors(sp, device_table: dict) -> list:
     return [amdahl.fit([p for p in sp.train if p.device == source[0]]), TwinRoofline(sp.twins, s_spec, t_spec)]
 
 
+def score(method, test) -> dict:
+    """``method``'s metrics on ``test``: ranking only for a method that predicts scores; else its seconds, with
+    its interval and its own order where it has them (``predict_interval_and_order``: one pass for both)."""
+    if method.predicts == "score":  # higher = faster within a task
+        return ev.evaluate(_seconds(test), [(p.device, p.task) for p in test], rank_key=-method.predict(test))
+    both = getattr(method, "predict_interval_and_order", None)
+    if both is not None:
+        mean, lo, hi, order = both(test)
+    else:
+        mean, lo, hi = method.predict_interval(test)
+        order = method.predict_order(test) if hasattr(method, "predict_order") else None
+    return ev.score(test, mean, lo, hi, order)
+
+
+def fit_info(method) -> dict:
+    """What a row tells of how its method was fitted: ``row_info()`` where the method has it; the trees of a
+    pooled GBT; cdmpp's validation MAPE, epochs and (after ``adapt``) what its fine-tune check found."""
+    from cdmpp.evaluation.methods.cdmpp_model import CDMPP
+    from cdmpp.model.pooled_gbt import PooledGBT
+
+    if hasattr(method, "row_info"):
+        return method.row_info()
+    if isinstance(method, PooledGBT):
+        return {"trees": int(method.model_.best_iteration) + 1}
+    if isinstance(method, CDMPP):
+        s = method.model_.summary
+        info = {"val_mape": s["val"]["mape"]} if "val" in s else {}
+        if "members" in s:
+            info["epochs"] = sum(len(r.get("history", [])) for r in s["members"])
+        tuned = s.get("finetune", {})
+        info.update({name: tuned[key] for name, key in (("finetune_check", "check"), ("order_weight", "order_weight"))
+                     if key in tuned})
+        return info
+    return {}
+
+
+def fit_methods(opts: ProtocolOptions, split, context, scope: str) -> list[tuple]:
+    """[(method, training seconds)]: every method of ``opts.methods`` (``registry.build``) that is scored in
+    ``scope`` ("within-device" or "cross-device"), fitted on ``split``'s train / val in order (parts first;
+    a derived method's seconds include its parts')."""
+    from cdmpp.evaluation.methods import registry
+
+    fitted, secs = [], {}
+    for method, budget in registry.build(opts.methods, context):
+        t = time.monotonic()
+        method.fit(split.train, split.val, budget)
+        secs[id(method)] = time.monotonic() - t + sum(secs.get(id(p), 0.0) for p in getattr(method, "parts", ()))
+        if scope in getattr(method, "scope", (scope,)):
+            fitted.append((method, round(secs[id(method)], 1)))
+    return fitted
+
+
+def _adapt(method, shots, adapted: dict):
+    """``method`` adapted with ``shots``; one made of parts it can reuse (``on_parts``) on its parts as
+    already adapted, so a shared part is adapted once (an adapt draws on xgboost's process-wide random state)."""
+    reuse = getattr(method, "on_parts", None)
+    if reuse is not None and all(id(p) in adapted for p in method.parts):
+        return reuse([adapted[id(p)] for p in method.parts])
+    return method.adapt(shots)
+
+
 def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | None = None, every=None) -> None:
     """Every setting of ``opts`` for one seed (split seed = model seed), rows appended to ``opts.runs``.
     ``every``: the dataset of every device (leave-one-chip-out); without it a caller's ``ds`` is used as
-    is, else every device is loaded."""
+    is, else every device is loaded.
+
+    The methods come from ``cdmpp.evaluation.methods.registry`` by name and are all handled alike: fitted on
+    the split, scored on its test programs and, cross-device, adapted with each k's shots (a ranking-only
+    method only at k = 0). The seen setting adds the twin-based predictors and, for a method with
+    embeddings (cdmpp), ``<label> + twin``."""
     import torch
 
     from cdmpp.evaluation.harness import recipe_config
-    from cdmpp.evaluation.methods.cdmpp_model import CDMPP
-    from cdmpp.model.pooled_gbt import PooledGBT
-    from cdmpp.evaluation.methods.twin_ratio import AmdahlTransfer, TwinAmdahl, TwinRatio
-    from cdmpp.model.physics import fork_join_by_device
-    from cdmpp.model.blend import blend, blend_weight
-    from cdmpp.evaluation.metrics import mape_scale
+    from cdmpp.evaluation.methods import registry
+    from cdmpp.evaluation.methods.twin_ratio import TwinAmdahl, TwinRatio
 
+    registry.check(opts.methods)
     torch.set_num_threads(max(1, opts.threads))
     given = ds
     only_chips = set(opts.settings) == {"leave-one-chip-out"}
@@ -203,44 +269,9 @@ def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | Non
     common = dict(seed=seed, recipe=opts.recipe, overrides=opts.overrides, minutes=opts.minutes)
     out = _Writer(opts.runs, common if opts.threads == 1 else {**common, "threads": opts.threads})
 
-    def train_cdmpp(split, pool):
-        t = time.monotonic()
-        model = CDMPP(config, device_table, pool).fit(split.train, split.val)
-        return model, round(time.monotonic() - t, 1)
-
-    def train_peers(split) -> list:
-        """TVM's XGBModel and the Tenset MLP where ``methods`` asks for them: [(row name, peer, seconds)]."""
-        from cdmpp.evaluation.methods.mlp import TensetMLP
-        from cdmpp.evaluation.methods.xgb import MetaScheduleXGB
-
-        made = []
-        for name, key, make in (("TVM XGBModel (ranking only)", "xgb", lambda: MetaScheduleXGB(opts.threads, seed)),
-                                ("Tenset MLP", "mlp", lambda: TensetMLP(random_state=seed))):
-            if key in opts.methods:
-                t = time.monotonic()
-                peer = make().fit(split.train, split.val, time_budget_s=60.0 * opts.peer_minutes)
-                made.append((name, peer, round(time.monotonic() - t, 1)))
-        return made
-
-    def peer_row(setting, name, peer, secs, test, **n):
-        pred = peer.predict(test)
-        if peer.predicts == "score":  # higher = faster within a task: ranking metrics only
-            m = ev.evaluate([p.seconds for p in test], [(p.device, p.task) for p in test], rank_key=-pred)
-        else:
-            m = ev.score(test, pred)
-        out.row(setting, name, m, train_seconds=secs, **n)
-
-    def train_gbt(split, target="flops", loss="l2"):
-        t = time.monotonic()
-        gbt = PooledGBT(device_table, nthread=opts.threads, random_state=seed, target=target,
-                        loss=loss).fit(split.train, split.val)
-        return gbt, round(time.monotonic() - t, 1)
-
-    # more GBT variants: method -> (PooledGBT target, loss, row name)
-    gbt_variants = {m: t for m, t in (("pooled-gbt-roofline", ("roofline", "l2", "pooled GBT, roofline target")),
-                                     ("pooled-gbt-latency", ("latency", "l2", "pooled GBT, latency target")),
-                                     ("pooled-gbt-mape", ("latency", "mape", "pooled GBT, MAPE loss")))
-                   if m in opts.methods or (m != "pooled-gbt-roofline" and "gbt-blend" in opts.methods)}
+    def context(pool) -> registry.Context:
+        return registry.Context(seed, device_table, opts.threads, config, pool, opts.label, opts.gbt_label,
+                                60.0 * opts.peer_minutes)
 
     steady = steady_records(opts.dataset, opts.device_ids) if {"paper", "paper-5-leaf"} & set(opts.settings) else None
     for setting in [s for s in opts.settings if s in WITHIN_DEVICE]:
@@ -248,36 +279,17 @@ def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | Non
             n = dict(programs=len(split.test), n_train=len(split.train))
             if fraction is not None:  # a learning-curve row: kept out of the summary (see aggregate)
                 n["train_fraction"] = fraction
-            if "cdmpp" in opts.methods:
-                model, secs = train_cdmpp(split, split.target_pool or None)
-                mean, lo, hi, order = model.predict_interval_and_order(split.test)
-                out.row(setting, opts.label, ev.score(split.test, mean, lo, hi, order), k=None, train_seconds=secs,
-                        val_mape=model.model_.summary["val"]["mape"],
-                        epochs=sum(len(r.get("history", [])) for r in model.model_.summary["members"]), **n)
-            if "pooled-gbt" in opts.methods:
-                gbt, gsecs = train_gbt(split)
-                pred = gbt.predict(split.test)
-                out.row(setting, opts.gbt_label, ev.score(split.test, pred), k=None,
-                        train_seconds=gsecs, trees=int(gbt.model_.best_iteration) + 1, **n)
-                c = mape_scale(gbt.predict(split.val), _seconds(split.val))
-                out.row(setting, opts.gbt_label + ", val-scaled", ev.score(split.test, c * pred), k=None, scale=c,
-                        train_seconds=gsecs, **n)
-            variants = {}
-            for target_kind, loss, name in gbt_variants.values():
-                other, osecs = train_gbt(split, target_kind, loss)
-                variants[name] = other, osecs
-                out.row(setting, name, ev.score(split.test, other.predict(split.test)), k=None, train_seconds=osecs,
-                        trees=int(other.model_.best_iteration) + 1, **n)
-            if "gbt-blend" in opts.methods:  # a blend of peers is a peer (DESIGN.md §5): its weight on validation
-                (lat, lsecs), (mape, msecs) = variants["pooled GBT, latency target"], variants["pooled GBT, MAPE loss"]
-                w = blend_weight(_seconds(split.val), lat.predict(split.val), mape.predict(split.val))
-                out.row(setting, GBT_BLEND, ev.score(split.test, blend(lat.predict(split.test), mape.predict(split.test), w)),
-                        k=None, weight=w, train_seconds=round(lsecs + msecs, 1), **n)
-            for name, peer, psecs in train_peers(split):
-                peer_row(setting, name, peer, psecs, split.test, k=None, **n)
+            for method, secs in fit_methods(opts, split, context(split.target_pool or None), "within-device"):
+                out.row(setting, method.label, score(method, split.test), k=None, train_seconds=secs,
+                        **fit_info(method), **n)
 
     if "leave-one-chip-out" in opts.settings:
         from cdmpp.evaluation.chips import held_out_chips, run_chip
+
+        def train_cdmpp(split, pool):
+            t = time.monotonic()
+            model = context(pool).one("cdmpp").fit(split.train, split.val)
+            return model, round(time.monotonic() - t, 1)
 
         every = every if every is not None else given if given is not None else load_pinned(opts, every_device=True)
         for chip in held_out_chips(opts, every, device_table):
@@ -289,20 +301,11 @@ def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | Non
         return
     target = opts.target_device
     base = splits.cross_device_split(ds, target, 0, seed=seed, programs="new")
-    model = gbt = None
-    if "cdmpp" in opts.methods:
-        model, cdmpp_secs = train_cdmpp(base, base.target_pool)
-    if "pooled-gbt" in opts.methods:
-        gbt, gbt_secs = train_gbt(base)
-        gbt_scale = mape_scale(gbt.predict(base.val), _seconds(base.val))
-    peers = train_peers(base)
-    others = [(name, train_gbt(base, target_kind, loss)) for target_kind, loss, name in gbt_variants.values()]
-    if others:  # the GBTs also through cdmpp's Amdahl transfer
-        fork_join = fork_join_by_device(base.train, device_table)
-        others += [(name + ", Amdahl transfer", (AmdahlTransfer(g, fork_join, device_table), secs))
-                   for name, (g, secs) in others]
+    fitted = fit_methods(opts, base, context(base.target_pool), "cross-device")
+    fitted.sort(key=lambda mf: hasattr(mf[0], "parts"))  # parts first (as fitted), then what is made of them
+    embed = next((m.embed for m, _ in fitted if hasattr(m, "embed")), None)  # KMeans shots on its embeddings
+    twins = bool({"pooled-gbt", "twins"} & set(opts.methods))
     n_target = base.info["n_target"]
-    embed = model.embed if model is not None else None
     for k_name in opts.ks:
         k = _k_value(k_name, n_target) if k_name != "0" else 0
         for sampler in (opts.samplers if k else ["kmeans"]):
@@ -314,47 +317,27 @@ def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | Non
                 n = dict(programs=len(test), n_train=len(sp.train), **key)
                 suffix = "" if not k else f" k={k_name} ({sampler})"
                 priors = twin_priors(sp, device_table) if programs == "seen" else []
-                if model is not None:
-                    m = model.adapt(sp.shots) if k else model
-                    mean, lo, hi, order = m.predict_interval_and_order(test)
-                    tuned = m.model_.summary.get("finetune", {}) if k else {}  # checked_finetune's findings
-                    found = {name: tuned[key] for name, key in (("finetune_check", "check"), ("order_weight", "order_weight"))
-                             if key in tuned}
-                    out.row(setting, opts.label + suffix, ev.score(test, mean, lo, hi, order), train_seconds=cdmpp_secs,
-                            **found, **n)
-                    if programs == "seen":  # the physics priors x a GBT of the log ratio on pooled, physics + embedding
-                        tr = TwinRatio(sp.twins, nthread=opts.threads, random_state=seed, prior=priors, inputs="both",
-                                       embed=lambda ps: m.embed([p.features for p in ps])).fit(sp.shots)
-                        out.row(setting, opts.label + " + twin" + suffix, ev.score(test, tr.predict(test)),
-                                train_seconds=cdmpp_secs, **n)
-                if gbt is not None:
-                    g = gbt.adapt(sp.shots) if k else gbt
-                    pred = g.predict(test)
-                    out.row(setting, "pooled GBT" + suffix, ev.score(test, pred), train_seconds=gbt_secs, **n)
-                    out.row(setting, "pooled GBT, val-scaled" + suffix, ev.score(test, gbt_scale * pred),
-                            scale=gbt_scale, train_seconds=gbt_secs, **n)
-                for name, (other, osecs) in others:
-                    out.row(setting, name + suffix, ev.score(test, (other.adapt(sp.shots) if k else other).predict(test)),
-                            train_seconds=osecs, **n)
-                for name, peer, psecs in peers:  # the MLP is fine-tuned on the shots; XGBModel only at k = 0
-                    if peer.predicts == "score" and k:
+                adapted: dict = {}  # id(method) -> the method adapted with these shots (each once)
+                for method, secs in fitted:
+                    if method.predicts == "score" and k:  # a ranking-only peer (XGBModel) only at k = 0
                         continue
-                    peer_row(setting, name + suffix, peer.adapt(sp.shots) if k else peer, psecs, test, **n)
-                for physics in priors if {"pooled-gbt", "twins"} & set(opts.methods) else ():
+                    m = method
+                    if k:
+                        m = adapted[id(method)] = _adapt(method, sp.shots, adapted)
+                    out.row(setting, m.label + suffix, score(m, test), train_seconds=secs, **fit_info(m), **n)
+                    if programs == "seen" and hasattr(m, "embed"):  # the physics priors x a GBT of the log ratio
+                        tr = TwinRatio(sp.twins, nthread=opts.threads, random_state=seed, prior=priors, inputs="both",
+                                       embed=lambda ps, m=m: m.embed([p.features for p in ps])).fit(sp.shots)
+                        out.row(setting, m.label + " + twin" + suffix, score(tr, test), train_seconds=secs, **n)
+                for physics in priors if twins else ():
                     extra = {"overhead_s": physics.overhead_} if isinstance(physics, TwinAmdahl) else {}
-                    out.row(setting, physics.label + suffix, ev.score(test, physics.predict(test)), train_seconds=0.0,
-                            **extra, **n)
+                    out.row(setting, physics.label + suffix, score(physics, test), train_seconds=0.0, **extra, **n)
                     tr = TwinRatio(sp.twins, nthread=opts.threads, random_state=seed, prior=physics).fit(sp.shots)
-                    out.row(setting, physics.label + " x ratio GBT" + suffix, ev.score(test, tr.predict(test)),
-                            train_seconds=0.0, **n)
-                if programs == "seen" and {"pooled-gbt", "twins"} & set(opts.methods):
-                    tr = TwinRatio(sp.twins, nthread=opts.threads, random_state=seed).fit(sp.shots)
-                    out.row(setting, "twin-ratio" + suffix, ev.score(test, tr.predict(test)), train_seconds=0.0, **n)
-                    tr = TwinRatio(sp.twins, nthread=opts.threads, random_state=seed, inputs="physics").fit(sp.shots)
-                    out.row(setting, "twin-ratio, physics inputs" + suffix, ev.score(test, tr.predict(test)),
-                            train_seconds=0.0, **n)
-
-
+                    out.row(setting, physics.label + " x ratio GBT" + suffix, score(tr, test), train_seconds=0.0, **n)
+                if programs == "seen" and twins:
+                    for inputs, name in (("pooled", "twin-ratio"), ("physics", "twin-ratio, physics inputs")):
+                        tr = TwinRatio(sp.twins, nthread=opts.threads, random_state=seed, inputs=inputs).fit(sp.shots)
+                        out.row(setting, name + suffix, score(tr, test), train_seconds=0.0, **n)
 
 
 def _latest_rows(runs_path: str, select: dict | None, curve: bool) -> dict:
