@@ -28,7 +28,8 @@ def cmd_eval(args) -> int:
         print(f"cdmpp eval: {e}", file=sys.stderr)
         return 2
     print(open(f"{args.reports_dir}/{args.name}.md").read())
-    print(f"wrote {args.reports_dir}/{args.name}.json and .md ({report['elapsed_seconds']:.0f} s)", file=sys.stderr)
+    print(f"wrote {args.reports_dir}/{args.name}.json, .md and -runs.jsonl ({report['elapsed_seconds']:.0f} s)",
+          file=sys.stderr)
     return 0
 
 
@@ -214,18 +215,21 @@ def add_eval_commands(sub, bsub) -> None:
     data.add_argument("--seed", type=int, default=0)
     data.add_argument("--force", action="store_true", help="train/finetune: replace an existing checkpoint")
 
-    e = sub.add_parser("eval", parents=[data], help="train cdmpp, ablations and peers on one split; write a report")
+    e = sub.add_parser("eval", parents=[data], help="one setting of the protocol for one seed: cdmpp, its ablations "
+                                                    "and peers on one split, one report (the protocol's runner)")
     e.add_argument("--name", required=True, help="report name: reports/NAME.json and .md")
     e.add_argument("--split", choices=("random", "cross-model", "cross-device"), default="random")
     e.add_argument("--held-out", default="resnet18,mobilenet_v2,bert_tiny", help="cross-model: networks to hold out")
     e.add_argument("--target-device", help="cross-device: the device to adapt to")
     e.add_argument("--k", default="0,16,64", help="cross-device: shot counts (0 = zero-shot)")
     e.add_argument("--recipe", default="default", help="training recipe (train/NAME.toml)")
-    e.add_argument("--peers", default="xgb,mlp", help="peers: xgb, mlp (empty: none)")
+    e.add_argument("--peers", default="xgb,mlp", help="peers beside cdmpp and the pooled GBT, protocol method names: "
+                                                      "xgb (TVM's XGBModel and the XGBoost regressor), mlp (empty: none)")
     e.add_argument("--ablations", default="no-pe,no-da,random-sampler", help="no-pe, no-da, random-sampler")
-    e.add_argument("--max-minutes", type=float, default=8.0, help="time budget for all training (default 8)")
-    e.add_argument("--minutes-per-method", type=float,
-                   help="instead of sharing --max-minutes: every trained model gets this cap (fairer, slower)")
+    e.add_argument("--max-minutes", type=float, default=8.0,
+                   help="cap on each trained model (default 8); the recipe's epochs are the budget. Before issue 57 "
+                        "this was one budget shared by all methods")
+    e.add_argument("--minutes-per-method", type=float, help="the cap on each trained model, instead of --max-minutes")
     e.add_argument("--reports-dir", default=defaults.REPORTS)
     e.add_argument("--limit", type=int, help="use only the first N records (smoke runs)")
     e.add_argument("--train-fraction", type=float, default=1.0,

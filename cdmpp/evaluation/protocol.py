@@ -92,13 +92,13 @@ class ProtocolOptions:
 
 
 def load_pinned(opts: ProtocolOptions, every_device: bool = False):
-    """The dataset of ``opts.device_ids`` (pinned), or with ``every_device`` of every device (what
-    leave-one-chip-out trains on: all other chips)."""
+    """The dataset of ``opts.device_ids`` (pinned; empty: every device), or with ``every_device`` of every
+    device (what leave-one-chip-out trains on: all other chips)."""
     from cdmpp.records.dataset import load_dataset
     from cdmpp.zoo.tasks import TaskTable
 
     return load_dataset(opts.dataset, TaskTable.load(opts.task_table),
-                        devices=None if every_device else list(opts.device_ids), limit=opts.limit, progress=False)
+                        devices=None if every_device else list(opts.device_ids) or None, limit=opts.limit, progress=False)
 
 
 def setting_splits(ds, setting: str, seed: int, fractions: Sequence[float] = (),

@@ -7,7 +7,7 @@ Names: ``cdmpp``; ``pooled-gbt`` (the pooled GBT and its validation-scaled row);
 ``pooled-gbt-latency``, ``pooled-gbt-mape`` (the GBT on log(latency / roofline bound), on log latency, on
 log latency with a MAPE loss; cross-device also through Amdahl's law); ``gbt-blend`` (the latency and
 MAPE-loss GBTs blended, the weight on validation); ``xgb`` (TVM's XGBModel, ranking only), ``mlp`` (the
-Tenset MLP), both under the peers' time budget. ``FLAGS`` are names of the ``--methods`` list that choose
+Tenset MLP), ``xgb-regressor`` (XGBoost on TVM's features and device specs), under the peers' time budget. ``FLAGS`` are names of the ``--methods`` list that choose
 rows rather than methods (the twin predictors, leave-one-chip-out's peers and its fine-tune row).
 """
 
@@ -98,6 +98,14 @@ def _mlp(c: Context) -> list:
     return [peer]
 
 
+def _xgb_regressor(c: Context) -> list:
+    from cdmpp.evaluation.methods.xgb import XGBRegressorPeer
+
+    peer = XGBRegressorPeer(nthread=c.threads, device_table=c.device_table)
+    peer.label = "XGBoost regressor (TVM features + device specs)"
+    return [peer]
+
+
 GBT_BLEND = "GBT peers' blend (latency target, MAPE loss; weight on validation)"
 
 METHODS: dict[str, Callable[[Context], list]] = {  # in the order they are fitted (see ``build``)
@@ -105,12 +113,13 @@ METHODS: dict[str, Callable[[Context], list]] = {  # in the order they are fitte
     "pooled-gbt": _pooled_gbt,
     "xgb": _xgb,
     "mlp": _mlp,
+    "xgb-regressor": _xgb_regressor,
     "pooled-gbt-roofline": _variant("roofline", "l2", "pooled GBT, roofline target"),
     "pooled-gbt-latency": _variant("latency", "l2", "pooled GBT, latency target"),
     "pooled-gbt-mape": _variant("latency", "mape", "pooled GBT, MAPE loss"),
     "gbt-blend": _gbt_blend,
 }
-BUDGETED = ("xgb", "mlp")  # fitted under ``Context.peer_budget_s``; the others' budgets are epochs and rounds
+BUDGETED = ("xgb", "mlp", "xgb-regressor")  # fitted under ``Context.peer_budget_s``; the others' budgets are epochs and rounds
 
 
 def check(names: Sequence[str]) -> None:
