@@ -58,7 +58,8 @@ def cmd_protocol(args) -> int:
     import dataclasses
     import json
 
-    from cdmpp.evaluation.protocol import aggregate, markdown, run_protocol, summary_markdown
+    from cdmpp.evaluation.protocol import run_protocol
+    from cdmpp.evaluation.summary import aggregate, markdown, summary_markdown
 
     opts = _protocol_options(args, ks=_csv(args.k), chip_ks=_csv(args.chip_k), samplers=_csv(args.samplers))
     command = "cdmpp " + shlex.join(sys.argv[1:])
@@ -82,7 +83,8 @@ def cmd_learning_curve(args) -> int:
     import json
     import shlex
 
-    from cdmpp.evaluation.protocol import aggregate_curve, curve_markdown, run_protocol
+    from cdmpp.evaluation.protocol import run_protocol
+    from cdmpp.evaluation.summary import aggregate_curve, curve_markdown
 
     opts = _protocol_options(args, ("random-new", "cross-model"),
                              train_fractions=[float(f) for f in _csv(args.train_fractions)])

@@ -108,8 +108,8 @@ def run_eval(opts: EvalOptions, ds=None, command: str | None = None) -> dict:
     """Run ``opts`` through the protocol's runner and write ``<name>-runs.jsonl``, ``<name>.json`` and
     ``.md`` under ``reports_dir``; returns the summary (``elapsed_seconds`` added)."""
     from cdmpp.evaluation import metrics as ev
-    from cdmpp.evaluation.protocol import (aggregate, aggregate_curve, curve_markdown, load_pinned, run_seed,
-                                           summary_markdown)
+    from cdmpp.evaluation.protocol import load_pinned, run_seed
+    from cdmpp.evaluation.summary import aggregate, aggregate_curve, curve_markdown, summary_markdown
     from cdmpp.provenance import git_commit
 
     start = time.monotonic()

@@ -35,6 +35,9 @@ from cdmpp.model.sampling import choose_shots, model_free_embedding  # noqa: F40
 from cdmpp.records.splits import (Split, Unlabeled, _finish, _programs, _rng, _split_by_key,  # noqa: F401
                                   random_split)
 
+# the protocol's settings (docs/evaluation.md), each scored on its own kind of split below
+SETTINGS = ("random-new", "cross-model", "leave-one-chip-out", "cross-device-new", "cross-device-seen", "paper",
+            "paper-5-leaf")
 HELD_OUT_NETWORKS = ("resnet18", "mobilenet_v2", "bert_tiny")
 # The locked test (DESIGN.md §5, issue 55): seeds and held-out networks no recipe choice has looked at.
 # Every study round until 29 Nov chose on seeds 0-2 and the networks above; these are run to report,

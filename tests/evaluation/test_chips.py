@@ -59,7 +59,8 @@ def test_a_held_out_chip_is_never_in_training_and_its_twins_are_grouped(three_de
 def test_protocol_rows_and_the_mean_over_chips(three_devices, chip_table, tmp_path):
     """MECHANICS ONLY (relabeled fake chips): one seed writes, per chip and k, the pooled GBT, its shots-chosen
     variant, the shots-only GBT and the chip's own GBT; the summary averages the chips."""
-    from cdmpp.evaluation.protocol import ProtocolOptions, aggregate, run_seed
+    from cdmpp.evaluation.protocol import ProtocolOptions, run_seed
+    from cdmpp.evaluation.summary import aggregate
 
     runs = tmp_path / "runs.jsonl"
     opts = ProtocolOptions(settings=("leave-one-chip-out",), methods=("pooled-gbt",), chip_ks=("0", "16"),
