@@ -35,3 +35,15 @@ def test_an_unknown_method_is_refused():
 
     with pytest.raises(ValueError, match="unknown method"):
         build(["cdmpp", "pooled-gbt-typo"], _context())
+
+
+def test_the_peers_by_name():
+    from cdmpp.evaluation.methods.mlp import TensetMLP
+    from cdmpp.evaluation.methods.registry import build
+    from cdmpp.evaluation.methods.xgb import MetaScheduleXGB, XGBRegressorPeer
+
+    made = build(["xgb-regressor", "mlp", "xgb"], _context())
+    assert [type(m) for m, _ in made] == [MetaScheduleXGB, TensetMLP, XGBRegressorPeer]
+    assert [m.label for m, _ in made] == ["TVM XGBModel (ranking only)", "Tenset MLP",
+                                          "XGBoost regressor (TVM features + device specs)"]
+    assert {budget for _, budget in made} == {6.0}
