@@ -24,6 +24,8 @@ from typing import Sequence
 
 from cdmpp import defaults
 from cdmpp.evaluation import splits
+from cdmpp.evaluation.protocol import recipe_config  # noqa: F401  (the studies in experiments/ import it from here)
+from cdmpp.evaluation.protocol import ProtocolOptions, load_pinned, run_seed
 
 ABLATIONS = {"no-pe": "ablation-no-pe", "no-da": "ablation-no-da", "random-sampler": None}
 SETTING = {"random": "random-new", "cross-model": "cross-model", "cross-device": "cross-device-new"}
@@ -66,22 +68,9 @@ def ablation_keys(ablation: str) -> dict:
     return own
 
 
-def recipe_config(recipe: str, ablation: str | None = None, **overrides):
-    """The recipe's config with an ablation's own keys (``ablation_keys``) and ``overrides`` on top."""
-    from cdmpp.model.training import TrainConfig
-
-    values = TrainConfig.recipe(recipe).to_dict()
-    if ablation:
-        values.update(ablation_keys(ablation))
-    values.update(overrides)
-    return TrainConfig.from_dict(values)
-
-
 def protocol_runs(opts: EvalOptions) -> list:
     """The ``ProtocolOptions`` of ``opts``: cdmpp with the pooled GBT and the peers, then one cdmpp per
     trained ablation (same runs file, the ablation's name as its row label)."""
-    from cdmpp.evaluation.protocol import ProtocolOptions
-
     if opts.split not in SETTING:
         raise ValueError(f"unknown split {opts.split!r}: expected random, cross-model or cross-device")
     if opts.split == "cross-device" and not opts.target_device:
@@ -108,7 +97,6 @@ def run_eval(opts: EvalOptions, ds=None, command: str | None = None) -> dict:
     """Run ``opts`` through the protocol's runner and write ``<name>-runs.jsonl``, ``<name>.json`` and
     ``.md`` under ``reports_dir``; returns the summary (``elapsed_seconds`` added)."""
     from cdmpp.evaluation import metrics as ev
-    from cdmpp.evaluation.protocol import load_pinned, run_seed
     from cdmpp.evaluation.summary import aggregate, aggregate_curve, curve_markdown, summary_markdown
     from cdmpp.provenance import git_commit
 

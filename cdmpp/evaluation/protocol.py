@@ -89,6 +89,13 @@ class ProtocolOptions:
     chip_ks: Sequence[str] = ("0", "1%", "5%", "16", "64")  # leave-one-chip-out's shot counts
 
 
+def recipe_config(recipe: str, **overrides):
+    """The recipe's ``TrainConfig`` with ``overrides`` (TrainConfig keys: an ablation's, a study's) on top."""
+    from cdmpp.model.training import TrainConfig
+
+    return TrainConfig.from_dict({**TrainConfig.recipe(recipe).to_dict(), **overrides})
+
+
 def load_pinned(opts: ProtocolOptions, every_device: bool = False):
     """The dataset of ``opts.device_ids`` (pinned; empty: every device), or with ``every_device`` of every
     device (what leave-one-chip-out trains on: all other chips)."""
@@ -250,7 +257,6 @@ def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | Non
     embeddings (cdmpp), ``<label> + twin``."""
     import torch
 
-    from cdmpp.evaluation.harness import recipe_config
     from cdmpp.evaluation.methods import registry
     from cdmpp.evaluation.methods.twin_ratio import TwinAmdahl, TwinRatio
 
