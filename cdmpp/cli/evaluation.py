@@ -70,7 +70,11 @@ def cmd_protocol(args) -> int:
             with open(args.summary, "w") as f:
                 json.dump(summary, f, indent=1)
     else:
-        summary = run_protocol(opts, jobs=args.jobs, command=command, summary_path=args.summary or None)
+        try:
+            summary = run_protocol(opts, jobs=args.jobs, command=command, summary_path=args.summary or None)
+        except ValueError as e:
+            print(f"cdmpp protocol: {e}", file=sys.stderr)
+            return 2
     if args.summary:
         with open(os.path.splitext(args.summary)[0] + ".md", "w") as f:
             f.write(summary_markdown(summary))
@@ -259,7 +263,8 @@ def add_eval_commands(sub, bsub) -> None:
                             "loss), gbt-blend (the latency and MAPE-loss GBTs blended, the weight chosen on "
                             "validation), chip-peers (leave-one-chip-out: only the shots-only GBT and the chip's own "
                             "GBT), cdmpp-finetune (leave-one-chip-out: the network fine-tuned on KMeans shots), xgb "
-                            "(TVM's XGBModel), mlp (Tenset MLP)")
+                            "(TVM's XGBModel), mlp (Tenset MLP), xgb-regressor (XGBoost on TVM features + device "
+                            "specs); names: cdmpp/evaluation/methods/registry.py")
     proto.add_argument("--peer-minutes", type=float, default=2.0, help="cap on each xgb / mlp training run (default 2)")
     proto.add_argument("--recipe", default="default")
     proto.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",

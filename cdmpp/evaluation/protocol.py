@@ -367,6 +367,9 @@ def run_in_processes(fn, tasks: list[tuple], jobs: int) -> None:
 def run_protocol(opts: ProtocolOptions, jobs: int = 1, command: str = "", summary_path: str | None = None) -> dict:
     """All seeds and settings (``jobs`` processes in parallel, one (seed, model) job each), then the
     summary of ``opts.runs`` (with ``opts.train_fractions``: its learning curve, ``aggregate_curve``)."""
+    from cdmpp.evaluation.methods import registry
+
+    registry.check(opts.methods)  # before any data is read
     if opts.train_fractions:
         if any(s.startswith("cross-device") for s in opts.settings):
             raise ValueError("train fractions apply to the random-new and cross-model settings only")
