@@ -1,7 +1,8 @@
 """The protocol's numbers on a fixed sample stay what they were (issue 57: behaviour unchanged while the
 runner is rebuilt). One seed, a cheap method mix (cdmpp at one epoch, the pooled GBT and its variants, the
 GBT blend, the twin predictors, TVM's XGBModel and the Tenset MLP), every within-device and cross-device setting the sample allows; each
-row's metrics are compared with ``protocol_numbers.json``, recorded before the change.
+row's fields are compared with ``protocol_numbers.json``; leave-one-chip-out's with
+``protocol_numbers_chips.json``. Both were recorded with the code of 42ce0d9, before the runner's rebuild.
 
 MECHANICS ONLY for the cross-device rows: the target is the relabeled fake device. Rewrite the record
 (only when a change is meant to move the numbers, and say so in its commit) with
@@ -20,6 +21,7 @@ import pytest
 from tests.data import FAKE_DEVICE, ROOT
 
 RECORD = Path(__file__).with_name("protocol_numbers.json")
+CHIPS_RECORD = Path(__file__).with_name("protocol_numbers_chips.json")
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +43,7 @@ def _rows(runs: Path) -> dict:
     for r in map(json.loads, runs.read_text().splitlines()):
         flat = {f"metrics.{k}": v for k, v in r.pop("metrics").items()}
         flat.update({k: v for k, v in r.items() if k not in VARIES and not isinstance(v, (dict, list))})
-        out[f"{r['setting']} | {r['method']}"] = flat
+        out[f"{r['setting']} | {r['method']}" + (f" @ {r['chip']}" if r.get("chip") else "")] = flat
     return out
 
 
@@ -60,10 +62,13 @@ def test_the_protocol_numbers_on_a_fixed_sample_are_unchanged(two_devices, held,
                            methods=("cdmpp", "pooled-gbt", "pooled-gbt-roofline", "gbt-blend", "twins", "xgb", "mlp"),
                            recipe=one_epoch_recipe, minutes=60.0, peer_minutes=30.0, runs=str(runs))
     run_seed(opts, 0, ds=two_devices, device_table=table)
-    got = _rows(runs)
+    _compare(_rows(runs), RECORD)
+
+
+def _compare(got: dict, record: Path) -> None:
     if os.environ.get("CDMPP_RECORD_PROTOCOL_NUMBERS"):
-        RECORD.write_text(json.dumps(got, indent=1, sort_keys=True) + "\n")
-    want = json.loads(RECORD.read_text())
+        record.write_text(json.dumps(got, indent=1, sort_keys=True) + "\n")
+    want = json.loads(record.read_text())
     assert sorted(got) == sorted(want), "the rows written changed"
     off = []
     for row, fields in want.items():  # every recorded field as it was (a row may tell more than it did)
@@ -74,3 +79,19 @@ def test_the_protocol_numbers_on_a_fixed_sample_are_unchanged(two_devices, held,
             if not same:
                 off.append(f"{row}: {key} {now} (was {value})")
     assert not off, "\n".join(off)
+
+
+@pytest.mark.slow
+def test_the_leave_one_chip_out_numbers_on_a_fixed_sample_are_unchanged(three_devices, chip_table,
+                                                                        one_epoch_recipe, tmp_path):
+    """Leave-one-chip-out (MECHANICS ONLY: two relabeled fake chips): cdmpp at one epoch, its fine-tune, the
+    pooled GBT and the chip peers, k = 0 and 16 with KMeans and random shots."""
+    from cdmpp.evaluation.protocol import ProtocolOptions, run_seed
+    from tests.evaluation.conftest import OTHER
+
+    runs = tmp_path / "runs.jsonl"
+    opts = ProtocolOptions(settings=("leave-one-chip-out",), methods=("cdmpp", "pooled-gbt", "cdmpp-finetune"),
+                           chip_ks=("0", "16"), samplers=("kmeans", "random"), chips=("fake chip A", OTHER),
+                           recipe=one_epoch_recipe, minutes=60.0, runs=str(runs))
+    run_seed(opts, 0, ds=three_devices, device_table=chip_table)
+    _compare(_rows(runs), CHIPS_RECORD)
