@@ -290,14 +290,9 @@ def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | Non
     if "leave-one-chip-out" in opts.settings:
         from cdmpp.evaluation.chips import held_out_chips, run_chip
 
-        def train_cdmpp(split, pool):
-            t = time.monotonic()
-            model = context(pool).one("cdmpp").fit(split.train, split.val)
-            return model, round(time.monotonic() - t, 1)
-
         every = every if every is not None else given if given is not None else load_pinned(opts, every_device=True)
         for chip in held_out_chips(opts, every, device_table):
-            run_chip(opts, seed, every, device_table, chip, out, train_cdmpp, _k_value)
+            run_chip(opts, seed, every, device_table, chip, out, context, _k_value)
         del every
 
     device_settings = [s for s in opts.settings if s.startswith("cross-device")]
