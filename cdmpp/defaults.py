@@ -29,6 +29,10 @@ MODEL = PACKAGE / "models" / "default"  # the shipped checkpoint (package data)
 MODEL_OUT = "cdmpp/models/default"  # where `cdmpp train` writes by default (a checkout's shipped model)
 REPORTS = "reports"  # evaluation reports and benchmark results
 PROTOCOL_RUNS = REPORTS + "/protocol-runs.jsonl"  # every scored row of `cdmpp protocol`
+# the protocol's devices, pinned so data added later on other devices does not move its numbers, and its
+# cross-device target (ids of the device table, DEVICES)
+PROTOCOL_DEVICES = ("amd-epyc-znver4-2t/llvm-avx512", "amd-epyc-znver4-1t/llvm-avx512")
+PROTOCOL_TARGET = "amd-epyc-znver4-1t/llvm-avx512"
 
 RECIPES = PACKAGE.parent / "train"  # a checkout; an installed wheel has them as package data (cdmpp/recipes)
 if not (RECIPES / "default.toml").exists():

@@ -11,12 +11,13 @@ from typing import Sequence
 
 from cdmpp import defaults
 from cdmpp.devices.table import DeviceTable
-from cdmpp.evaluation import splits
-from cdmpp.evaluation.harness import git_commit
 from cdmpp.model import distributed
 from cdmpp.model.checkpoint import TrainedModel
+from cdmpp.model.sampling import choose_shots, model_free_embedding
 from cdmpp.model.training import TrainConfig, checked_finetune, fit
+from cdmpp.provenance import git_commit
 from cdmpp.records.dataset import load_dataset, per_device_counts
+from cdmpp.records.splits import random_split
 from cdmpp.zoo.tasks import TaskTable
 
 
@@ -81,7 +82,7 @@ def training_split(ds, seed: int = 0, val: float = 0.1, val_by: str = "task", ex
     if exclude_networks:
         excluded = set(exclude_networks)
         ds.programs = [p for p in ds.programs if not any(o.split("@")[0] in excluded for o in p.networks)]
-    return splits.random_split(ds, seed, val=val, test=0.0, by=val_by)
+    return random_split(ds, seed, val=val, test=0.0, by=val_by)
 
 
 def sample_ids(k: int, pool: str, device: str, model_path: str | None = None, sampler: str = "kmeans",
@@ -105,8 +106,8 @@ def sample_ids(k: int, pool: str, device: str, model_path: str | None = None, sa
     if model_path:
         emb = TrainedModel.load(model_path).embed([p.features for p in cands])
     else:
-        emb = splits.model_free_embedding(cands, cands)
-    return [cands[i].record_id for i in splits.choose_shots(cands, k, sampler, seed, emb)]
+        emb = model_free_embedding(cands, cands)
+    return [cands[i].record_id for i in choose_shots(cands, k, sampler, seed, emb)]
 
 
 def sample_features(k: int, features: Sequence, model_path: str | None = None, sampler: str = "kmeans",
@@ -122,8 +123,8 @@ def sample_features(k: int, features: Sequence, model_path: str | None = None, s
         emb = TrainedModel.load(model_path).embed(list(features))
     else:
         wrapped = [SimpleNamespace(features=f) for f in features]
-        emb = splits.model_free_embedding(wrapped, wrapped)
-    return [int(i) for i in splits.choose_shots(features, min(k, len(features)), sampler, seed, emb)]
+        emb = model_free_embedding(wrapped, wrapped)
+    return [int(i) for i in choose_shots(features, min(k, len(features)), sampler, seed, emb)]
 
 
 def finetune_checkpoint(model_path: str, dataset: str, device: str, ids: Sequence[str], out: str,

@@ -28,7 +28,8 @@ def cmd_eval(args) -> int:
         print(f"cdmpp eval: {e}", file=sys.stderr)
         return 2
     print(open(f"{args.reports_dir}/{args.name}.md").read())
-    print(f"wrote {args.reports_dir}/{args.name}.json and .md ({report['elapsed_seconds']:.0f} s)", file=sys.stderr)
+    print(f"wrote {args.reports_dir}/{args.name}.json, .md and -runs.jsonl ({report['elapsed_seconds']:.0f} s)",
+          file=sys.stderr)
     return 0
 
 
@@ -57,7 +58,8 @@ def cmd_protocol(args) -> int:
     import dataclasses
     import json
 
-    from cdmpp.evaluation.protocol import aggregate, markdown, run_protocol, summary_markdown
+    from cdmpp.evaluation.protocol import run_protocol
+    from cdmpp.evaluation.summary import aggregate, markdown, summary_markdown
 
     opts = _protocol_options(args, ks=_csv(args.k), chip_ks=_csv(args.chip_k), samplers=_csv(args.samplers))
     command = "cdmpp " + shlex.join(sys.argv[1:])
@@ -68,7 +70,11 @@ def cmd_protocol(args) -> int:
             with open(args.summary, "w") as f:
                 json.dump(summary, f, indent=1)
     else:
-        summary = run_protocol(opts, jobs=args.jobs, command=command, summary_path=args.summary or None)
+        try:
+            summary = run_protocol(opts, jobs=args.jobs, command=command, summary_path=args.summary or None)
+        except ValueError as e:
+            print(f"cdmpp protocol: {e}", file=sys.stderr)
+            return 2
     if args.summary:
         with open(os.path.splitext(args.summary)[0] + ".md", "w") as f:
             f.write(summary_markdown(summary))
@@ -81,7 +87,8 @@ def cmd_learning_curve(args) -> int:
     import json
     import shlex
 
-    from cdmpp.evaluation.protocol import aggregate_curve, curve_markdown, run_protocol
+    from cdmpp.evaluation.protocol import run_protocol
+    from cdmpp.evaluation.summary import aggregate_curve, curve_markdown
 
     opts = _protocol_options(args, ("random-new", "cross-model"),
                              train_fractions=[float(f) for f in _csv(args.train_fractions)])
@@ -214,18 +221,21 @@ def add_eval_commands(sub, bsub) -> None:
     data.add_argument("--seed", type=int, default=0)
     data.add_argument("--force", action="store_true", help="train/finetune: replace an existing checkpoint")
 
-    e = sub.add_parser("eval", parents=[data], help="train cdmpp, ablations and peers on one split; write a report")
+    e = sub.add_parser("eval", parents=[data], help="one setting of the protocol for one seed: cdmpp, its ablations "
+                                                    "and peers on one split, one report (the protocol's runner)")
     e.add_argument("--name", required=True, help="report name: reports/NAME.json and .md")
     e.add_argument("--split", choices=("random", "cross-model", "cross-device"), default="random")
     e.add_argument("--held-out", default="resnet18,mobilenet_v2,bert_tiny", help="cross-model: networks to hold out")
     e.add_argument("--target-device", help="cross-device: the device to adapt to")
     e.add_argument("--k", default="0,16,64", help="cross-device: shot counts (0 = zero-shot)")
     e.add_argument("--recipe", default="default", help="training recipe (train/NAME.toml)")
-    e.add_argument("--peers", default="xgb,mlp", help="peers: xgb, mlp (empty: none)")
+    e.add_argument("--peers", default="xgb,mlp", help="peers beside cdmpp and the pooled GBT, protocol method names: "
+                                                      "xgb (TVM's XGBModel and the XGBoost regressor), mlp (empty: none)")
     e.add_argument("--ablations", default="no-pe,no-da,random-sampler", help="no-pe, no-da, random-sampler")
-    e.add_argument("--max-minutes", type=float, default=8.0, help="time budget for all training (default 8)")
-    e.add_argument("--minutes-per-method", type=float,
-                   help="instead of sharing --max-minutes: every trained model gets this cap (fairer, slower)")
+    e.add_argument("--max-minutes", type=float, default=8.0,
+                   help="cap on each trained model (default 8); the recipe's epochs are the budget. Before issue 57 "
+                        "this was one budget shared by all methods")
+    e.add_argument("--minutes-per-method", type=float, help="the cap on each trained model, instead of --max-minutes")
     e.add_argument("--reports-dir", default=defaults.REPORTS)
     e.add_argument("--limit", type=int, help="use only the first N records (smoke runs)")
     e.add_argument("--train-fraction", type=float, default=1.0,
@@ -253,7 +263,8 @@ def add_eval_commands(sub, bsub) -> None:
                             "loss), gbt-blend (the latency and MAPE-loss GBTs blended, the weight chosen on "
                             "validation), chip-peers (leave-one-chip-out: only the shots-only GBT and the chip's own "
                             "GBT), cdmpp-finetune (leave-one-chip-out: the network fine-tuned on KMeans shots), xgb "
-                            "(TVM's XGBModel), mlp (Tenset MLP)")
+                            "(TVM's XGBModel), mlp (Tenset MLP), xgb-regressor (XGBoost on TVM features + device "
+                            "specs); names: cdmpp/evaluation/methods/registry.py")
     proto.add_argument("--peer-minutes", type=float, default=2.0, help="cap on each xgb / mlp training run (default 2)")
     proto.add_argument("--recipe", default="default")
     proto.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -262,9 +273,11 @@ def add_eval_commands(sub, bsub) -> None:
     proto.add_argument("--minutes", type=float, default=120.0,
                        help="safety cap on each cdmpp training run (default 120); the recipe's epochs are the budget, "
                             "so a loaded machine gives the same model (--set epochs=N to change it)")
-    proto.add_argument("--device-ids", default="amd-epyc-znver4-2t/llvm-avx512,amd-epyc-znver4-1t/llvm-avx512",
-                       help="devices whose programs are used (pinned, so added data does not move the numbers)")
-    proto.add_argument("--target-device", default="amd-epyc-znver4-1t/llvm-avx512")
+    proto.add_argument("--device-ids", default=",".join(defaults.PROTOCOL_DEVICES),
+                       help="devices whose programs are used (pinned, so added data does not move the numbers; "
+                            "default %(default)s)")
+    proto.add_argument("--target-device", default=defaults.PROTOCOL_TARGET,
+                       help="cross-device settings: the device held out (default %(default)s)")
     proto.add_argument("--jobs", type=int, default=1, help="seeds run in parallel processes")
     proto.add_argument("--threads", type=int, default=1,
                        help="torch / XGBoost threads of each job (default 1; the shipped model trains with all cores)")

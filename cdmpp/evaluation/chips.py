@@ -63,22 +63,25 @@ def _chip_pool(ds, split) -> list:
     return [p for p in getattr(ds, "programs", ds) if p.device in targets and p.features.program_hash not in test]
 
 
-def run_chip(opts, seed: int, ds, device_table: dict, chip: str, out, train_cdmpp, k_value) -> None:
-    """Every k and sampler of one held-out ``chip`` for one seed: rows to ``out`` (a protocol ``_Writer``)."""
+def run_chip(opts, seed: int, ds, device_table: dict, chip: str, out, context, k_value) -> None:
+    """Every k and sampler of one held-out ``chip`` for one seed: rows to ``out`` (a protocol ``_Writer``).
+    ``context(pool)``: the registry's ``Context`` of this seed, whose ``cdmpp`` and ``pooled-gbt`` are trained
+    on the other devices."""
     from cdmpp.model.pooled_gbt import PooledGBT
     from cdmpp.model.shots import ShotChoice
 
     base = splits.leave_one_chip_out_split(ds, chip, device_table, 0, seed=seed)
     common = dict(chip=chip, programs=len(base.test), n_train=len(base.train))
+    made = context(base.target_pool)
 
-    def gbt_on(train, val):
+    def fitted(name: str):
         t = time.monotonic()
-        g = PooledGBT(device_table, nthread=opts.threads, random_state=seed).fit(train, val)
-        return g, round(time.monotonic() - t, 1)
+        method = made.one(name).fit(base.train, base.val)
+        return method, round(time.monotonic() - t, 1)
 
     model = cdmpp_secs = None
     if "cdmpp" in opts.methods:
-        model, cdmpp_secs = train_cdmpp(base, base.target_pool)
+        model, cdmpp_secs = fitted("cdmpp")
         cdmpp_base = _Memo(model.predict)
     if {"pooled-gbt", "chip-peers"} & set(opts.methods):  # the ceiling: a GBT of the chip's own programs
         pool = _chip_pool(ds, base)
@@ -93,7 +96,7 @@ def run_chip(opts, seed: int, ds, device_table: dict, chip: str, out, train_cdmp
         from cdmpp.evaluation.methods.twin_ratio import AmdahlTransfer
         from cdmpp.model.physics import fork_join_by_device
 
-        gbt, gbt_secs = gbt_on(base.train, base.val)
+        gbt, gbt_secs = fitted("pooled-gbt")
         transfer = _Memo(AmdahlTransfer(gbt, fork_join_by_device(base.train, device_table), device_table).predict)
     embed = model.embed if model is not None else None
     for k_name in opts.chip_ks:

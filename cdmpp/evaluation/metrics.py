@@ -219,37 +219,6 @@ def markdown_table(rows: list[dict], noise: dict | None) -> str:
     return "\n".join(lines)
 
 
-def _budget_text(report: dict) -> str:
-    if report.get("minutes_per_method"):
-        return f"up to {report['minutes_per_method']} min per trained model"
-    return f"budget {report.get('max_minutes')} min shared by all methods"
-
-
-def markdown_report(report: dict) -> str:
-    """The human-readable report: what was split how, the table, and notes per method."""
-    noise = report.get("noise_floor")
-    info = report.get("split", {})
-    out = [f"# cdmpp eval: {report['name']}", "",
-           f"- split: **{info.get('kind')}** — {info.get('description', '')}",
-           f"- data: {report['data']['programs']} programs on {', '.join(report['data']['devices'])} "
-           f"(train {info.get('n_train')}, val {info.get('n_val')}, test {info.get('n_test')})",
-           f"- recipe: `{report.get('recipe')}`; " + _budget_text(report) + ", "
-           f"{report.get('threads', '?')} thread(s) per method; "
-           f"ran {report.get('elapsed_seconds', 0):.0f} s on {report.get('created')}",
-           _noise_line(noise),
-           "- top-k = best measured latency among the k predicted-fastest / true best of the task "
-           "(1.000 = perfect, lower is better), over tasks with more than k test programs; Spearman/Kendall "
-           "over tasks with ≥ 3 test programs, averaged with equal weight per task",
-           ""]
-    for extra in info.get("notes", []):
-        out.insert(-1, f"- {extra}")
-    out += [markdown_table(report["methods"], noise), ""]
-    notes = [f"- **{r['method']}**: {r['note']}" for r in report["methods"] if r.get("note")]
-    if notes:
-        out += ["Notes:", "", *notes, ""]
-    return "\n".join(out)
-
-
 def _pass_detail(floor: dict) -> str:
     """The same check against single-pass labels (what most records are until ``cdmpp remeasure``
     has run over them) and like for like, where the check file has them."""
@@ -263,7 +232,8 @@ def _pass_detail(floor: dict) -> str:
     return out
 
 
-def _noise_line(noise: dict | None) -> str:
+def noise_line(noise: dict | None) -> str:
+    """A report's line on the labels' noise floor (``noise_floor``): how far a re-measurement moves them."""
     if not noise:
         return "- noise floor: not measured yet"
     floors = noise.get("per_device") or {noise["device"]: noise}

@@ -1,6 +1,9 @@
 """The evaluation protocol of docs/evaluation.md: every setting, every seed, cdmpp beside its peers.
 
-``run_protocol`` trains, per seed, one cdmpp model and one pooled GBT per setting and scores them:
+``run_protocol`` trains, per seed, the methods of ``ProtocolOptions.methods`` per setting and scores them. The
+methods come by name from ``cdmpp.evaluation.methods.registry`` (cdmpp, the pooled GBT and its variants, the
+GBT blend, TVM's XGBModel, the Tenset MLP) and the runner treats them alike, through the ``Method`` interface
+(``fit``, ``predict_interval``, ``adapt``):
 
 * ``random-new`` and ``cross-model``: train/val/test from ``cdmpp.evaluation.splits`` (grouped by program hash
   across devices; the cross-model DA pool is a held-out share that is never tested);
@@ -28,7 +31,7 @@ Each scored row is appended to ``runs`` (JSON lines, so a long run keeps what it
 cdmpp's study tried it and dropped it), so that trick is never what separates the two.
 The shipped recipe's cdmpp is itself blended with a pooled GBT on log latency (``TrainConfig.gbt_blend``);
 its ablation is ``--set gbt_blend=false``.
-``aggregate`` turns rows into ``summary.json``: per setting and method, mean ± std over seeds.
+``summary.aggregate`` turns rows into ``summary.json``: per setting and method, mean ± std over seeds.
 
 ``train_fractions`` makes a learning curve instead (``cdmpp learning-curve``): random-new and
 cross-model trained on each share of each seed's training programs, the same validation and test sets;
@@ -51,16 +54,12 @@ import numpy as np
 from cdmpp import defaults
 from cdmpp.evaluation import metrics as ev
 from cdmpp.evaluation import splits
+from cdmpp.evaluation.splits import SETTINGS
+from cdmpp.evaluation.summary import aggregate, aggregate_curve
+from cdmpp.evaluation.methods.registry import GBT_BLEND  # noqa: F401  (the blend's row name, as before)
 
-SETTINGS = ("random-new", "cross-model", "leave-one-chip-out", "cross-device-new", "cross-device-seen", "paper",
-            "paper-5-leaf")
-GBT_BLEND = "GBT peers' blend (latency target, MAPE loss; weight on validation)"
 WITHIN_DEVICE = ("random-new", "cross-model", "paper", "paper-5-leaf")  # one split, cdmpp and the peers on it
-PINNED_DEVICES = ("amd-epyc-znver4-2t/llvm-avx512", "amd-epyc-znver4-1t/llvm-avx512")
-TARGET_DEVICE = "amd-epyc-znver4-1t/llvm-avx512"
 KS = ("0", "16", "64", "5%")
-SUMMARY_KEYS = ("mape", "mape_capped", "mape_fast10", "median_ape", "within_10", "within_25", "spearman", "top1",
-                "top5", "coverage90")
 
 
 @dataclass
@@ -68,8 +67,8 @@ class ProtocolOptions:
     dataset: str = defaults.DATASET
     task_table: str = defaults.TASK_TABLE
     devices: str = defaults.DEVICES
-    device_ids: Sequence[str] = PINNED_DEVICES  # pinned: data added later on other devices is not used
-    target_device: str = TARGET_DEVICE
+    device_ids: Sequence[str] = defaults.PROTOCOL_DEVICES  # pinned: data added later on other devices is not used
+    target_device: str = defaults.PROTOCOL_TARGET
     settings: Sequence[str] = SETTINGS
     seeds: Sequence[int] = (0, 1, 2)
     ks: Sequence[str] = KS
@@ -90,14 +89,21 @@ class ProtocolOptions:
     chip_ks: Sequence[str] = ("0", "1%", "5%", "16", "64")  # leave-one-chip-out's shot counts
 
 
+def recipe_config(recipe: str, **overrides):
+    """The recipe's ``TrainConfig`` with ``overrides`` (TrainConfig keys: an ablation's, a study's) on top."""
+    from cdmpp.model.training import TrainConfig
+
+    return TrainConfig.from_dict({**TrainConfig.recipe(recipe).to_dict(), **overrides})
+
+
 def load_pinned(opts: ProtocolOptions, every_device: bool = False):
-    """The dataset of ``opts.device_ids`` (pinned), or with ``every_device`` of every device (what
-    leave-one-chip-out trains on: all other chips)."""
+    """The dataset of ``opts.device_ids`` (pinned; empty: every device), or with ``every_device`` of every
+    device (what leave-one-chip-out trains on: all other chips)."""
     from cdmpp.records.dataset import load_dataset
     from cdmpp.zoo.tasks import TaskTable
 
     return load_dataset(opts.dataset, TaskTable.load(opts.task_table),
-                        devices=None if every_device else list(opts.device_ids), limit=opts.limit, progress=False)
+                        devices=None if every_device else list(opts.device_ids) or None, limit=opts.limit, progress=False)
 
 
 def setting_splits(ds, setting: str, seed: int, fractions: Sequence[float] = (),
@@ -179,20 +185,82 @@ def twin_priors(sp, device_table: dict) -> list:
     return [amdahl.fit([p for p in sp.train if p.device == source[0]]), TwinRoofline(sp.twins, s_spec, t_spec)]
 
 
+def score(method, test) -> dict:
+    """``method``'s metrics on ``test``: ranking only for a method that predicts scores; else its seconds, with
+    its interval and its own order where it has them (``predict_interval_and_order``: one pass for both)."""
+    if method.predicts == "score":  # higher = faster within a task
+        return ev.evaluate(_seconds(test), [(p.device, p.task) for p in test], rank_key=-method.predict(test))
+    both = getattr(method, "predict_interval_and_order", None)
+    if both is not None:
+        mean, lo, hi, order = both(test)
+    else:
+        mean, lo, hi = method.predict_interval(test)
+        order = method.predict_order(test) if hasattr(method, "predict_order") else None
+    return ev.score(test, mean, lo, hi, order)
+
+
+def fit_info(method) -> dict:
+    """What a row tells of how its method was fitted: ``row_info()`` where the method has it; the trees of a
+    pooled GBT; cdmpp's validation MAPE, epochs and (after ``adapt``) what its fine-tune check found."""
+    from cdmpp.evaluation.methods.cdmpp_model import CDMPP
+    from cdmpp.model.pooled_gbt import PooledGBT
+
+    if hasattr(method, "row_info"):
+        return method.row_info()
+    if isinstance(method, PooledGBT):
+        return {"trees": int(method.model_.best_iteration) + 1}
+    if isinstance(method, CDMPP):
+        s = method.model_.summary
+        info = {"val_mape": s["val"]["mape"]} if "val" in s else {}
+        if "members" in s:
+            info["epochs"] = sum(len(r.get("history", [])) for r in s["members"])
+        tuned = s.get("finetune", {})
+        info.update({name: tuned[key] for name, key in (("finetune_check", "check"), ("order_weight", "order_weight"))
+                     if key in tuned})
+        return info
+    return {}
+
+
+def fit_methods(opts: ProtocolOptions, split, context, scope: str) -> list[tuple]:
+    """[(method, training seconds)]: every method of ``opts.methods`` (``registry.build``) that is scored in
+    ``scope`` ("within-device" or "cross-device"), fitted on ``split``'s train / val in order (parts first;
+    a derived method's seconds include its parts')."""
+    from cdmpp.evaluation.methods import registry
+
+    fitted, secs = [], {}
+    for method, budget in registry.build(opts.methods, context):
+        t = time.monotonic()
+        method.fit(split.train, split.val, budget)
+        secs[id(method)] = time.monotonic() - t + sum(secs.get(id(p), 0.0) for p in getattr(method, "parts", ()))
+        if scope in getattr(method, "scope", (scope,)):
+            fitted.append((method, round(secs[id(method)], 1)))
+    return fitted
+
+
+def _adapt(method, shots, adapted: dict):
+    """``method`` adapted with ``shots``; one made of parts it can reuse (``on_parts``) on its parts as
+    already adapted, so a shared part is adapted once (an adapt draws on xgboost's process-wide random state)."""
+    reuse = getattr(method, "on_parts", None)
+    if reuse is not None and all(id(p) in adapted for p in method.parts):
+        return reuse([adapted[id(p)] for p in method.parts])
+    return method.adapt(shots)
+
+
 def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | None = None, every=None) -> None:
     """Every setting of ``opts`` for one seed (split seed = model seed), rows appended to ``opts.runs``.
     ``every``: the dataset of every device (leave-one-chip-out); without it a caller's ``ds`` is used as
-    is, else every device is loaded."""
+    is, else every device is loaded.
+
+    The methods come from ``cdmpp.evaluation.methods.registry`` by name and are all handled alike: fitted on
+    the split, scored on its test programs and, cross-device, adapted with each k's shots (a ranking-only
+    method only at k = 0). The seen setting adds the twin-based predictors and, for a method with
+    embeddings (cdmpp), ``<label> + twin``."""
     import torch
 
-    from cdmpp.evaluation.harness import recipe_config
-    from cdmpp.evaluation.methods.cdmpp_model import CDMPP
-    from cdmpp.model.pooled_gbt import PooledGBT
-    from cdmpp.evaluation.methods.twin_ratio import AmdahlTransfer, TwinAmdahl, TwinRatio
-    from cdmpp.model.physics import fork_join_by_device
-    from cdmpp.model.blend import blend, blend_weight
-    from cdmpp.evaluation.metrics import mape_scale
+    from cdmpp.evaluation.methods import registry
+    from cdmpp.evaluation.methods.twin_ratio import TwinAmdahl, TwinRatio
 
+    registry.check(opts.methods)
     torch.set_num_threads(max(1, opts.threads))
     given = ds
     only_chips = set(opts.settings) == {"leave-one-chip-out"}
@@ -205,44 +273,9 @@ def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | Non
     common = dict(seed=seed, recipe=opts.recipe, overrides=opts.overrides, minutes=opts.minutes)
     out = _Writer(opts.runs, common if opts.threads == 1 else {**common, "threads": opts.threads})
 
-    def train_cdmpp(split, pool):
-        t = time.monotonic()
-        model = CDMPP(config, device_table, pool).fit(split.train, split.val)
-        return model, round(time.monotonic() - t, 1)
-
-    def train_peers(split) -> list:
-        """TVM's XGBModel and the Tenset MLP where ``methods`` asks for them: [(row name, peer, seconds)]."""
-        from cdmpp.evaluation.methods.mlp import TensetMLP
-        from cdmpp.evaluation.methods.xgb import MetaScheduleXGB
-
-        made = []
-        for name, key, make in (("TVM XGBModel (ranking only)", "xgb", lambda: MetaScheduleXGB(opts.threads, seed)),
-                                ("Tenset MLP", "mlp", lambda: TensetMLP(random_state=seed))):
-            if key in opts.methods:
-                t = time.monotonic()
-                peer = make().fit(split.train, split.val, time_budget_s=60.0 * opts.peer_minutes)
-                made.append((name, peer, round(time.monotonic() - t, 1)))
-        return made
-
-    def peer_row(setting, name, peer, secs, test, **n):
-        pred = peer.predict(test)
-        if peer.predicts == "score":  # higher = faster within a task: ranking metrics only
-            m = ev.evaluate([p.seconds for p in test], [(p.device, p.task) for p in test], rank_key=-pred)
-        else:
-            m = ev.score(test, pred)
-        out.row(setting, name, m, train_seconds=secs, **n)
-
-    def train_gbt(split, target="flops", loss="l2"):
-        t = time.monotonic()
-        gbt = PooledGBT(device_table, nthread=opts.threads, random_state=seed, target=target,
-                        loss=loss).fit(split.train, split.val)
-        return gbt, round(time.monotonic() - t, 1)
-
-    # more GBT variants: method -> (PooledGBT target, loss, row name)
-    gbt_variants = {m: t for m, t in (("pooled-gbt-roofline", ("roofline", "l2", "pooled GBT, roofline target")),
-                                     ("pooled-gbt-latency", ("latency", "l2", "pooled GBT, latency target")),
-                                     ("pooled-gbt-mape", ("latency", "mape", "pooled GBT, MAPE loss")))
-                   if m in opts.methods or (m != "pooled-gbt-roofline" and "gbt-blend" in opts.methods)}
+    def context(pool) -> registry.Context:
+        return registry.Context(seed, device_table, opts.threads, config, pool, opts.label, opts.gbt_label,
+                                60.0 * opts.peer_minutes)
 
     steady = steady_records(opts.dataset, opts.device_ids) if {"paper", "paper-5-leaf"} & set(opts.settings) else None
     for setting in [s for s in opts.settings if s in WITHIN_DEVICE]:
@@ -250,40 +283,16 @@ def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | Non
             n = dict(programs=len(split.test), n_train=len(split.train))
             if fraction is not None:  # a learning-curve row: kept out of the summary (see aggregate)
                 n["train_fraction"] = fraction
-            if "cdmpp" in opts.methods:
-                model, secs = train_cdmpp(split, split.target_pool or None)
-                mean, lo, hi, order = model.predict_interval_and_order(split.test)
-                out.row(setting, opts.label, ev.score(split.test, mean, lo, hi, order), k=None, train_seconds=secs,
-                        val_mape=model.model_.summary["val"]["mape"],
-                        epochs=sum(len(r.get("history", [])) for r in model.model_.summary["members"]), **n)
-            if "pooled-gbt" in opts.methods:
-                gbt, gsecs = train_gbt(split)
-                pred = gbt.predict(split.test)
-                out.row(setting, opts.gbt_label, ev.score(split.test, pred), k=None,
-                        train_seconds=gsecs, trees=int(gbt.model_.best_iteration) + 1, **n)
-                c = mape_scale(gbt.predict(split.val), _seconds(split.val))
-                out.row(setting, opts.gbt_label + ", val-scaled", ev.score(split.test, c * pred), k=None, scale=c,
-                        train_seconds=gsecs, **n)
-            variants = {}
-            for target_kind, loss, name in gbt_variants.values():
-                other, osecs = train_gbt(split, target_kind, loss)
-                variants[name] = other, osecs
-                out.row(setting, name, ev.score(split.test, other.predict(split.test)), k=None, train_seconds=osecs,
-                        trees=int(other.model_.best_iteration) + 1, **n)
-            if "gbt-blend" in opts.methods:  # a blend of peers is a peer (DESIGN.md §5): its weight on validation
-                (lat, lsecs), (mape, msecs) = variants["pooled GBT, latency target"], variants["pooled GBT, MAPE loss"]
-                w = blend_weight(_seconds(split.val), lat.predict(split.val), mape.predict(split.val))
-                out.row(setting, GBT_BLEND, ev.score(split.test, blend(lat.predict(split.test), mape.predict(split.test), w)),
-                        k=None, weight=w, train_seconds=round(lsecs + msecs, 1), **n)
-            for name, peer, psecs in train_peers(split):
-                peer_row(setting, name, peer, psecs, split.test, k=None, **n)
+            for method, secs in fit_methods(opts, split, context(split.target_pool or None), "within-device"):
+                out.row(setting, method.label, score(method, split.test), k=None, train_seconds=secs,
+                        **fit_info(method), **n)
 
     if "leave-one-chip-out" in opts.settings:
         from cdmpp.evaluation.chips import held_out_chips, run_chip
 
         every = every if every is not None else given if given is not None else load_pinned(opts, every_device=True)
         for chip in held_out_chips(opts, every, device_table):
-            run_chip(opts, seed, every, device_table, chip, out, train_cdmpp, _k_value)
+            run_chip(opts, seed, every, device_table, chip, out, context, _k_value)
         del every
 
     device_settings = [s for s in opts.settings if s.startswith("cross-device")]
@@ -291,20 +300,11 @@ def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | Non
         return
     target = opts.target_device
     base = splits.cross_device_split(ds, target, 0, seed=seed, programs="new")
-    model = gbt = None
-    if "cdmpp" in opts.methods:
-        model, cdmpp_secs = train_cdmpp(base, base.target_pool)
-    if "pooled-gbt" in opts.methods:
-        gbt, gbt_secs = train_gbt(base)
-        gbt_scale = mape_scale(gbt.predict(base.val), _seconds(base.val))
-    peers = train_peers(base)
-    others = [(name, train_gbt(base, target_kind, loss)) for target_kind, loss, name in gbt_variants.values()]
-    if others:  # the GBTs also through cdmpp's Amdahl transfer
-        fork_join = fork_join_by_device(base.train, device_table)
-        others += [(name + ", Amdahl transfer", (AmdahlTransfer(g, fork_join, device_table), secs))
-                   for name, (g, secs) in others]
+    fitted = fit_methods(opts, base, context(base.target_pool), "cross-device")
+    fitted.sort(key=lambda mf: hasattr(mf[0], "parts"))  # parts first (as fitted), then what is made of them
+    embed = next((m.embed for m, _ in fitted if hasattr(m, "embed")), None)  # KMeans shots on its embeddings
+    twins = bool({"pooled-gbt", "twins"} & set(opts.methods))
     n_target = base.info["n_target"]
-    embed = model.embed if model is not None else None
     for k_name in opts.ks:
         k = _k_value(k_name, n_target) if k_name != "0" else 0
         for sampler in (opts.samplers if k else ["kmeans"]):
@@ -316,204 +316,27 @@ def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | Non
                 n = dict(programs=len(test), n_train=len(sp.train), **key)
                 suffix = "" if not k else f" k={k_name} ({sampler})"
                 priors = twin_priors(sp, device_table) if programs == "seen" else []
-                if model is not None:
-                    m = model.adapt(sp.shots) if k else model
-                    mean, lo, hi, order = m.predict_interval_and_order(test)
-                    tuned = m.model_.summary.get("finetune", {}) if k else {}  # checked_finetune's findings
-                    found = {name: tuned[key] for name, key in (("finetune_check", "check"), ("order_weight", "order_weight"))
-                             if key in tuned}
-                    out.row(setting, opts.label + suffix, ev.score(test, mean, lo, hi, order), train_seconds=cdmpp_secs,
-                            **found, **n)
-                    if programs == "seen":  # the physics priors x a GBT of the log ratio on pooled, physics + embedding
-                        tr = TwinRatio(sp.twins, nthread=opts.threads, random_state=seed, prior=priors, inputs="both",
-                                       embed=lambda ps: m.embed([p.features for p in ps])).fit(sp.shots)
-                        out.row(setting, opts.label + " + twin" + suffix, ev.score(test, tr.predict(test)),
-                                train_seconds=cdmpp_secs, **n)
-                if gbt is not None:
-                    g = gbt.adapt(sp.shots) if k else gbt
-                    pred = g.predict(test)
-                    out.row(setting, "pooled GBT" + suffix, ev.score(test, pred), train_seconds=gbt_secs, **n)
-                    out.row(setting, "pooled GBT, val-scaled" + suffix, ev.score(test, gbt_scale * pred),
-                            scale=gbt_scale, train_seconds=gbt_secs, **n)
-                for name, (other, osecs) in others:
-                    out.row(setting, name + suffix, ev.score(test, (other.adapt(sp.shots) if k else other).predict(test)),
-                            train_seconds=osecs, **n)
-                for name, peer, psecs in peers:  # the MLP is fine-tuned on the shots; XGBModel only at k = 0
-                    if peer.predicts == "score" and k:
+                adapted: dict = {}  # id(method) -> the method adapted with these shots (each once)
+                for method, secs in fitted:
+                    if method.predicts == "score" and k:  # a ranking-only peer (XGBModel) only at k = 0
                         continue
-                    peer_row(setting, name + suffix, peer.adapt(sp.shots) if k else peer, psecs, test, **n)
-                for physics in priors if {"pooled-gbt", "twins"} & set(opts.methods) else ():
+                    m = method
+                    if k:
+                        m = adapted[id(method)] = _adapt(method, sp.shots, adapted)
+                    out.row(setting, m.label + suffix, score(m, test), train_seconds=secs, **fit_info(m), **n)
+                    if programs == "seen" and hasattr(m, "embed"):  # the physics priors x a GBT of the log ratio
+                        tr = TwinRatio(sp.twins, nthread=opts.threads, random_state=seed, prior=priors, inputs="both",
+                                       embed=lambda ps, m=m: m.embed([p.features for p in ps])).fit(sp.shots)
+                        out.row(setting, m.label + " + twin" + suffix, score(tr, test), train_seconds=secs, **n)
+                for physics in priors if twins else ():
                     extra = {"overhead_s": physics.overhead_} if isinstance(physics, TwinAmdahl) else {}
-                    out.row(setting, physics.label + suffix, ev.score(test, physics.predict(test)), train_seconds=0.0,
-                            **extra, **n)
+                    out.row(setting, physics.label + suffix, score(physics, test), train_seconds=0.0, **extra, **n)
                     tr = TwinRatio(sp.twins, nthread=opts.threads, random_state=seed, prior=physics).fit(sp.shots)
-                    out.row(setting, physics.label + " x ratio GBT" + suffix, ev.score(test, tr.predict(test)),
-                            train_seconds=0.0, **n)
-                if programs == "seen" and {"pooled-gbt", "twins"} & set(opts.methods):
-                    tr = TwinRatio(sp.twins, nthread=opts.threads, random_state=seed).fit(sp.shots)
-                    out.row(setting, "twin-ratio" + suffix, ev.score(test, tr.predict(test)), train_seconds=0.0, **n)
-                    tr = TwinRatio(sp.twins, nthread=opts.threads, random_state=seed, inputs="physics").fit(sp.shots)
-                    out.row(setting, "twin-ratio, physics inputs" + suffix, ev.score(test, tr.predict(test)),
-                            train_seconds=0.0, **n)
-
-
-
-
-def _latest_rows(runs_path: str, select: dict | None, curve: bool) -> dict:
-    """{(setting, method, train fraction, seed): row} of ``runs_path``, the latest row of each (a rerun
-    replaces). ``curve``: only learning-curve rows (those with a ``train_fraction``), else only the others."""
-    rows: dict = {}
-    with open(runs_path) as f:
-        for line in f:
-            r = json.loads(line)
-            if select and any(r.get(k) != v for k, v in select.items()):
-                continue
-            if (r.get("train_fraction") is not None) != curve:
-                continue
-            method = r["method"] + (f" @ {r['chip']}" if r.get("chip") else "")  # leave-one-chip-out: per chip
-            rows[(r["setting"], method, r.get("train_fraction"), r["seed"])] = r
-    return rows
-
-
-def _mean_std(rs: list) -> dict:
-    """Mean and (population) std over seeds of every metric of SUMMARY_KEYS the rows have."""
-    entry: dict = {}
-    for key in SUMMARY_KEYS:
-        vals = [r["metrics"].get(key) for r in rs if r["metrics"].get(key) is not None]
-        if vals:
-            entry[key] = float(np.mean(vals))
-            entry[f"{key}_std"] = float(np.std(vals))
-    return entry
-
-
-def aggregate(runs_path: str, command: str, select: dict | None = None) -> dict:
-    """Rows of ``runs_path`` → ``{setting: {method: {mape, mape_std, ..., seeds, k, programs}}}``.
-
-    Rows of the same (setting, method) from different seeds are averaged; with several rows per seed
-    (a rerun) the latest counts. ``select`` keeps rows whose fields equal its values (e.g. minutes).
-    Learning-curve rows (trained on a fraction of the training set) are left to ``aggregate_curve``.
-    """
-    grouped: dict = {}
-    for (setting, method, _, seed), r in sorted(_latest_rows(runs_path, select, curve=False).items()):
-        grouped.setdefault(setting, {}).setdefault(method, []).append(r)
-    out: dict = {"command": command, "created": _dt.datetime.now().isoformat(timespec="seconds")}
-    for setting in [s for s in SETTINGS if s in grouped]:
-        out[setting] = {}
-        for method, rs in grouped[setting].items():
-            entry = _mean_std(rs)
-            entry.update(seeds=len(rs), k=rs[0].get("k"), sampler=rs[0].get("sampler"),
-                         programs=int(round(np.mean([r["programs"] for r in rs]))),
-                         train_seconds=float(np.mean([r.get("train_seconds") or 0.0 for r in rs])))
-            out[setting][method] = entry
-        if setting == "leave-one-chip-out":
-            out[setting].update(_over_chips(grouped[setting]))
-    return out
-
-
-def _over_chips(by_method: dict) -> dict:
-    """``{"<method> @ every chip": entry}``: per seed the mean over held-out chips, then mean ± std over
-    seeds (the issue's headline), for each method scored on every held-out chip."""
-    chips = {r["chip"] for rs in by_method.values() for r in rs}
-    per: dict = {}
-    for rs in by_method.values():
-        for r in rs:
-            per.setdefault(r["method"], {}).setdefault(r["seed"], []).append(r)
-    out = {}
-    for method, by_seed in per.items():
-        seeds = [rs for rs in by_seed.values() if {r["chip"] for r in rs} == chips]
-        if len(chips) < 2 or not seeds:
-            continue
-        means = [{"metrics": {key: float(np.mean([r["metrics"][key] for r in rs]))
-                              for key in SUMMARY_KEYS if all(r["metrics"].get(key) is not None for r in rs)}}
-                 for rs in seeds]
-        entry = _mean_std(means)
-        entry.update(seeds=len(seeds), k=None, sampler=seeds[0][0].get("sampler"),
-                     programs=int(sum(r["programs"] for r in seeds[0])), train_seconds=None, chips=sorted(chips))
-        out[f"{method} @ every chip"] = entry
-    return out
-
-
-def aggregate_curve(runs_path: str, command: str, select: dict | None = None) -> dict:
-    """Learning-curve rows of ``runs_path`` → ``{"command", "fractions", setting: {method: {"points": [{fraction,
-    n_train, n_test, mape, mape_std, ..., seeds}, ...], "mape_per_doubling", "mape_per_doubling_std"}}}``.
-
-    A point is the mean ± std over seeds at one fraction. ``mape_per_doubling`` is the factor by which
-    MAPE changes when the training set doubles: exp of the slope of log(MAPE) on log2(n_train), fitted
-    per seed over its fractions, mean ± std over seeds (below 1: more data helps).
-    """
-    grouped: dict = {}
-    for (setting, method, fraction, seed), r in sorted(_latest_rows(runs_path, select, curve=True).items()):
-        grouped.setdefault(setting, {}).setdefault(method, {}).setdefault(fraction, []).append(r)
-    fractions = sorted({f for by_method in grouped.values() for by_f in by_method.values() for f in by_f})
-    out: dict = {"command": command, "created": _dt.datetime.now().isoformat(timespec="seconds"),
-                 "fractions": fractions}
-    for setting in [s for s in SETTINGS if s in grouped]:
-        out[setting] = {}
-        for method, by_f in grouped[setting].items():
-            points = []
-            for fraction, rs in sorted(by_f.items()):
-                point = dict(fraction=fraction, n_train=int(round(np.mean([r["n_train"] for r in rs]))),
-                             n_test=int(round(np.mean([r["programs"] for r in rs]))), **_mean_std(rs),
-                             seeds=len(rs), train_seconds=float(np.mean([r.get("train_seconds") or 0.0 for r in rs])))
-                if any(r.get("epochs") is not None for r in rs):
-                    point["epochs"] = float(np.mean([r["epochs"] for r in rs if r.get("epochs") is not None]))
-                points.append(point)
-            entry: dict = {"points": points}
-            factors = [_per_doubling([r for rs in by_f.values() for r in rs if r["seed"] == seed])
-                       for seed in sorted({r["seed"] for rs in by_f.values() for r in rs})]
-            factors = [f for f in factors if f is not None]
-            if factors:
-                entry.update(mape_per_doubling=float(np.mean(factors)), mape_per_doubling_std=float(np.std(factors)))
-            out[setting][method] = entry
-    return out
-
-
-def _per_doubling(rows: list) -> float | None:
-    """exp(slope) of log(MAPE) on log2(n_train) over one seed's rows; None with fewer than 2 sizes."""
-    pts = [(r["n_train"], r["metrics"]["mape"]) for r in rows if (r["metrics"].get("mape") or 0) > 0]
-    if len({n for n, _ in pts}) < 2:
-        return None
-    x, y = np.log2([n for n, _ in pts]), np.log([m for _, m in pts])
-    return float(np.exp(np.polyfit(x, y, 1)[0]))
-
-
-def curve_markdown(curve: dict) -> str:
-    """One table per setting: method, fraction, training programs, MAPE ± std, median APE, Spearman; then
-    the MAPE factor per doubling of the training set."""
-    lines = [f"Command: `{curve.get('command', '')}` ({curve.get('created', '')}); mean ± std over seeds.", ""]
-    for setting in [s for s in SETTINGS if s in curve]:
-        lines += [f"**{setting}**", "", "| method | fraction | train programs | test programs | MAPE | median APE | "
-                  "Spearman | seeds |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
-        for method, e in curve[setting].items():
-            for p in e["points"]:
-                pct = lambda k: f"{100 * p[k]:.1f} ± {100 * p[k + '_std']:.1f} %" if k in p else "—"  # noqa: E731
-                lines.append(f"| {method} | {p['fraction']:g} | {p['n_train']} | {p['n_test']} | {pct('mape')} | "
-                             f"{pct('median_ape')} | {p.get('spearman', math.nan):.3f} ± "
-                             f"{p.get('spearman_std', math.nan):.3f} | {p['seeds']} |")
-        doubling = [(m, e) for m, e in curve[setting].items() if "mape_per_doubling" in e]
-        if doubling:
-            lines += ["", "MAPE × per doubling of the training set: " + "; ".join(
-                f"{m} {e['mape_per_doubling']:.3f} ± {e['mape_per_doubling_std']:.3f}" for m, e in doubling)]
-        lines.append("")
-    return "\n".join(lines)
-
-
-def markdown(summary: dict, methods: Sequence[str] | None = None) -> str:
-    """One table per setting: method, MAPE ± std, capped MAPE, median APE, Spearman, seeds, programs."""
-    lines = []
-    for setting in [s for s in SETTINGS if s in summary]:
-        lines += [f"**{setting}**", "", "| method | k | MAPE | MAPE (APE ≤ 100 %) | fast-10 % MAPE | median APE | ±25 % | Spearman | top-1 | seeds | test programs |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-        for method, e in summary[setting].items():
-            if methods and not any(method.startswith(m) for m in methods):
-                continue
-            pct = lambda k: f"{100 * e[k]:.1f} ± {100 * e[k + '_std']:.1f} %" if k in e else "—"  # noqa: E731
-            lines.append(f"| {method} | {e['k'] if e['k'] is not None else '—'} | {pct('mape')} | {pct('mape_capped')} | {pct('mape_fast10')} | "
-                         f"{pct('median_ape')} | {pct('within_25')} | "
-                         f"{e.get('spearman', math.nan):.3f} ± {e.get('spearman_std', math.nan):.3f} | "
-                         f"{e.get('top1', math.nan):.3f} | {e['seeds']} | {e['programs']} |")
-        lines.append("")
-    return "\n".join(lines)
+                    out.row(setting, physics.label + " x ratio GBT" + suffix, score(tr, test), train_seconds=0.0, **n)
+                if programs == "seen" and twins:
+                    for inputs, name in (("pooled", "twin-ratio"), ("physics", "twin-ratio, physics inputs")):
+                        tr = TwinRatio(sp.twins, nthread=opts.threads, random_state=seed, inputs=inputs).fit(sp.shots)
+                        out.row(setting, name + suffix, score(tr, test), train_seconds=0.0, **n)
 
 
 def run_in_processes(fn, tasks: list[tuple], jobs: int) -> None:
@@ -539,6 +362,9 @@ def run_in_processes(fn, tasks: list[tuple], jobs: int) -> None:
 def run_protocol(opts: ProtocolOptions, jobs: int = 1, command: str = "", summary_path: str | None = None) -> dict:
     """All seeds and settings (``jobs`` processes in parallel, one (seed, model) job each), then the
     summary of ``opts.runs`` (with ``opts.train_fractions``: its learning curve, ``aggregate_curve``)."""
+    from cdmpp.evaluation.methods import registry
+
+    registry.check(opts.methods)  # before any data is read
     if opts.train_fractions:
         if any(s.startswith("cross-device") for s in opts.settings):
             raise ValueError("train fractions apply to the random-new and cross-model settings only")
@@ -562,38 +388,3 @@ def run_protocol(opts: ProtocolOptions, jobs: int = 1, command: str = "", summar
         with open(summary_path, "w") as f:
             json.dump(summary, f, indent=1)
     return summary
-
-
-def headline(summary: dict, label: str = "cdmpp") -> str:
-    """The README's short table: per setting (cross-device at k = 0 and 64 KMeans shots), MAPE ± std of
-    cdmpp, the pooled GBT (FLOP and latency targets, MAPE loss), the Tenset MLP and (seen programs) the
-    twin-based predictors; a column no row has is left out."""
-    cols = [label, "pooled GBT", "pooled GBT, latency target", "pooled GBT, MAPE loss", "Tenset MLP", "twin-ratio", "twin-Amdahl",
-            "twin-Amdahl x ratio GBT", "twin-roofline", "twin-roofline x ratio GBT", f"{label} + twin"]
-    rows = [("random-new", ""), ("cross-model", ""), ("cross-device-new", ""), ("cross-device-new", " k=64 (kmeans)"),
-            ("cross-device-seen", " k=64 (kmeans)"), ("cross-device-seen", " k=5% (kmeans)")]
-    table = {(setting, suffix): [summary[setting].get(c + suffix) for c in cols]
-             for setting, suffix in rows if setting in summary}
-    keep = [i for i in range(len(cols)) if any(cells[i] for cells in table.values())]
-    lines = ["| setting | " + " | ".join(cols[i] for i in keep) + " |", "|---|" + "---:|" * len(keep)]
-    for (setting, suffix), cells in table.items():
-        shown = [f"{100 * cells[i]['mape']:.1f} ± {100 * cells[i]['mape_std']:.1f} %" if cells[i] else "—" for i in keep]
-        lines.append(f"| {setting}{suffix.replace(' (kmeans)', ', KMeans shots')} | " + " | ".join(shown) + " |")
-    return "\n".join(lines)
-
-
-def summary_markdown(summary: dict) -> str:
-    """``reports/summary.md``: the command, the headline table and every setting's table."""
-    from cdmpp.evaluation.chips import chips_markdown
-
-    opts = summary.get("options", {})
-    seeds = ", ".join(str(s) for s in opts.get("seeds", [])) or "see rows"
-    return "\n".join([
-        "# cdmpp protocol summary", "",
-        f"Command: `{summary.get('command', '')}` ({summary.get('created', '')}); protocol: docs/evaluation.md; "
-        f"every row of every seed: {opts.get('runs', 'reports/protocol-runs.jsonl')}. Mean ± std over seeds {seeds}.", "",
-        "## Headline (MAPE)", "", headline(summary), "",
-        *(["## Leave-one-chip-out (each k: cdmpp beside the best peer on each metric)", "", chips_markdown(summary)]
-          if "leave-one-chip-out" in summary else []),
-        "## Every setting and method", "", markdown(summary)]) + "\n"
-

@@ -1,4 +1,6 @@
-"""Deterministic train/val/test splits for the three evaluation protocols (docs/evaluation.md).
+"""Deterministic train/val/test splits for the three evaluation protocols (docs/evaluation.md). ``Split`` and
+``random_split`` live in ``cdmpp.records.splits`` (``cdmpp train`` draws its validation share with it), the
+shot choice in ``cdmpp.model.sampling``; both are importable from here as before.
 
 The original CDMPP selected models and fitted normalizers on its test split and let tasks shared with
 training networks into its cross-model test set. Here every split is a pure function of the data and a
@@ -24,13 +26,18 @@ ever predicted, and:
 from __future__ import annotations
 
 import math
-import zlib
 from collections import defaultdict
-from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import numpy as np
 
+from cdmpp.model.sampling import choose_shots, model_free_embedding  # noqa: F401  (shot choice, re-exported)
+from cdmpp.records.splits import (Split, Unlabeled, _finish, _programs, _rng, _split_by_key,  # noqa: F401
+                                  random_split)
+
+# the protocol's settings (docs/evaluation.md), each scored on its own kind of split below
+SETTINGS = ("random-new", "cross-model", "leave-one-chip-out", "cross-device-new", "cross-device-seen", "paper",
+            "paper-5-leaf")
 HELD_OUT_NETWORKS = ("resnet18", "mobilenet_v2", "bert_tiny")
 # The locked test (DESIGN.md §5, issue 55): seeds and held-out networks no recipe choice has looked at.
 # Every study round until 29 Nov chose on seeds 0-2 and the networks above; these are run to report,
@@ -39,93 +46,8 @@ LOCKED_SEEDS = (1000, 1001, 1002)
 LOCKED_HELD_OUT_NETWORKS = ("googlenet", "gpt2_small", "dcgan_gen")
 
 
-@dataclass
-class Unlabeled:
-    """A program whose latency the trainer must not see (domain-adaptation target pool)."""
-
-    features: object
-    device: str
-    task: str = ""
-    seconds: float = math.nan
-
-
-@dataclass
-class Split:
-    kind: str
-    train: list
-    val: list
-    test: list
-    target_pool: list = field(default_factory=list)  # Unlabeled: features of the target domain, no labels
-    shots: list = field(default_factory=list)  # labeled target programs chosen for k-shot fine-tuning
-    info: dict = field(default_factory=dict)
-    twins: dict = field(default_factory=dict)  # program hash -> source-device latency (seen-programs setting)
-
-    def overlaps(self) -> dict[str, int]:
-        """Record ids (and program hashes per device) found in two labeled parts; all zero when sound."""
-        parts = dict(train=self.train, val=self.val, test=self.test, shots=self.shots)
-        out = {}
-        names = list(parts)
-        for i, a in enumerate(names):
-            for b in names[i + 1:]:
-                ids_a = {(p.device, p.features.program_hash) for p in parts[a]}
-                ids_b = {(p.device, p.features.program_hash) for p in parts[b]}
-                out[f"{a}&{b}"] = len(ids_a & ids_b)
-        return out
-
-
-def _programs(ds) -> list:
-    progs = list(getattr(ds, "programs", ds))
-    return sorted(progs, key=lambda p: p.record_id)
-
-
-def _rng(seed: int, *names: str) -> np.random.Generator:
-    return np.random.default_rng([seed, *(zlib.crc32(n.encode()) for n in names)])
-
-
 def _base_networks(p) -> set[str]:
     return {o.split("@")[0] for o in p.networks}
-
-
-def _split_by_key(programs: list, key: Callable, fractions: Sequence[float], rng: np.random.Generator) -> list[list]:
-    """Shuffle the distinct keys and cut them into len(fractions)+1 parts (the last gets the rest)."""
-    groups: dict = defaultdict(list)
-    for p in programs:
-        groups[key(p)].append(p)
-    keys = sorted(groups)
-    keys = [keys[i] for i in rng.permutation(len(keys))]
-    parts, start = [], 0
-    for f in fractions:
-        n = int(round(f * len(keys)))
-        if f > 0 and len(keys) >= len(fractions) + 1:
-            n = max(1, n)
-        parts.append(keys[start:start + n])
-        start += n
-    parts.append(keys[start:])
-    return [[p for k in part for p in groups[k]] for part in parts]
-
-
-_RANDOM_GROUPS = {  # random_split's ``by``: (group key, random stream name, description)
-    "program": (lambda p: p.features.program_hash, "random", "program hash across devices (twins on one side)"),
-    "task": (lambda p: p.task, "random-task", "task (new tasks only)"),
-}
-
-
-def random_split(ds, seed: int = 0, val: float = 0.1, test: float = 0.2, device: str | None = None,
-                 by: str = "program") -> Split:
-    """Random split by program hash across devices (twins on one side), or only ``device``'s programs.
-    ``by="task"`` draws whole tasks instead, so validation and test hold only tasks training never saw
-    (what a model meets on a network it was not trained on)."""
-    if by not in _RANDOM_GROUPS:
-        raise ValueError(f"by = {by!r}: expected 'program' or 'task'")
-    programs = [p for p in _programs(ds) if device is None or p.device == device]
-    if not programs:
-        raise ValueError(f"no programs{' on ' + device if device else ''} to split")
-    key, stream, group = _RANDOM_GROUPS[by]
-    test_, val_, train = _split_by_key(programs, key, [test, val], _rng(seed, stream))
-    info = dict(kind="random", seed=seed, by=by, devices=sorted({p.device for p in programs}),
-                description=f"random-new: by {group}: {1 - val - test:.0%} "
-                            f"train, {val:.0%} val, {test:.0%} test (seed {seed})")
-    return _finish(Split("random", train, val_, test_, info=info))
 
 
 def cross_model_split(ds, held_out_networks: Sequence[str] = HELD_OUT_NETWORKS, val: float = 0.1,
@@ -166,30 +88,6 @@ def cross_model_split(ds, held_out_networks: Sequence[str] = HELD_OUT_NETWORKS, 
         raise ValueError(f"cross-model split is empty: {len(train)} train, {len(test)} test programs "
                          f"(held out: {sorted(held)}; networks in data: {sorted(set().union(*task_nets.values()))})")
     return _finish(split)
-
-
-def model_free_embedding(reference: Sequence, programs: Sequence) -> np.ndarray:
-    """Mean of each program's normalized leaf features; the normalizer is fitted on ``reference`` only
-    (the training programs), so choosing shots never looks at test statistics."""
-    from cdmpp.model.network import PackedPrograms
-    from cdmpp.model.transforms import FeatureNormalizer
-
-    ref = PackedPrograms.from_programs([p.features for p in reference])
-    norm = FeatureNormalizer().fit(ref.leaves)
-    return PackedPrograms.from_programs([p.features for p in programs], norm.transform).program_means()
-
-
-def choose_shots(pool: Sequence, k: int, sampler: str = "kmeans", seed: int = 0,
-                 embedding: np.ndarray | None = None) -> np.ndarray:
-    """Indices of ``k`` distinct programs of ``pool`` to measure (``embedding``: one row per program)."""
-    from cdmpp.model.sampling import sampler as make_sampler
-
-    if k <= 0:
-        return np.zeros(0, dtype=np.int64)
-    if embedding is None:
-        raise ValueError("choose_shots needs an embedding of the pool (model.embed or model_free_embedding)")
-    idx = make_sampler(sampler, k, random_state=seed).fit_select(embedding)
-    return np.asarray(idx, dtype=np.int64)
 
 
 def cross_device_split(ds, target_device: str | Sequence[str], k: int = 0, sampler: str = "kmeans", seed: int = 0,
@@ -340,9 +238,3 @@ def subsample_train(split: Split, fraction: float, seed: int = 0) -> Split:
     split.info.update(train_fraction=fraction,
                       description=split.info.get("description", "") + f"; training on {fraction:.0%} of its programs")
     return _finish(split)
-
-
-def _finish(split: Split) -> Split:
-    split.info.update(n_train=len(split.train), n_val=len(split.val), n_test=len(split.test),
-                      n_shots=len(split.shots), n_target_pool=len(split.target_pool))
-    return split

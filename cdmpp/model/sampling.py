@@ -4,9 +4,13 @@
 nearest each centroid, so the k measurements cover the space of programs instead of its dense middle.
 ``RandomSampler`` is the baseline it is compared against. Both behave like scikit-learn estimators:
 constructor arguments stored as given, ``fit(X)`` returns self, learned state ends in ``_``.
+``choose_shots`` picks from a pool by sampler name (``cdmpp sample``, the evaluation's k-shot settings);
+``model_free_embedding`` is what it clusters where there is no model.
 """
 
 from __future__ import annotations
+
+from typing import Sequence
 
 import numpy as np
 from sklearn.cluster import KMeans
@@ -76,3 +80,28 @@ def sampler(name: str, k: int, random_state: int | None = 0):
     if name == "random":
         return RandomSampler(k, random_state=random_state)
     raise ValueError(f"unknown sampler {name!r}: expected 'kmeans' or 'random'")
+
+
+_by_name = sampler  # choose_shots's argument ``sampler`` is the name
+
+
+def model_free_embedding(reference: Sequence, programs: Sequence) -> np.ndarray:
+    """Mean of each program's normalized leaf features; the normalizer is fitted on ``reference`` only
+    (the training programs), so choosing shots never looks at test statistics."""
+    from cdmpp.model.network import PackedPrograms
+    from cdmpp.model.transforms import FeatureNormalizer
+
+    ref = PackedPrograms.from_programs([p.features for p in reference])
+    norm = FeatureNormalizer().fit(ref.leaves)
+    return PackedPrograms.from_programs([p.features for p in programs], norm.transform).program_means()
+
+
+def choose_shots(pool: Sequence, k: int, sampler: str = "kmeans", seed: int = 0,
+                 embedding: np.ndarray | None = None) -> np.ndarray:
+    """Indices of ``k`` distinct programs of ``pool`` to measure (``embedding``: one row per program, from
+    a model's ``embed`` or ``model_free_embedding``)."""
+    if k <= 0:
+        return np.zeros(0, dtype=np.int64)
+    if embedding is None:
+        raise ValueError("choose_shots needs an embedding of the pool (model.embed or model_free_embedding)")
+    return np.asarray(_by_name(sampler, k, random_state=seed).fit_select(embedding), dtype=np.int64)

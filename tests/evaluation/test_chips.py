@@ -2,37 +2,11 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import pytest
 
-from tests.data import FAKE_DEVICE, ROOT
-
-OTHER = "fake-otherchip-4t/llvm-avx2"  # NOT a real device: relabeled real programs (mechanics only)
-
-
-@pytest.fixture(scope="module")
-def three_devices(two_devices):
-    """MECHANICS ONLY: the two-device set plus every fourth real program relabeled onto a second fake chip."""
-    from cdmpp.records.dataset import Dataset
-
-    real = [p for p in two_devices.programs if p.device != FAKE_DEVICE]
-    other = [dataclasses.replace(p, device=OTHER, seconds=p.seconds / 3, record_id=p.record_id + "-other")
-             for p in real[1::4]]
-    return Dataset(list(two_devices.programs) + other)
-
-
-@pytest.fixture(scope="module")
-def chip_table(three_devices):
-    from cdmpp.devices.table import DeviceTable
-
-    table = DeviceTable(str(ROOT / "datasets" / "devices.json")).spec_table()
-    real_dev = next(iter({p.device for p in three_devices.programs} - {FAKE_DEVICE, OTHER}))
-    table[FAKE_DEVICE] = {**table[real_dev], "cores": 1, "threads": 1, "hardware": "fake chip A"}
-    table[OTHER] = {**table[real_dev], "cores": 4, "threads": 4, "hardware": "fake chip B"}
-    return table
-
+from tests.evaluation.conftest import OTHER
 
 def test_chip_of_reads_the_spec_then_the_id():
     from cdmpp.evaluation.splits import chip_of
@@ -59,7 +33,8 @@ def test_a_held_out_chip_is_never_in_training_and_its_twins_are_grouped(three_de
 def test_protocol_rows_and_the_mean_over_chips(three_devices, chip_table, tmp_path):
     """MECHANICS ONLY (relabeled fake chips): one seed writes, per chip and k, the pooled GBT, its shots-chosen
     variant, the shots-only GBT and the chip's own GBT; the summary averages the chips."""
-    from cdmpp.evaluation.protocol import ProtocolOptions, aggregate, run_seed
+    from cdmpp.evaluation.protocol import ProtocolOptions, run_seed
+    from cdmpp.evaluation.summary import aggregate
 
     runs = tmp_path / "runs.jsonl"
     opts = ProtocolOptions(settings=("leave-one-chip-out",), methods=("pooled-gbt",), chip_ks=("0", "16"),

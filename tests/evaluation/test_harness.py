@@ -1,4 +1,4 @@
-"""``cdmpp eval`` end to end, and its shared time budget."""
+"""``cdmpp eval``: one setting of the protocol for one seed, through the protocol's runner, as one report."""
 
 from __future__ import annotations
 
@@ -19,28 +19,29 @@ def test_cdmpp_eval_cli_writes_both_reports(real, held, tiny_recipe, tmp_path):
     assert rc == 0
     report = json.loads((tmp_path / "tiny.json").read_text())
     md = (tmp_path / "tiny.md").read_text()
-    methods = [r["method"] for r in report["methods"]]
-    assert methods == ["cdmpp", "cdmpp no-da", "xgb (TVM XGBModel, ranking)", "xgb-regressor (TVM features + device specs)"]
-    assert report["split"]["kind"] == "cross-model" and report["split"]["n_test"] > 0
-    assert report["methods"][0]["metrics"]["mape"] >= 0 and report["methods"][0]["predict_per_s"] > 0
-    # the recipe adapts only towards a new device (da_when): held-out networks on known devices are not one
-    assert all("no domain adaptation" in r["note"] for r in report["methods"][:2])
+    rows = report["cross-model"]
+    assert {"cdmpp", "cdmpp no-da", "pooled GBT", "TVM XGBModel (ranking only)",
+            "XGBoost regressor (TVM features + device specs)"} <= set(rows)
+    assert rows["cdmpp"]["mape"] >= 0 and rows["cdmpp"]["seeds"] == 1
+    assert "mape" not in rows["TVM XGBModel (ranking only)"] and "spearman" in rows["TVM XGBModel (ranking only)"]
     assert "| cdmpp |" in md and "noise floor" in md
-    assert report["minutes_per_method"] == 0.15 and "up to 0.15 min per trained model" in md
+    assert report["options"]["minutes_per_method"] == 0.15
+    assert (tmp_path / "tiny-runs.jsonl").exists()
 
 
-def test_budget_shared_or_per_method():
-    """A shared clock hands out time by weight and shrinks as jobs take theirs; a fixed one gives each the same."""
-    import time
+def test_eval_options_map_onto_the_protocol():
+    """The eval's options are protocol options: the split's setting, the peers by registry name (xgb brings the
+    regressor), one cdmpp row per trained ablation, random shots beside KMeans for random-sampler."""
+    from cdmpp.evaluation.harness import EvalOptions, protocol_runs
 
-    from cdmpp.evaluation.harness import _Clock
-
-    shared = _Clock(time.monotonic() + 100, pending=2.0, reserve=0.0)
-    first = shared.share(1.0)
-    assert 45 < first <= 50 and shared.pending == 1.0
-    assert 90 < shared.share(1.0) <= 100  # the last job gets all that is left
-    fixed = _Clock(time.monotonic() + 100, pending=2.0, fixed=30.0)
-    assert fixed.share(1.0) == fixed.share(0.3) == 30.0
+    base, no_pe = protocol_runs(EvalOptions("x", split="cross-device", target_device="d", ks=(0, 8), peers=("xgb",),
+                                            ablations=("no-pe", "random-sampler"), minutes_per_method=3.0))
+    assert base.settings == ("cross-device-new",) and base.ks == ("0", "8") and base.samplers == ("kmeans", "random")
+    assert base.methods == ("cdmpp", "pooled-gbt", "xgb", "xgb-regressor") and base.minutes == base.peer_minutes == 3.0
+    assert no_pe.methods == ("cdmpp",) and no_pe.label == "cdmpp no-pe" and no_pe.overrides == {"use_pe": False}
+    assert no_pe.runs == base.runs
+    with pytest.raises(ValueError, match="target-device"):
+        protocol_runs(EvalOptions("x", split="cross-device"))
 
 
 @pytest.mark.slow
@@ -56,8 +57,8 @@ def test_cross_device_eval_mechanics(two_devices, tiny_recipe, tmp_path):
                        peers=("xgb",), ablations=("random-sampler",), max_minutes=0.3, reports_dir=str(tmp_path),
                        device_table=table)
     report = run_eval(opts, ds=two_devices)
-    rows = {r["method"]: r for r in report["methods"]}
-    assert {"cdmpp k=0 (zero-shot)", "cdmpp k=4 (kmeans shots)", "cdmpp k=4 (random shots)"} <= set(rows)
+    rows = report["cross-device-new"]
+    assert {"cdmpp", "cdmpp k=4 (kmeans)", "cdmpp k=4 (random)", "pooled GBT k=4 (kmeans)"} <= set(rows)
     # shots come from the target's non-test half: every k is scored on the same test programs
-    assert rows["cdmpp k=4 (kmeans shots)"]["metrics"]["n"] == rows["cdmpp k=0 (zero-shot)"]["metrics"]["n"]
+    assert rows["cdmpp k=4 (kmeans)"]["programs"] == rows["cdmpp"]["programs"]
     assert (tmp_path / "xdev.md").exists()

@@ -42,7 +42,7 @@ def _row(setting, method, seed, mape, n_train, fraction=None, programs=50):
 def test_curve_aggregation_and_no_leak_into_the_summary(tmp_path):
     """Curve rows (with a fraction) make the curve, the others the summary; the per-doubling factor is
     the MAPE ratio per doubling of n_train, per seed, mean ± std."""
-    from cdmpp.evaluation.protocol import aggregate, aggregate_curve, curve_markdown
+    from cdmpp.evaluation.summary import aggregate, aggregate_curve, curve_markdown
 
     runs = tmp_path / "runs.jsonl"
     rows = [_row("random-new", "cdmpp", 0, 0.40, 1000)]  # a protocol row: summary only
@@ -78,7 +78,7 @@ def test_curve_aggregation_and_no_leak_into_the_summary(tmp_path):
 def test_learning_curve_cli_end_to_end(real, tiny_recipe, tmp_path, monkeypatch):
     """MECHANICS (tiny recipe, 3 s of training): one seed, two fractions, cdmpp and the pooled GBT."""
     from cdmpp.cli import main
-    from cdmpp.evaluation.protocol import aggregate
+    from cdmpp.evaluation.summary import aggregate
 
     runs, out = tmp_path / "lc-runs.jsonl", tmp_path / "lc.json"
     argv = ["learning-curve", "--dataset", str(real[0]), "--task-table", str(TASKS), "--devices", str(DEVICES_JSON),

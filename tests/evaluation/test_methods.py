@@ -55,15 +55,6 @@ def test_every_method_offers_the_method_interface():
         assert cls.predicts in ("seconds", "score") and 0 < cls.budget_weight <= 1
 
 
-def test_peers_by_short_name():
-    from cdmpp.evaluation.methods.peers import make_peers
-
-    assert [p.label for p in make_peers(["mlp", "xgb"])] == ["mlp (Tenset segment-sum)", "xgb (TVM XGBModel, ranking)",
-                                                           "xgb-regressor (TVM features + device specs)"]
-    with pytest.raises(ValueError, match="unknown peer 'gbm'"):
-        make_peers(["gbm"])
-
-
 def test_pooled_gbt_targets(real):
     """The pooled GBT on log(latency / FLOPs), log(latency / roofline bound) and log latency: finite
     positive latencies, the roofline scale is a time no program beats by much (on the real device

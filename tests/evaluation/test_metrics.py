@@ -68,7 +68,7 @@ def test_noise_floor(tmp_path):
                  "first_pass_p90_rel_diff": 0.3, "same_passes_median_rel_diff": 0.01, "same_passes_p90_rel_diff": 0.08})
     (tmp_path / "noise-dev.json").write_text(json.dumps(runs))
     floor = ev.noise_floor(str(tmp_path))
-    line = ev._noise_line(floor)
+    line = ev.noise_line(floor)
     # the table prints the like-for-like figure, not the single check's (which shows its own slow spells)
     assert "1.0 %" in ev.markdown_table([{"method": "m", "metrics": {"mape": 0.1}}], floor)
     assert "single-pass labels 3.0 % / 30.0 %" in line and "like for like" in line and "1.0 % / 8.0 %" in line

@@ -4,7 +4,7 @@ and returns ``self``, learned state ends in ``_``, ``predict`` has no side effec
 new method for the target device and leaves the source one as it was.
 
 Samples are anything with ``features``, ``device``, ``seconds`` and ``task`` (``LabeledProgram``).
-Peers by short name: ``cdmpp.evaluation.methods.peers.make_peers(["xgb", "mlp"])``.
+Methods by short name: ``cdmpp.evaluation.methods.registry`` (``build(["cdmpp", "pooled-gbt", "xgb"], context)``).
 
 XGBoost runs one thread by default: on a 2-core machine shared with a measurement job, OpenMP's
 spin-waiting made 2 threads ~18x slower than 1; pass ``nthread`` to change it.

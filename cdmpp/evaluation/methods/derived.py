@@ -1,0 +1,114 @@
+"""Methods made of other methods: a peer's prediction scaled on validation, two peers blended, a peer moved
+to a new thread count by Amdahl's law. Each holds the methods it is made of (``parts``); the runner fits
+the parts first and the derived method's ``fit`` learns only its own part (a factor, a weight, the
+fork-join times), so a part shared by several derived methods is trained once; one whose prediction is a
+function of its parts' (``on_parts``) is also adapted through its parts, adapted once per set of shots. ``scope``: the kind of
+setting it is scored in ("within-device", "cross-device"); a method without it is scored in both.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Sequence
+
+import numpy as np
+
+from cdmpp.evaluation.methods.method import Peer
+
+
+def _seconds(programs: Sequence) -> np.ndarray:
+    return np.array([p.seconds for p in programs])
+
+
+class ValScaled(Peer):
+    """``part``'s prediction times the factor with the lowest validation MAPE (``metrics.mape_scale``): the
+    trick cdmpp's study tried and dropped, on the peer, so that it is never what separates the two. Adapting
+    adapts the part and keeps the factor."""
+
+    def __init__(self, part):
+        self.part = part
+        self.parts = (part,)
+        self.label = part.label + ", val-scaled"
+
+    def fit(self, train: Sequence, val: Sequence | None = None, time_budget_s: float | None = None) -> "ValScaled":
+        from cdmpp.evaluation.metrics import mape_scale
+
+        self.scale_ = mape_scale(self.part.predict(val), _seconds(val))
+        return self
+
+    def predict(self, programs: Sequence) -> np.ndarray:
+        return self.scale_ * self.part.predict(programs)
+
+    def adapt(self, shots: Sequence) -> "ValScaled":
+        return self.on_parts([self.part.adapt(shots)])
+
+    def on_parts(self, parts: Sequence) -> "ValScaled":
+        """The same factor on other (adapted) parts: the runner adapts a shared part once per set of shots."""
+        new = copy.copy(self)
+        new.part, new.parts = parts[0], tuple(parts)
+        return new
+
+    def row_info(self) -> dict:
+        return {"scale": self.scale_}
+
+    def describe(self) -> str:
+        return f"{self.part.describe()}; x {self.scale_:.3f} (lowest validation MAPE)"
+
+
+class Blend(Peer):
+    """A weighted geometric blend of two peers' seconds (``cdmpp.model.blend``), the weight chosen on
+    validation: a blend of peers is a peer (DESIGN.md §5). Within-device settings only."""
+
+    scope = ("within-device",)
+
+    def __init__(self, a, b, label: str):
+        self.a, self.b, self.label = a, b, label
+        self.parts = (a, b)
+
+    def fit(self, train: Sequence, val: Sequence | None = None, time_budget_s: float | None = None) -> "Blend":
+        from cdmpp.model.blend import blend_weight
+
+        self.weight_ = blend_weight(_seconds(val), self.a.predict(val), self.b.predict(val))
+        return self
+
+    def predict(self, programs: Sequence) -> np.ndarray:
+        from cdmpp.model.blend import blend
+
+        return blend(self.a.predict(programs), self.b.predict(programs), self.weight_)
+
+    def row_info(self) -> dict:
+        return {"weight": self.weight_}
+
+    def describe(self) -> str:
+        return f"{self.a.label} and {self.b.label} blended, weight {self.weight_:.2f} on validation"
+
+
+class ViaAmdahl(Peer):
+    """``part`` trained on the source devices, predicting a new CPU thread count through cdmpp's Amdahl
+    transfer (``twin_ratio.AmdahlTransfer``, its fork-join times from the training programs). Cross-device
+    settings only."""
+
+    scope = ("cross-device",)
+
+    def __init__(self, part, device_table: dict):
+        self.part, self.device_table = part, device_table
+        self.parts = (part,)
+        self.label = part.label + ", Amdahl transfer"
+
+    def fit(self, train: Sequence, val: Sequence | None = None, time_budget_s: float | None = None) -> "ViaAmdahl":
+        from cdmpp.evaluation.methods.twin_ratio import AmdahlTransfer
+        from cdmpp.model.physics import fork_join_by_device
+
+        self.transfer_ = AmdahlTransfer(self.part, fork_join_by_device(train, self.device_table), self.device_table)
+        return self
+
+    def predict(self, programs: Sequence) -> np.ndarray:
+        return self.transfer_.predict(programs)
+
+    def adapt(self, shots: Sequence) -> "ViaAmdahl":
+        new = copy.copy(self)
+        new.transfer_ = self.transfer_.adapt(shots)
+        return new
+
+    def describe(self) -> str:
+        return self.transfer_.describe()
