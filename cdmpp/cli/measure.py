@@ -163,7 +163,7 @@ def _store_probe(devices, device) -> None:
 
 
 def _add_guard_args(parser) -> None:
-    """The quiet-machine rule of every measuring command (``cdmpp.measure.guard.CpuGuard``)."""
+    """The quiet-machine rule of every measuring command (``cdmpp.devices.guard.CpuGuard``)."""
     parser.add_argument("--quiet-share", type=float, default=0.05, metavar="SHARE",
                         help="programs run only while other processes use less than this share of all cores; "
                              "a run phase they exceeded it in is measured again (default %(default)s)")

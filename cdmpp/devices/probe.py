@@ -206,7 +206,7 @@ def under_load(others: float, cpus: int, threads: int) -> bool:
 
 def _measure(target: dict, threads: int) -> dict:
     """One probe's measured numbers and how busy the machine was meanwhile."""
-    from cdmpp.measure.guard import CpuGuard
+    from cdmpp.devices.guard import CpuGuard
 
     guard = CpuGuard()
     load, mark, t0 = os.getloadavg()[0], guard.start(), time.perf_counter()
@@ -228,7 +228,7 @@ def probe_local_cpu(threads: int, mcpu: str | None = None, relation: str = "", t
     ``wait_s`` for a quieter machine; the best numbers count (load only lowers them). If every try was under
     load, ``probe`` says so (``under_load``, ``warning``): re-probe on an idle machine.
     """
-    from cdmpp.measure.guard import CpuGuard
+    from cdmpp.devices.guard import CpuGuard
     from cdmpp.program import tvm_env
 
     tvm_env.setup()

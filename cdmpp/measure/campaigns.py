@@ -5,7 +5,7 @@ design space with a seed derived from the task key, so a restarted collection dr
 and skips those already stored (records are keyed by device, task and program hash). Each task is a job
 for a ``Measurer`` (``cdmpp.measure.measurer``): the fast one (``cdmpp.measure.fast``, the default) or
 MetaSchedule's builder and runner (``cdmpp.measure.metaschedule``; remote devices, cache flushing); both
-measure only on a quiet machine (``cdmpp.measure.guard``) and stop or pause cleanly
+measure only on a quiet machine (``cdmpp.devices.guard``) and stop or pause cleanly
 (``cdmpp.measure.stop``). The loop is the same whichever measures.
 """
 

@@ -170,7 +170,7 @@ class FastMeasurer(Measurer):
     kind = "fast"
 
     def __init__(self, target, cfg, threads: int, pause_dir: str | None = None, overlap: bool | None = None):
-        from cdmpp.measure.guard import CpuGuard
+        from cdmpp.devices.guard import CpuGuard
         from cdmpp.measure.stop import ROOT_PREFIX, _remove_stale_roots
         from cdmpp.program import tvm_env
 

@@ -5,7 +5,7 @@ own: ``cdmpp.measure.fast`` (``"fast"``: one module per task, one long-lived run
 repeats; the default) and ``cdmpp.measure.metaschedule`` (``"metaschedule"``: MetaSchedule's
 ``LocalBuilder`` and ``LocalRunner``/``RPCRunner``; remote devices, cache flushing, kept artifacts).
 ``Measurer.create(kind, ...)`` picks one by name. Both measure only on a quiet machine
-(``cdmpp.measure.guard``), pause while a ``PAUSE`` file exists and stop cleanly (``cdmpp.measure.stop``).
+(``cdmpp.devices.guard``), pause while a ``PAUSE`` file exists and stop cleanly (``cdmpp.measure.stop``).
 
 A measurer takes *jobs*, one task's programs each: a dict with ``task_key``, ``mod_json`` (the task's
 workload), either ``traces`` (stored programs to measure again elsewhere: twins) or ``n`` and ``seed``

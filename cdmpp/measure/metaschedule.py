@@ -26,7 +26,7 @@ import time
 from collections import deque
 
 from cdmpp.errors import error_message
-from cdmpp.measure.guard import CpuGuard
+from cdmpp.devices.guard import CpuGuard
 from cdmpp.measure.measurer import SKIP_AFTER_TIMEOUTS, Built, MeasureConfig, Measurer, Result
 from cdmpp.measure.stop import ROOT_PREFIX, STOP, _measuring, _remove_stale_roots, pause_files
 from cdmpp.program import tvm_env

@@ -9,7 +9,7 @@ import platform
 import sys
 import time
 
-from cdmpp.measure.guard import cpu_model
+from cdmpp.devices.guard import cpu_model
 from cdmpp.measure.measurer import MeasureConfig
 from cdmpp.program import tvm_env
 from cdmpp.records.record import Record

@@ -177,7 +177,7 @@ def measure_network(executable, network: str, device_spec, repeat: int = 15, min
                     max_wait_s: float = 600.0, rounds: int = 3, pause_s: float = 2.0) -> dict:
     """Fastest of ``rounds`` x ``repeat`` end-to-end runs (zero inputs) on this machine with the device's
     threads, each round after waiting up to ``max_wait_s`` for a quiet machine like the collector
-    (``cdmpp.measure.guard.CpuGuard``) and ``pause_s`` apart: a VM can stay slow for the whole of one
+    (``cdmpp.devices.guard.CpuGuard``) and ``pause_s`` apart: a VM can stay slow for the whole of one
     round's second, so one round alone can miss the machine's normal speed. ``others_cpu`` says how
     busy other processes were meanwhile. A device of another chip is refused
     (``cdmpp.devices.probe.check_runs_here``)."""
@@ -192,7 +192,7 @@ def measure_network(executable, network: str, device_spec, repeat: int = 15, min
     tvm = tvm_env.setup(device_spec.threads)
     from tvm import relax
 
-    from cdmpp.measure.guard import CpuGuard
+    from cdmpp.devices.guard import CpuGuard
     from cdmpp.zoo.networks import get_network
     from cdmpp.zoo.tasks import split_occurrence
 

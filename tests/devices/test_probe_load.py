@@ -26,7 +26,7 @@ def fake_runs(monkeypatch, tvm):
 
     monkeypatch.setattr(probe, "_measure", measure)
     monkeypatch.setattr(probe.os, "cpu_count", lambda: 2)
-    from cdmpp.measure.guard import CpuGuard
+    from cdmpp.devices.guard import CpuGuard
 
     monkeypatch.setattr(CpuGuard, "wait_quiet", lambda self, share, max_wait_s, *a, **k: waits.append(max_wait_s))
     return runs, waits

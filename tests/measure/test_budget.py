@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from cdmpp.measure.guard import CpuGuard
+from cdmpp.devices.guard import CpuGuard
 from cdmpp.measure.stop import STOP, stop_at
 
 

@@ -1,4 +1,4 @@
-"""``CpuGuard``: measure only while other processes leave the CPU alone.
+"""``CpuGuard``: measure (or probe this machine) only while other processes leave the CPU alone.
 
 Other processes are the main source of noise on a small machine: a 2-thread kernel whose second
 thread is descheduled waits a whole time slice at its barrier (a 10 µs kernel measured 100x slower

@@ -10,7 +10,7 @@ import pytest
 
 def _quiet_guard(max_share: float):
     """A ``CpuGuard`` and the share others use now; skips the test when the machine is too busy to tell."""
-    from cdmpp.measure.guard import CpuGuard
+    from cdmpp.devices.guard import CpuGuard
 
     guard = CpuGuard()
     mark = guard.start()
@@ -48,7 +48,7 @@ def test_cpu_guard_counts_exited_children_as_ours():
 
 
 def test_a_stop_signal_is_honoured_while_waiting_for_a_quiet_machine(monkeypatch):
-    from cdmpp.measure.guard import CpuGuard
+    from cdmpp.devices.guard import CpuGuard
 
     guard = CpuGuard()
     if not guard.enabled:
