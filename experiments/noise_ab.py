@@ -6,7 +6,7 @@ tvm = tvm_env.setup(2)
 from tvm.s_tir import meta_schedule as ms, Schedule
 from tvm.s_tir.schedule import Trace
 from cdmpp.records.store import RecordStore
-from cdmpp.measure.guard import CpuGuard
+from cdmpp.devices.guard import CpuGuard
 from cdmpp.records.labels import label
 from cdmpp.zoo.tasks import TaskTable, load_task_mod
 table = TaskTable.load("datasets/tasks-llvm.json.gz")
