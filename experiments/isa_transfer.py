@@ -1,0 +1,62 @@
+"""Why Zen 3 is the hard held-out chip: the ISA of its code (issue 52; reports/leave-one-chip-out.md, "Zen 3 and
+its ISA"). Part 1 moves measured twins' labels to Zen 3 (1 thread, AVX2) from Zen 4's 1-thread AVX-512 device
+by the per-thread peak ratio (today's transfer) and, beside it, times each program's AVX2/AVX-512 label ratio
+on Zen 4 at 2 threads (the chip that ran both ISAs): no model, labels only. Part 2 asks the same of the pooled
+GBT of the leave-one-chip-out split (seed 0): today's spec transfer vs the same times the GBT's own predicted
+AVX2/AVX-512 ratio. Run from the checkout: ``.venv/bin/python experiments/isa_transfer.py [--gbt]``."""
+import collections, dataclasses, json, sys
+import numpy as np
+from cdmpp import defaults
+from cdmpp.devices.table import DeviceTable
+from cdmpp.model.physics import per_thread_peak_ratio
+from cdmpp.ranking import within_task_spearman
+from cdmpp.records.labels import label
+from cdmpp.records.store import RecordStore
+
+A1, A2, B2, Z3 = ("amd-epyc-znver4-1t/llvm-avx512", "amd-epyc-znver4-2t/llvm-avx512", "amd-epyc-znver4-2t/llvm-avx2",
+                  "amd-epyc-znver3-1t/llvm-avx2")
+table = DeviceTable(defaults.DEVICES).spec_table()
+
+
+def show(name, y, p, tasks):
+    ape = np.abs(p - y) / y
+    print(f"{name:58s} MAPE {ape.mean() * 100:5.1f} %  capped {np.minimum(ape, 1).mean() * 100:5.1f} %  "
+          f"Spearman {within_task_spearman(y, p, tasks):.3f}", flush=True)
+
+
+store = RecordStore(defaults.DATASET)
+lab, task = collections.defaultdict(dict), {}
+for d in (A1, A2, B2, Z3):
+    for r in store.iter_records(d, traces=False):
+        if (y := label(r)) is not None:
+            lab[d][r["program_hash"]], task[r["program_hash"]] = y, r["task"]
+both = [h for h in lab[B2] if all(h in lab[d] for d in (A1, A2, Z3))]
+x = lambda d: np.array([lab[d][h] for h in both])
+y, tasks = x(Z3), [task[h] for h in both]
+print(f"part 1: {len(both)} programs labelled on all four devices")
+show("Zen 4 1t AVX-512 label x peak ratio (today's transfer)", y, x(A1) * per_thread_peak_ratio(A1, Z3, table), tasks)
+show("  x its AVX2/AVX-512 ratio on Zen 4 2t", y, x(A1) * x(B2) / x(A2) * per_thread_peak_ratio(B2, Z3, table), tasks)
+show("  x the median AVX2/AVX-512 ratio (a constant)", y,
+     x(A1) * np.median(x(B2) / x(A2)) * per_thread_peak_ratio(B2, Z3, table), tasks)
+
+if "--gbt" in sys.argv:
+    from cdmpp.evaluation import metrics, splits
+    from cdmpp.evaluation.methods.twin_ratio import AmdahlTransfer
+    from cdmpp.model import physics
+    from cdmpp.model.pooled_gbt import PooledGBT
+    from cdmpp.records.dataset import load_dataset
+    from cdmpp.zoo.tasks import TaskTable
+
+    ds = load_dataset(defaults.DATASET, TaskTable.load(defaults.TASK_TABLE), progress=False)
+    base = splits.leave_one_chip_out_split(ds, "amd-epyc-znver3", table, 0, seed=0)
+    gbt = PooledGBT(table, nthread=2, random_state=0).fit(base.train, base.val)
+    fork_join = physics.fork_join_by_device(base.train, table)
+    today = AmdahlTransfer(gbt, fork_join, table).predict(base.test)
+    on = lambda d: [dataclasses.replace(p, device=d) for p in base.test]
+    ratio = gbt.predict(on(B2)) / gbt.predict(on(A2))
+    anchor = physics.anchor_device(Z3, list(fork_join), table)
+    moved = today * ratio * per_thread_peak_ratio(B2, Z3, table) / per_thread_peak_ratio(anchor, Z3, table)
+    print(f"part 2: {len(base.test)} test programs, {sum(p.device == B2 for p in base.train)} AVX2 Zen 4 programs in training")
+    for name, p in (("pooled GBT, spec transfer (anchor " + anchor + ")", today), ("  x its own AVX2/AVX-512 ratio", moved)):
+        s = metrics.score(base.test, p)
+        print(name, json.dumps({k: round(s[k], 4) for k in ("mape", "mape_capped", "mape_fast10", "spearman")}))
