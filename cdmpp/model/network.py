@@ -34,6 +34,7 @@ from torch import nn
 if TYPE_CHECKING:  # features.py belongs to the featurizer; the model only reads three attributes
     from cdmpp.program.features import ProgramFeatures
 
+
 @dataclass
 class ModelConfig:
     """The network's shape (``CDMPPModel``'s keyword arguments); the defaults are the shipped recipe's."""
