@@ -3,7 +3,10 @@ its ISA"). Part 1 moves measured twins' labels to Zen 3 (1 thread, AVX2) from Ze
 by the per-thread peak ratio (today's transfer) and, beside it, times each program's AVX2/AVX-512 label ratio
 on Zen 4 at 2 threads (the chip that ran both ISAs): no model, labels only. Part 2 asks the same of the pooled
 GBT of the leave-one-chip-out split (seed 0): today's spec transfer vs the same times the GBT's own predicted
-AVX2/AVX-512 ratio. Run from the checkout: ``.venv/bin/python experiments/isa_transfer.py [--gbt]``."""
+AVX2/AVX-512 ratio. ``--levels``: a chip's level instead, Zen 4 1-thread labels moved to Zen 5 and Zen 3 by one
+constant (the measured median ratio, the per-thread peak ratio, the bandwidth ratio, their geometric mean;
+"Zen 5 held out" in the same report). Run from the checkout:
+``.venv/bin/python experiments/isa_transfer.py [--gbt | --levels]``."""
 import collections, dataclasses, json, sys
 import numpy as np
 from cdmpp import defaults
@@ -26,10 +29,19 @@ def show(name, y, p, tasks):
 
 store = RecordStore(defaults.DATASET)
 lab, task = collections.defaultdict(dict), {}
-for d in (A1, A2, B2, Z3):
+for d in (A1, A2, B2, Z3, "amd-epyc-znver5-1t/llvm-avx512"):
     for r in store.iter_records(d, traces=False):
         if (y := label(r)) is not None:
             lab[d][r["program_hash"]], task[r["program_hash"]] = y, r["task"]
+if "--levels" in sys.argv:
+    for d in ("amd-epyc-znver5-1t/llvm-avx512", Z3):
+        hs = [h for h in lab[d] if h in lab[A1]]
+        x1, yd = np.array([lab[A1][h] for h in hs]), np.array([lab[d][h] for h in hs])
+        peak, bw = per_thread_peak_ratio(A1, d, table), table[A1]["mem_bw_gbs"] / table[d]["mem_bw_gbs"]
+        for name, c in (("measured median ratio", np.median(yd / x1)), ("per-thread peak ratio (today)", peak),
+                        ("bandwidth ratio", bw), ("geometric mean of the two", np.sqrt(peak * bw))):
+            print(f"{d} from Zen 4 1t, {len(hs)} twins: {name:30s} {c:.3f}  MAPE {np.mean(np.abs(x1 * c - yd) / yd) * 100:5.1f} %")
+    sys.exit()
 both = [h for h in lab[B2] if all(h in lab[d] for d in (A1, A2, Z3))]
 x = lambda d: np.array([lab[d][h] for h in both])
 y, tasks = x(Z3), [task[h] for h in both]
