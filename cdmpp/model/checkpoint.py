@@ -24,34 +24,10 @@ from cdmpp.model.network import CDMPPModel, PackedPrograms, length_sorted_batche
 from cdmpp.model import physics
 from cdmpp.model.transforms import DeviceSpecs, FeatureNormalizer, LogLatency
 
-FORMAT_VERSION = 1
-
-# Options issue 19's study tried and dropped (reports/study-issue19.md, "Options removed"), by the part of
-# ``predictor.json`` that named them, with the value the shipped recipe had (``ANY``: any value, the option
-# changed nothing the checkpoint holds). A checkpoint that names one loads at that value, the option dropped;
-# at any other it was trained by code this cdmpp no longer has, and is retrained, not read.
-ANY = object()
-RETIRED = {
-    "model": dict(pooling="mean", film=False, loop_tokens=False),
-    "config": dict(pooling="mean", film=False, loop_tokens=False, program_inputs=ANY, pooled_inputs=False,
-                   roofline=False, label="log", loss="mape", mape_scale=False, lr_schedule="cyclic", weight_decay=0.0,
-                   ema=0.0, mse_weight=ANY, mape_weight=ANY, mape_floor=ANY, rank_weight=0.0, da_space="program",
-                   da_when="new-device", feature_scaling="standard", ensemble_mode="snapshots"),
-    "feature_normalizer": dict(method="standard"),
-    "label_transform": dict(lambda_=0.0),
-}
-
-
-def _without_retired(meta: dict, directory) -> dict:
-    """``meta`` (a ``predictor.json``) without the ``RETIRED`` options; an error where one is not at its value."""
-    for part, retired in RETIRED.items():
-        for key, value in retired.items():
-            if key in meta[part]:
-                had = meta[part].pop(key)
-                if value is not ANY and had != value:
-                    raise ValueError(f"{directory}: trained with {key} = {had!r}, an option this cdmpp no longer has "
-                                     "(reports/study-issue19.md, \"Options removed\"): retrain it")
-    return meta
+# 2: the network and training loop carry only the shipped recipe's options (issue 57; the options issue 19's
+# study tried and dropped are listed in reports/study-issue19.md, "Options removed"); a checkpoint of format 1
+# may name one of them, so it is retrained, not read.
+FORMAT_VERSION = 2
 
 
 def current_featurizer_version() -> str:
@@ -311,8 +287,8 @@ class TrainedModel:
         directory = Path(directory)
         meta = json.loads((directory / "predictor.json").read_text())
         if meta.get("format_version") != FORMAT_VERSION:
-            raise ValueError(f"{directory}: checkpoint format {meta.get('format_version')}, this cdmpp reads {FORMAT_VERSION}")
-        meta = _without_retired(meta, directory)
+            raise ValueError(f"{directory}: checkpoint format {meta.get('format_version')}, this cdmpp reads {FORMAT_VERSION}: "
+                             "retrain it (`cdmpp train`) with this cdmpp")
         tensors = load_file(str(directory / "weights.safetensors"))
         members = []
         for i in range(meta["n_members"]):

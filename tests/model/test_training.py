@@ -18,7 +18,7 @@ def test_config_rejects_unknown_keys():
         TrainConfig.from_dict({"d_modle": 64})
     with pytest.raises(ValueError, match="da = 'coral'"):
         TrainConfig(da="coral")
-    for removed in ("ema", "pooling", "loop_tokens", "label"):  # the study's dropped options (checkpoint.RETIRED)
+    for removed in ("ema", "pooling", "loop_tokens", "label"):  # the study's dropped options
         with pytest.raises(ValueError, match="unknown training settings"):
             TrainConfig.from_dict({removed: 0})
     default = TrainConfig.recipe("default")
@@ -126,26 +126,18 @@ def test_program_inputs_train_save_and_load(tmp_path):
     assert finetune(model, val[:8], steps=2).predict([s.features for s in val], "cpu-a")[0].shape == (30,)
 
 
-def test_a_checkpoint_with_a_removed_option_loads_only_at_the_shipped_value(trained, tmp_path):
-    """The options the study dropped (``checkpoint.RETIRED``): a checkpoint naming one at the value the shipped
-    recipe had loads as if it did not name it; at another value it says to retrain."""
+def test_a_checkpoint_of_an_older_format_says_to_retrain(trained, tmp_path):
+    """Format 1 could name options the study dropped (reports/study-issue19.md, "Options removed"): it is
+    refused with what to do, not read with a guess."""
     import json
 
-    model, _, val = trained
+    model, _, _ = trained
     path = model.save(tmp_path / "m") / "predictor.json"
     meta = json.loads(path.read_text())
-    meta["model"].update(pooling="mean", film=False)
-    meta["config"].update(ema=0.0, label="log", mse_weight=1000.0)
-    meta["feature_normalizer"]["method"] = "standard"
-    meta["label_transform"]["lambda_"] = 0.0
+    assert "ema" not in meta["config"] and "pooling" not in meta["model"]
+    meta["format_version"] = 1
     path.write_text(json.dumps(meta))
-    again = TrainedModel.load(tmp_path / "m")
-    assert "ema" not in again.config and TrainConfig.from_dict(again.config) == TrainConfig.from_dict(model.config)
-    feats = [s.features for s in val[:20]]
-    assert np.array_equal(again.predict(feats, "cpu-a")[0], model.predict(feats, "cpu-a")[0])
-    meta["config"]["ema"] = 0.998
-    path.write_text(json.dumps(meta))
-    with pytest.raises(ValueError, match="ema = 0.998.*retrain"):
+    with pytest.raises(ValueError, match="format 1, this cdmpp reads 2: retrain it"):
         TrainedModel.load(tmp_path / "m")
 
 
