@@ -124,8 +124,11 @@ class FeatureCache:
 
 
 def load_dataset(dataset_dir: str, task_table, devices=None, networks=None, tasks=None,
-                 cache_dir: str | None = None, limit: int | None = None, progress: bool = True) -> Dataset:
-    """Every successfully measured record of ``dataset_dir`` (filtered), featurized (cached)."""
+                 cache_dir: str | None = None, limit: int | None = None, progress: bool = True,
+                 searched: bool = True) -> Dataset:
+    """Every successfully measured record of ``dataset_dir`` (filtered), featurized (cached). ``searched=False``
+    leaves out the candidates of ``cdmpp collect --from-search`` (the protocol's settings score random
+    schedules, so a search collected later does not move their numbers)."""
     from tqdm import tqdm
 
     from cdmpp.records.importers import with_imported_workloads
@@ -140,6 +143,8 @@ def load_dataset(dataset_dir: str, task_table, devices=None, networks=None, task
             else store.records(report=report, traces=traces)
 
     for rec in chosen(False, report):  # labels and ids only: a trace is read again where features are missing
+        if not searched and rec.extra.get("search"):
+            continue
         y = label(rec)
         if y is None:
             failed += 1

@@ -73,3 +73,28 @@ def test_twins_are_featurized_once(real, tmp_path, monkeypatch):
     _featurize_records(records + twins, TaskTable.load(str(TASKS)), cache, progress=False)
     hashes = {r.program_hash for r in records}
     assert sum(calls) == len(hashes) and all(cache.get(h) is not None for h in hashes)
+
+
+def test_searched_candidates_can_be_left_out(real, tmp_path):
+    """The protocol loads with ``searched=False``: search candidates added to a pinned device later must
+    not change its splits."""
+    import dataclasses
+
+    from cdmpp.records.dataset import load_dataset
+    from cdmpp.records.store import RecordStore
+    from cdmpp.zoo.tasks import TaskTable
+    from tests.data import TASKS
+
+    folder, _ = real
+    records = [r for _, r in zip(range(12), RecordStore(str(folder)).records())]
+    tagged = [dataclasses.replace(r, extra={**r.extra, "search": {"strategy": "evolutionary", "trial": i}})
+              if i % 3 == 0 else r for i, r in enumerate(records)]
+    RecordStore(str(tmp_path)).append(records[0].device, tagged)
+    table = TaskTable.load(str(TASKS))
+    every = load_dataset(str(tmp_path), table, cache_dir=str(tmp_path / "cache"), progress=False)
+    random_only = load_dataset(str(tmp_path), table, cache_dir=str(tmp_path / "cache"), progress=False,
+                               searched=False)
+    searched_ids = {r.id for r in tagged if r.extra.get("search")}
+    assert {p.record_id for p in every.programs} >= searched_ids
+    assert {p.record_id for p in random_only.programs} == {p.record_id for p in every.programs} - searched_ids
+    assert len(random_only) == len(every) - len(searched_ids) > 0
