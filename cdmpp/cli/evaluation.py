@@ -257,7 +257,8 @@ def add_eval_commands(sub, bsub) -> None:
                        help="the locked test: seeds 1000-1002 and cross-model held-out networks googlenet, gpt2_small, "
                             "dcgan_gen, which no recipe choice has seen (run to report, never to choose)")
     proto.add_argument("--methods", default="cdmpp,pooled-gbt",
-                       help="cdmpp, pooled-gbt (with the seen-programs baselines), twins (only those: twin-Amdahl, "
+                       help="cdmpp, transformer-alone (cdmpp's transformer without its GBT, same fit; within-device "
+                            "settings), pooled-gbt (with the seen-programs baselines), twins (only those: twin-Amdahl, "
                             "twin-roofline and twin-ratio), pooled-gbt-roofline, pooled-gbt-latency, pooled-gbt-mape "
                             "(the GBT on log(latency / roofline bound), on log latency, on log latency with a MAPE "
                             "loss), gbt-blend (the latency and MAPE-loss GBTs blended, the weight chosen on "

@@ -112,3 +112,25 @@ class ViaAmdahl(Peer):
 
     def describe(self) -> str:
         return self.transfer_.describe()
+
+
+class TransformerAlone(Peer):
+    """cdmpp's transformer ensemble without the GBT blended in (``TrainedModel.predict_parts``), from the
+    same fit: does the transformer earn its place beside the GBT peers (issue 55)? Within-device only."""
+
+    scope = ("within-device",)
+
+    def __init__(self, cdmpp):
+        self.part = cdmpp
+        self.parts = (cdmpp,)
+        self.label = cdmpp.label + ", transformer alone"
+
+    def fit(self, train: Sequence, val: Sequence | None = None, time_budget_s: float | None = None) -> "TransformerAlone":
+        return self
+
+    def predict(self, programs: Sequence) -> np.ndarray:
+        model = self.part.model_
+        return model.predict_parts([p.features for p in programs], [p.device for p in programs])[0]
+
+    def describe(self) -> str:
+        return f"the transformer members of: {self.part.describe()}"

@@ -3,7 +3,7 @@
 ``build`` makes every method a list of names asks for, each once. The runner (``cdmpp.evaluation.protocol``)
 fits and scores what ``build`` returns and knows no method by name.
 
-Names: ``cdmpp``; ``pooled-gbt`` (the pooled GBT and its validation-scaled row); ``pooled-gbt-roofline``,
+Names: ``cdmpp``; ``transformer-alone`` (cdmpp's transformer without its GBT, from the same fit); ``pooled-gbt`` (the pooled GBT and its validation-scaled row); ``pooled-gbt-roofline``,
 ``pooled-gbt-latency``, ``pooled-gbt-mape`` (the GBT on log(latency / roofline bound), on log latency, on
 log latency with a MAPE loss; cross-device also through Amdahl's law); ``gbt-blend`` (the latency and
 MAPE-loss GBTs blended, the weight on validation); ``xgb`` (TVM's XGBModel, ranking only), ``mlp`` (the
@@ -68,6 +68,12 @@ def _cdmpp(c: Context) -> list:
     return [CDMPP(c.config, c.device_table, c.target_pool, c.label)]
 
 
+def _transformer_alone(c: Context) -> list:
+    from cdmpp.evaluation.methods.derived import TransformerAlone
+
+    return [TransformerAlone(c.one("cdmpp"))]
+
+
 def _pooled_gbt(c: Context) -> list:
     from cdmpp.evaluation.methods.derived import ValScaled
 
@@ -110,6 +116,7 @@ GBT_BLEND = "GBT peers' blend (latency target, MAPE loss; weight on validation)"
 
 METHODS: dict[str, Callable[[Context], list]] = {  # in the order they are fitted (see ``build``)
     "cdmpp": _cdmpp,
+    "transformer-alone": _transformer_alone,
     "pooled-gbt": _pooled_gbt,
     "xgb": _xgb,
     "mlp": _mlp,
