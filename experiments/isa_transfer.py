@@ -5,8 +5,9 @@ on Zen 4 at 2 threads (the chip that ran both ISAs): no model, labels only. Part
 GBT of the leave-one-chip-out split (seed 0): today's spec transfer vs the same times the GBT's own predicted
 AVX2/AVX-512 ratio. ``--levels``: a chip's level instead, Zen 4 1-thread labels moved to Zen 5 and Zen 3 by one
 constant (the measured median ratio, the per-thread peak ratio, the bandwidth ratio, their geometric mean;
-"Zen 5 held out" in the same report). Run from the checkout:
-``.venv/bin/python experiments/isa_transfer.py [--gbt | --levels]``."""
+"Zen 5 held out" in the same report). ``--efficiency``: the same twins' ratio against each program's share of
+Zen 4's peak (FLOP/s reached / probed peak), by quantile bin: does a fast program move by a different factor?
+Run from the checkout: ``.venv/bin/python experiments/isa_transfer.py [--gbt | --levels | --efficiency]``."""
 import collections, dataclasses, json, sys
 import numpy as np
 from cdmpp import defaults
@@ -41,6 +42,21 @@ if "--levels" in sys.argv:
         for name, c in (("measured median ratio", np.median(yd / x1)), ("per-thread peak ratio (today)", peak),
                         ("bandwidth ratio", bw), ("geometric mean of the two", np.sqrt(peak * bw))):
             print(f"{d} from Zen 4 1t, {len(hs)} twins: {name:30s} {c:.3f}  MAPE {np.mean(np.abs(x1 * c - yd) / yd) * 100:5.1f} %")
+    sys.exit()
+if "--efficiency" in sys.argv:
+    from cdmpp.records.dataset import FeatureCache
+
+    cache = FeatureCache(defaults.cache_dir(defaults.DATASET))
+    for d in ("amd-epyc-znver5-1t/llvm-avx512", Z3):
+        hs = [h for h in lab[d] if h in lab[A1] and cache.get(h) is not None and cache.get(h).flops > 0]
+        x1, yd = np.array([lab[A1][h] for h in hs]), np.array([lab[d][h] for h in hs])
+        share = np.array([cache.get(h).flops for h in hs]) / x1 / (table[A1]["peak_gflops"] * 1e9)
+        print(f"{d} from Zen 4 1t, {len(hs)} twins (per-thread peak ratio {per_thread_peak_ratio(A1, d, table):.3f}):")
+        edges = np.quantile(share, [0, .1, .25, .5, .75, .9, .97, 1])
+        for lo, hi in zip(edges[:-1], edges[1:]):
+            r = (yd / x1)[(share >= lo) & (share <= hi)]
+            print(f"  share of peak {lo:.3f}-{hi:.3f}: {len(r):5d} twins, ratio median {np.median(r):.3f} "
+                  f"(quartiles {np.quantile(r, .25):.3f}-{np.quantile(r, .75):.3f})")
     sys.exit()
 both = [h for h in lab[B2] if all(h in lab[d] for d in (A1, A2, Z3))]
 x = lambda d: np.array([lab[d][h] for h in both])
