@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+import json
 import math
 import sys
 from typing import Sequence
@@ -25,7 +26,6 @@ def model_hash(model) -> str:
     """Short SHA-256 of what a model's answers depend on: every member's weights, the calibration (interval,
     blend weights) and the blended GBT's trees, so the model version changes whenever an answer can."""
     import hashlib
-    import json
 
     h = hashlib.sha256()
     for m in model.members:
@@ -45,7 +45,7 @@ def _version(model) -> str:
 def train_checkpoint(recipe: str, dataset: str, out: str, task_table: str = defaults.TASK_TABLE,
                      devices: str = defaults.DEVICES, max_minutes: float | None = None, val: float = 0.1,
                      seed: int = 0, limit: int | None = None, progress: bool = True, device_ids=None,
-                     exclude_networks=None, val_by: str = "task", device: str = "cpu"):
+                     exclude_networks=None, val_by: str = "task", device: str = "cpu", store: str | None = None):
     """Train on every program of ``dataset`` (all devices, or ``device_ids``) and save a checkpoint the
     ``Predictor`` can serve. ``val`` of the tasks (``val_by="task"``; or of the program hashes, "program")
     is held out for model selection and calibration: early stopping, the blend weight and the intervals
@@ -54,26 +54,83 @@ def train_checkpoint(recipe: str, dataset: str, out: str, task_table: str = defa
     ``exclude_networks``: leave out every program of a task that occurs in one of them (as cross-model
     does), so benchmarks on those networks test a model that never saw them. ``device``: cpu, cuda or auto;
     under torchrun every process loads the data and trains its share of each batch (DistributedDataParallel),
-    and rank 0 alone saves (``cdmpp.model.distributed``)."""
+    and rank 0 alone saves (``cdmpp.model.distributed``).
+    ``store``: train from a folder ``write_split_store`` wrote instead (the training programs read memory-mapped,
+    the validation programs in memory; the dataset options were applied when it was written)."""
     device = distributed.setup(device)
     progress = progress and distributed.is_main()
-    ds = load_dataset(dataset, TaskTable.load(task_table), devices=device_ids, limit=limit, progress=progress)
-    split = training_split(ds, seed, val, val_by, exclude_networks)
+    if store:
+        train, val_set, data = open_split_store(store)
+    else:
+        ds = load_dataset(dataset, TaskTable.load(task_table), devices=device_ids, limit=limit, progress=progress)
+        split = training_split(ds, seed, val, val_by, exclude_networks)
+        train, val_set, data = split.train, split.val, dict(programs=len(ds), per_device=per_device_counts(ds))
     table = DeviceTable(devices)
-    missing = sorted(set(ds.devices()) - set(table.ids()))
+    missing = sorted(set(data["per_device"]) - set(table.ids()))
     if missing:
         raise ValueError(f"devices {missing} have no spec in {devices}")
     over = {"max_minutes": max_minutes} if max_minutes else {}
     config = dataclasses.replace(TrainConfig.recipe(recipe), seed=seed, progress=progress, **over)
-    model = fit(config, split.train, split.val, device_table=table.spec_table(), device=device)
+    model = fit(config, train, val_set, device_table=table.spec_table(), device=device)
     if not distributed.is_main():
         return model
-    model.summary.update(model_version=_version(model), recipe=recipe, dataset=dataset,
+    model.summary.update(model_version=_version(model), recipe=recipe, dataset=data.pop("dataset", dataset),
                          trained_at=_dt.datetime.now().isoformat(timespec="seconds"), git_commit=git_commit(),
-                         data=dict(programs=len(ds), per_device=per_device_counts(ds)),
-                         devices={s.id: s.to_dict() for s in table})
+                         data=data, devices={s.id: s.to_dict() for s in table})
     model.save(out)
     return model
+
+
+def write_split_store(out: str, dataset: str, task_table: str = defaults.TASK_TABLE, val: float = 0.1, seed: int = 0,
+                      limit: int | None = None, device_ids=None, exclude_networks=None, val_by: str = "task",
+                      progress: bool = True) -> dict:
+    """``train_checkpoint``'s split of ``dataset`` (the same options, the same programs on each side) written as
+    two feature stores, ``out/train`` and ``out/val``, and ``out/split.json`` (what was split, how): what
+    ``train_checkpoint(store=out)`` trains from without the dataset in memory. Returns the split's description.
+    The dataset is read into memory once here, to featurize and split it."""
+    from pathlib import Path
+
+    from cdmpp.model.feature_store import write_store
+    from cdmpp.program.features import FEATURIZER_VERSION
+
+    ds = load_dataset(dataset, TaskTable.load(task_table), devices=device_ids, limit=limit, progress=progress)
+    split = training_split(ds, seed, val, val_by, exclude_networks)
+    if not split.train or not split.val:
+        raise ValueError(f"{dataset}: {len(split.train)} training and {len(split.val)} validation programs; a store "
+                         "needs both (more programs, or another --val)")
+    for part, programs in (("train", split.train), ("val", split.val)):
+        write_store(Path(out) / part, programs, featurizer_version=str(FEATURIZER_VERSION))
+    info = dict(dataset=dataset, seed=seed, val=val, val_by=val_by, limit=limit, device_ids=device_ids,
+                exclude_networks=exclude_networks, n_train=len(split.train), n_val=len(split.val),
+                programs=len(ds), per_device=per_device_counts(ds), featurizer_version=str(FEATURIZER_VERSION),
+                written_at=_dt.datetime.now().isoformat(timespec="seconds"), git_commit=git_commit())
+    (Path(out) / "split.json").write_text(json.dumps(info, indent=1))
+    return info
+
+
+def open_split_store(path: str):
+    """``(training store, validation programs, data summary)`` of a folder ``write_split_store`` wrote; refused
+    when it is not one, or when its features come from another featurizer than this cdmpp's."""
+    from pathlib import Path
+
+    from cdmpp.model.feature_store import FeatureStore
+    from cdmpp.program.features import FEATURIZER_VERSION
+
+    split_file = Path(path) / "split.json"
+    if not split_file.exists():
+        raise FileNotFoundError(f"{path}: no training store here (no split.json): write one with "
+                                "`cdmpp train --write-store DIR`")
+    info = json.loads(split_file.read_text())
+    train, val = FeatureStore(Path(path) / "train"), FeatureStore(Path(path) / "val")
+    for part in (train, val):
+        if part.meta.get("featurizer_version") != str(FEATURIZER_VERSION):
+            raise ValueError(f"{part.path}: featurized by featurizer {part.meta.get('featurizer_version')}, this cdmpp's "
+                             f"is {FEATURIZER_VERSION}: write the store again")
+    if (len(train), len(val)) != (info["n_train"], info["n_val"]):
+        raise ValueError(f"{path}: split.json says {info['n_train']} + {info['n_val']} programs, the stores hold "
+                         f"{len(train)} + {len(val)}: write the store again")
+    return train, val.programs(), dict(programs=info["programs"], per_device=info["per_device"],
+                                       dataset=info["dataset"], store=str(path))
 
 
 def training_split(ds, seed: int = 0, val: float = 0.1, val_by: str = "task", exclude_networks=None):

@@ -2,9 +2,10 @@
 
 A memory benchmark, not a training run: the store's N programs are the first ``--base`` real featurized
 programs of the dataset repeated (labels and all) until there are N (``replicate_store``). A fresh process
-opens the store memory-mapped and trains ``--steps`` steps of the shipped recipe (without the GBT blend and
-the Amdahl anchors, which read every program in memory): the normalizer's passes over every leaf, the labels,
-program inputs and batches of the whole store, validation on ``--val`` real programs held in memory. Its peak
+opens the store memory-mapped and trains the shipped recipe, its budgets cut to ``--steps`` transformer steps
+and ``--gbt-trees`` trees of the blended GBT: the normalizer's passes over every leaf, the labels, program
+inputs and batches of the whole store, the GBT's quantized matrix built from the store's chunks, the Amdahl
+anchors' pass over every leaf, validation on ``--val`` real programs held in memory. Its peak
 resident set (``VmHWM``: mapped file pages it holds count, the page cache does not) is what is reported,
 also per million programs, beside the same process's resident set once torch and cdmpp were imported.
 """
@@ -33,7 +34,8 @@ def _peak_rss_mb() -> float:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # KiB on Linux
 
 
-def _train(store_path: str, val, table: dict, steps: int, batch_size: int, device: str, threads: int, queue) -> None:
+def _train(store_path: str, val, table: dict, steps: int, gbt_trees: int, batch_size: int, device: str, threads: int,
+           queue) -> None:
     """In a fresh process (its own peak RSS): open the store, train ``steps`` steps, report."""
     import torch
 
@@ -43,16 +45,18 @@ def _train(store_path: str, val, table: dict, steps: int, batch_size: int, devic
 
     imported = _peak_rss_mb()
     t0 = time.monotonic()
-    config = dataclasses.replace(TrainConfig.recipe("default"), gbt_blend=False, amdahl_transfer=False, epochs=1,
-                                 max_steps=steps, batch_size=batch_size, progress=False)
+    config = dataclasses.replace(TrainConfig.recipe("default"), epochs=1, max_steps=steps, gbt_max_trees=gbt_trees,
+                                 batch_size=batch_size, progress=False)
     model = fit(config, FeatureStore(store_path), val, device_table=table, device=device)
     member = model.summary["members"][0]
     queue.put(dict(rss_after_imports_mb=round(imported, 1), peak_rss_mb=round(_peak_rss_mb(), 1),
-                   fit_seconds=round(time.monotonic() - t0, 1), steps=steps, stopped=member["stopped"]))
+                   fit_seconds=round(time.monotonic() - t0, 1), steps=steps, stopped=member["stopped"],
+                   gbt_blend=config.gbt_blend, gbt_trees=model.gbt.booster_.num_boosted_rounds() if model.gbt else 0,
+                   amdahl_transfer=config.amdahl_transfer, anchors=model.anchors))
 
 
-def run(n: int, base: int, n_val: int, steps: int, batch_size: int, device: str, threads: int, dataset: str,
-        task_table: str, devices: str, store_dir: str | None, keep: bool) -> dict:
+def run(n: int, base: int, n_val: int, steps: int, gbt_trees: int, batch_size: int, device: str, threads: int,
+        dataset: str, task_table: str, devices: str, store_dir: str | None, keep: bool) -> dict:
     from cdmpp.devices.table import DeviceTable
     from cdmpp.model.feature_store import FeatureStore, replicate_store, write_store
     from cdmpp.records.dataset import load_dataset
@@ -74,7 +78,8 @@ def run(n: int, base: int, n_val: int, steps: int, batch_size: int, device: str,
     table = DeviceTable(devices).spec_table()
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    proc = ctx.Process(target=_train, args=(str(path), val, table, steps, batch_size, device, threads, queue))
+    proc = ctx.Process(target=_train, args=(str(path), val, table, steps, gbt_trees, batch_size, device, threads,
+                                                      queue))
     proc.start()
     result = None
     while result is None and (proc.is_alive() or not queue.empty()):
@@ -98,9 +103,10 @@ def run(n: int, base: int, n_val: int, steps: int, batch_size: int, device: str,
 
 
 def main(args) -> int:
-    out = run(args.programs, args.base, args.val, args.steps, args.batch_size, args.device, args.threads,
+    out = run(args.programs, args.base, args.val, args.steps, args.gbt_trees, args.batch_size, args.device, args.threads,
               args.dataset, args.task_table, args.devices, args.store, args.keep)
-    print(f"{out['programs']:,} programs ({out['note']}), store {out['store_mb']:,.0f} MB; {out['steps']} steps: "
+    print(f"{out['programs']:,} programs ({out['note']}), store {out['store_mb']:,.0f} MB; {out['steps']} steps, "
+          f"{out['gbt_trees']} GBT trees: "
           f"peak RSS {out['peak_rss_mb']:,.0f} MB ({out['rss_after_imports_mb']:,.0f} MB after imports), "
           f"{out['peak_rss_mb_per_million_programs']:,.0f} MB per million programs; fit {out['fit_seconds']} s")
     if args.json:

@@ -122,6 +122,8 @@ def _refuse_overwrite(out: str, force: bool, command: str) -> bool:
 def cmd_train(args) -> int:
     from cdmpp.workflows import train_checkpoint
 
+    if args.write_store:
+        return _write_store(args)
     if _refuse_overwrite(args.out, args.force, "train"):
         return 2
     try:
@@ -129,7 +131,7 @@ def cmd_train(args) -> int:
                                  args.max_minutes, args.val, args.seed, args.limit,
                                  device_ids=_csv(args.device_ids) or None,
                                  exclude_networks=_csv(args.exclude_networks) or None, val_by=args.val_by,
-                                 device=args.device)
+                                 device=args.device, store=args.store)
     except ValueError as e:
         print(f"cdmpp train: {e}", file=sys.stderr)
         return 2
@@ -138,6 +140,24 @@ def cmd_train(args) -> int:
     s = model.summary
     print(f"saved {s['model_version']} to {args.out}: {s['n_train']} train / {s['n_val']} val programs, "
           f"val MAPE {100 * s['val']['mape']:.1f} %, {s['train_seconds']} s")
+    return 0
+
+
+def _write_store(args) -> int:
+    """``cdmpp train --write-store DIR``: the split ``cdmpp train`` would train on, written as a feature store."""
+    from cdmpp.workflows import write_split_store
+
+    if args.store:
+        print("cdmpp train: --write-store writes a store and --store trains from one: give one of them",
+              file=sys.stderr)
+        return 2
+    if os.path.exists(os.path.join(args.write_store, "split.json")) and not args.force:
+        print(f"cdmpp train: {args.write_store} already holds a store; pass --force to replace it", file=sys.stderr)
+        return 2
+    info = write_split_store(args.write_store, args.dataset, args.task_table, args.val, args.seed, args.limit,
+                             _csv(args.device_ids) or None, _csv(args.exclude_networks) or None, args.val_by)
+    print(f"wrote {info['n_train']} train / {info['n_val']} val programs to {args.write_store}; train from it with "
+          f"`cdmpp train --store {args.write_store}`")
     return 0
 
 
@@ -317,18 +337,27 @@ def add_eval_commands(sub, bsub) -> None:
     t.add_argument("--device-ids", help="comma-separated devices to train on (default: every device in the data)")
     t.add_argument("--exclude-networks", help="comma-separated networks whose tasks are left out of training (a "
                                               "checkpoint for benchmarks on networks it never saw)")
+    t.add_argument("--write-store", metavar="DIR",
+                   help="featurize and split the dataset as training would (--val, --val-by, --seed, --limit, "
+                        "--device-ids, --exclude-networks) and write it to DIR as a feature store, then stop")
+    t.add_argument("--store", metavar="DIR",
+                   help="train from a store --write-store wrote: the training programs read from disk in chunks "
+                        "(memory-mapped), so memory does not grow with them; the validation programs in memory. "
+                        "The split and dataset options are the store's; --seed seeds the model")
     t.add_argument("--device", choices=("auto", "cpu", "cuda"), default="cpu",
                    help="where the transformer trains: cpu (default), cuda, or auto (cuda when torch sees a GPU). "
                         "Under `torchrun --nproc_per_node N cdmpp train ...` the N processes share every batch "
                         "(DistributedDataParallel; gloo on cpu, nccl on cuda) and rank 0 saves")
     t.set_defaults(func=cmd_train)
 
-    bt = bsub.add_parser("train", help="peak memory of training from a memory-mapped feature store of N programs "
-                                       "(real programs repeated: a memory benchmark), per million programs")
+    bt = bsub.add_parser("train", help="peak memory of training the shipped recipe (GBT blend and anchors included) "
+                                       "from a memory-mapped feature store of N programs (real programs repeated: a "
+                                       "memory benchmark), per million programs")
     bt.add_argument("--programs", type=int, default=100_000, help="programs in the store (default 100,000)")
     bt.add_argument("--base", type=int, default=4096, help="real programs repeated to fill it (default 4096)")
     bt.add_argument("--val", type=int, default=256, help="other real programs to validate on, in memory (default 256)")
     bt.add_argument("--steps", type=int, default=20, help="training steps (default 20)")
+    bt.add_argument("--gbt-trees", type=int, default=20, help="trees of the blended GBT (default 20)")
     bt.add_argument("--batch-size", type=int, default=256)
     bt.add_argument("--device", choices=("auto", "cpu", "cuda"), default="cpu")
     bt.add_argument("--threads", type=int, default=2, help="torch threads of the training process (default 2)")

@@ -26,6 +26,7 @@ class TrainConfig:
     # blend in a pooled GBT on log latency, weights for seconds and for order chosen on val (cdmpp.model.blend)
     gbt_blend: bool = True
     gbt_minutes: float = 5.0  # the blend's GBT ends this long after max_minutes (early stopping ends it first)
+    gbt_max_trees: int = 0  # > 0: the blend's GBT boosts at most this many trees (benchmarks, smoke runs)
     blend_rank_slack: float = 0.02  # the order's blend weight ranks best within this relative slack of the best MAPE
     # a CPU device running a thread count without training labels is predicted on the nearest trained CPU
     # device and moved there by Amdahl's law (cdmpp.model.physics; TrainedModel.anchors), not by its spec vector

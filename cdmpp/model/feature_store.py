@@ -7,11 +7,13 @@ store and an in-memory pack hold the same numbers); ``FeatureStore`` opens them 
 and training gathers each batch's rows from the mapped file. Pages read are handed back to the kernel
 (``release``: every few batches and after every chunk of a pass over the file), or a whole epoch would leave the file
 resident and counted in the process's memory. What stays in memory is per program: offsets, labels, device
-and task codes, program stats (~60 bytes).
+and task codes, program stats, FLOPs and hashes (~80 bytes). The pooled GBT of the blend and the Amdahl
+anchors read the leaf rows in chunks of programs (``program_chunks``), as the normalizer does.
 
-Files: ``leaves.npy`` float32 ``[n_leaves, F]`` (raw, as featurized), ``positions.npy`` int64 ``[n_leaves]``,
-``offsets.npy`` int64 ``[n + 1]``, ``seconds.npy`` float64, ``device.npy`` / ``task.npy`` int32 codes into
-``meta.json``'s lists, ``stats.npy`` float64 ``[n, 3]`` (TVM features only).
+Files (format 2): ``leaves.npy`` float32 ``[n_leaves, F]`` (raw, as featurized), ``positions.npy`` int64
+``[n_leaves]``, ``offsets.npy`` int64 ``[n + 1]``, ``seconds.npy`` float64, ``device.npy`` / ``task.npy`` int32
+codes into ``meta.json``'s lists, ``flops.npy`` float64 (``ProgramFeatures.flops``), ``hashes.npy`` bytes (program
+hashes), ``stats.npy`` float64 ``[n, 3]`` (TVM features only). Format 1 (before flops and hashes) is refused.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import numpy as np
 
 from cdmpp.model.network import PackedPrograms
 
+FORMAT = 2  # 2: flops.npy and hashes.npy added (the pooled GBT's log FLOPs input; programs rebuilt from a store)
 CHUNK_PROGRAMS = 8192
 CHUNK_ROWS = 1 << 14  # leaf rows per read of a pass over the file (11 MB of float32 TVM rows, 21 MB as float64)
 
@@ -49,10 +52,12 @@ class _NpyWriter:
             raise RuntimeError(f"{self.f.name}: wrote {self.rows} rows, header says {self.shape[0]}")
 
 
-def _writers(path: Path, n: int, n_leaves: int, n_features: int, stats: bool) -> dict:
+def _writers(path: Path, n: int, n_leaves: int, n_features: int, stats: bool, hash_dtype) -> dict:
     path.mkdir(parents=True, exist_ok=True)
+    (path / "meta.json").unlink(missing_ok=True)  # written last: a write cut short leaves no store, not a wrong one
     cols = dict(leaves=(np.float32, (n_leaves, n_features)), positions=(np.int64, (n_leaves,)),
-                offsets=(np.int64, (n + 1,)), seconds=(np.float64, (n,)), device=(np.int32, (n,)), task=(np.int32, (n,)))
+                offsets=(np.int64, (n + 1,)), seconds=(np.float64, (n,)), device=(np.int32, (n,)), task=(np.int32, (n,)),
+                flops=(np.float64, (n,)), hashes=(hash_dtype, (n,)))
     if stats:
         cols["stats"] = (np.float64, (n, 3))
     else:  # a store rewritten in place loses the column it no longer has
@@ -63,7 +68,7 @@ def _writers(path: Path, n: int, n_leaves: int, n_features: int, stats: bool) ->
 def _close(path: Path, writers: dict, meta: dict) -> None:
     for w in writers.values():
         w.close()
-    (path / "meta.json").write_text(json.dumps(meta, indent=1))
+    (path / "meta.json").write_text(json.dumps({**meta, "format": FORMAT}, indent=1))
 
 
 def write_store(path: str | Path, samples: Sequence, featurizer_version: str = "unknown",
@@ -78,7 +83,8 @@ def write_store(path: str | Path, samples: Sequence, featurizer_version: str = "
     tasks = sorted({getattr(s, "task", "") for s in samples})
     dcode, tcode = {d: i for i, d in enumerate(devices)}, {t: i for i, t in enumerate(tasks)}
     first = PackedPrograms.from_programs(feats[:1])
-    w = _writers(path, len(samples), n_leaves, first.leaves.shape[1], first.stats is not None)
+    hash_dtype = f"S{max(1, max(len(f.program_hash) for f in feats))}"
+    w = _writers(path, len(samples), n_leaves, first.leaves.shape[1], first.stats is not None, hash_dtype)
     w["offsets"].append([0])
     base = 0
     for a in range(0, len(samples), chunk):
@@ -91,6 +97,8 @@ def write_store(path: str | Path, samples: Sequence, featurizer_version: str = "
         w["seconds"].append([s.seconds for s in part])
         w["device"].append([dcode[s.device] for s in part])
         w["task"].append([tcode[getattr(s, "task", "")] for s in part])
+        w["flops"].append([s.features.flops for s in part])
+        w["hashes"].append([s.features.program_hash.encode() for s in part])
         if "stats" in w:
             w["stats"].append(p.stats)
     _close(path, w, dict(n=len(samples), devices=devices, tasks=tasks, featurizer_version=featurizer_version,
@@ -106,7 +114,7 @@ def replicate_store(src: "FeatureStore", path: str | Path, n: int) -> "FeatureSt
     counts = [len(src)] * reps + ([rest] if rest else [])
     total = int(src.offsets[-1])
     n_leaves = reps * total + int(src.offsets[rest])
-    w = _writers(path, n, n_leaves, src.leaves.shape[1], src.stats is not None)
+    w = _writers(path, n, n_leaves, src.leaves.shape[1], src.stats is not None, src.hashes.dtype)
     w["offsets"].append([0])
     for copy, k in enumerate(counts):
         rows = int(src.offsets[k])
@@ -115,29 +123,64 @@ def replicate_store(src: "FeatureStore", path: str | Path, n: int) -> "FeatureSt
             w["positions"].append(src.positions[a:min(rows, a + CHUNK_ROWS)])
             src.release()
         w["offsets"].append(src.offsets[1:k + 1] + copy * total)
-        for name in ("seconds", "device", "task") + (("stats",) if src.stats is not None else ()):
+        for name in ("seconds", "device", "task", "flops", "hashes") + (("stats",) if src.stats is not None else ()):
             w[name].append(getattr(src, name)[:k])
     _close(path, w, {**src.meta, "n": n, "replicated_from": str(src.path)})
     return FeatureStore(path)
 
 
 class FeatureStore:
-    """A written store, opened: leaf rows and positions memory-mapped, the per-program columns in memory."""
+    """A written store, opened: leaf rows and positions memory-mapped, the per-program columns in memory.
+    A missing, old (format 1) or inconsistent store is refused with what to do."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
         if not (self.path / "meta.json").exists():
-            raise FileNotFoundError(f"{self.path}: no feature store here (looked for meta.json)")
-        self.meta = json.loads((self.path / "meta.json").read_text())
+            raise FileNotFoundError(f"{self.path}: no feature store here (no meta.json; a write cut short leaves "
+                                    "none): write one with `cdmpp train --write-store`")
+        try:
+            self.meta = json.loads((self.path / "meta.json").read_text())
+        except ValueError as e:
+            raise ValueError(f"{self.path}/meta.json is not JSON ({e}): write the store again") from None
+        fmt = self.meta.get("format", 1)
+        if fmt != FORMAT:
+            raise ValueError(f"{self.path}: a feature store of format {fmt}; this cdmpp reads format {FORMAT} (program "
+                             "FLOPs and hashes added): write it again with `cdmpp train --write-store`")
         self.devices, self.tasks = list(self.meta["devices"]), list(self.meta["tasks"])
 
-        def col(name, mapped=False):
+        def col(name, mapped=False, required=True):
             f = self.path / f"{name}.npy"
-            return np.load(f, mmap_mode="r" if mapped else None) if f.exists() else None
+            if not f.exists():
+                if required:
+                    raise ValueError(f"{self.path}: {name}.npy is missing: the store is incomplete, write it again")
+                return None
+            try:
+                return np.load(f, mmap_mode="r" if mapped else None)
+            except (ValueError, OSError, EOFError) as e:
+                raise ValueError(f"{f}: unreadable ({e}): the store is corrupt, write it again") from None
 
         self.leaves, self.positions = col("leaves", True), col("positions", True)
-        self.offsets, self.stats = col("offsets"), col("stats")
+        self.offsets, self.stats = col("offsets"), col("stats", required=False)
         self.seconds, self.device, self.task = col("seconds"), col("device"), col("task")
+        self.flops, self.hashes = col("flops"), col("hashes")
+        self._check()
+
+    def _check(self) -> None:
+        n = self.meta["n"]
+        per_program = dict(seconds=self.seconds, device=self.device, task=self.task, flops=self.flops, hashes=self.hashes)
+        if self.stats is not None:
+            per_program["stats"] = self.stats
+        bad = [name for name, a in per_program.items() if len(a) != n]
+        o = self.offsets
+        if len(o) != n + 1 or o[0] != 0 or o[-1] != len(self.leaves) or len(self.positions) != len(self.leaves):
+            bad.append("offsets")
+        elif n and np.diff(o).min() < 1:
+            bad.append("offsets (a program without rows)")
+        if n and (self.device.max() >= len(self.devices) or self.task.max() >= len(self.tasks)):
+            bad.append("device/task codes")
+        if bad:
+            raise ValueError(f"{self.path}: {', '.join(bad)} disagree with meta.json's {n} programs: the store is "
+                             "corrupt, write it again")
 
     def __len__(self) -> int:
         return len(self.seconds)
@@ -155,6 +198,33 @@ class FeatureStore:
         for a in range(0, len(self.leaves), CHUNK_ROWS):
             yield np.array(self.leaves[a:a + CHUNK_ROWS])
             self.release()
+
+    def program_chunks(self):
+        """``(a, b, rows, offsets)`` for programs ``a:b`` in chunks of about ``CHUNK_ROWS`` leaf rows (at least one
+        program): their raw rows in memory and offsets into them (pages released after each)."""
+        a, n = 0, len(self)
+        while a < n:
+            b = max(a + 1, min(n, int(np.searchsorted(self.offsets, self.offsets[a] + CHUNK_ROWS, "right")) - 1))
+            lo, hi = int(self.offsets[a]), int(self.offsets[b])
+            yield a, b, np.array(self.leaves[lo:hi]), self.offsets[a:b + 1] - lo
+            self.release()
+            a = b
+
+    def programs(self) -> list:
+        """The store's programs as ``LabeledProgram``s in memory (what a validation split is; a program stored
+        without leaves comes back with the one zero leaf every pack gives it)."""
+        from cdmpp.program.features import ProgramFeatures
+        from cdmpp.records.dataset import LabeledProgram
+
+        out = []
+        for a, b, rows, offsets in self.program_chunks():
+            pos = np.array(self.positions[self.offsets[a]:self.offsets[b]])
+            for i in range(a, b):
+                r = slice(offsets[i - a], offsets[i - a + 1])
+                f = ProgramFeatures(rows[r], pos[r], float(self.flops[i]), self.hashes[i].decode())
+                out.append(LabeledProgram(f, self.devices[self.device[i]], float(self.seconds[i]),
+                                          task=self.tasks[self.task[i]]))
+        return out
 
     def pack(self) -> PackedPrograms:
         """The store's programs as a ``PackedPrograms`` over the mapped rows (raw; ``with_transform`` normalizes)."""
@@ -199,13 +269,17 @@ class TrainingColumns:
             return self.raw.with_leaves(normalizer.transform(self.raw.leaves))
         return self.raw.with_transform(normalizer.transform)
 
+    def parallel_leaves(self) -> np.ndarray:
+        """Per program, its leaves under a parallel loop (what the Amdahl anchors' fork/join cost divides by):
+        at once in memory, in chunks of programs from a store."""
+        from cdmpp.model.physics import parallel_leaves
 
-def check_store_recipe(config, val_set) -> None:
-    """Whether ``fit`` can train ``config`` (a ``TrainConfig``) from a store: these options read every
-    training program at once."""
-    needs_all = [name for name in ("gbt_blend", "amdahl_transfer") if getattr(config, name)]
-    if needs_all:
-        raise ValueError(f"training from a feature store: {', '.join(needs_all)} read every training program in "
-                         "memory; set them to false")
+        if self.store is None:
+            return parallel_leaves(self.raw.leaves, self.raw.offsets)
+        return np.concatenate([parallel_leaves(rows, offsets) for _, _, rows, offsets in self.store.program_chunks()])
+
+
+def check_store_recipe(val_set) -> None:
+    """What ``fit`` needs beside a store: a validation set in memory (a random share of a store is not drawn)."""
     if not val_set:
         raise ValueError("training from a feature store needs a validation set (val_set)")

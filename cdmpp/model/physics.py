@@ -61,9 +61,19 @@ def parallel_share(features: Sequence) -> np.ndarray:
 def fork_join_seconds(seconds: Sequence[float], features: Sequence, quantile: float = 0.01) -> float:
     """The fork/join cost of one parallel region on a multi-threaded device: the ``quantile`` of its
     programs' latency per parallel leaf (no kernel runs faster than its fork/joins). 0 without any."""
-    n = parallel_share(features)[:, 1]
+    return _fork_join(seconds, parallel_share(features)[:, 1], quantile)
+
+
+def _fork_join(seconds: Sequence[float], n_parallel: np.ndarray, quantile: float = 0.01) -> float:
+    n = np.asarray(n_parallel, dtype=np.float64)
     per_leaf = np.asarray(seconds, dtype=np.float64)[n > 0] / n[n > 0]
     return float(np.quantile(per_leaf, quantile)) if len(per_leaf) else 0.0
+
+
+def parallel_leaves(rows: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """Per program packed as ``rows`` (program i: ``offsets[i]:offsets[i+1]``, at least one row each), its leaves
+    under a parallel loop: ``parallel_share``'s second column, from a pack or a chunk of a feature store."""
+    return np.add.reduceat((np.asarray(rows)[:, _PARALLEL_NUM] > 0).astype(np.float64), np.asarray(offsets)[:-1])
 
 
 def amdahl_seconds(seconds: Sequence[float], features: Sequence, from_threads: int, to_threads: int,
@@ -142,13 +152,21 @@ def per_thread_peak_ratio(src: str, dst: str, table: dict) -> float:
 def fork_join_by_device(samples: Sequence, table: dict) -> dict[str, float]:
     """Per CPU device of labelled ``samples``: its ``fork_join_seconds`` (0 on one thread, which forks nothing).
     What ``TrainedModel.anchors`` keeps, so a device never trained on can be reached from these."""
+    samples = list(samples)
+    return fork_join_of([s.device for s in samples], [s.seconds for s in samples],
+                        parallel_share([s.features for s in samples])[:, 1], table)
+
+
+def fork_join_of(devices: Sequence[str], seconds: Sequence[float], n_parallel: np.ndarray, table: dict) -> dict[str, float]:
+    """``fork_join_by_device`` from columns: each program's device, latency and leaves under a parallel loop
+    (``parallel_leaves``), so a feature store's programs need not be in memory."""
+    devices, seconds, n_parallel = np.asarray(devices), np.asarray(seconds, dtype=np.float64), np.asarray(n_parallel)
     out = {}
-    for d in sorted({s.device for s in samples}):
+    for d in sorted(set(devices.tolist())):
         if _parts(d)[1] != "llvm":
             continue
-        on = [s for s in samples if s.device == d]
-        multi = float(table[d]["cores"]) > 1
-        out[d] = fork_join_seconds([s.seconds for s in on], [s.features for s in on]) if multi else 0.0
+        on = devices == d
+        out[d] = _fork_join(seconds[on], n_parallel[on]) if float(table[d]["cores"]) > 1 else 0.0
     return out
 
 

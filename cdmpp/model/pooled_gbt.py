@@ -65,11 +65,18 @@ def pooled_features(programs: Sequence) -> np.ndarray:
         return np.zeros((0, 3 * N_FEATURES + 2), np.float32)
     rows = [program_rows(p.features) for p in programs]
     counts = np.array([len(r) for r in rows])
-    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
-    flat = np.concatenate(rows).astype(np.float64)
+    offsets = np.concatenate([[0], np.cumsum(counts)])
+    return pool_rows(np.concatenate(rows), offsets, np.array([p.features.flops for p in programs], dtype=np.float64))
+
+
+def pool_rows(rows: np.ndarray, offsets: np.ndarray, flops: np.ndarray) -> np.ndarray:
+    """``pooled_features`` of programs packed as ``rows`` (program i: ``offsets[i]:offsets[i+1]``, at least one
+    row each) and their FLOPs: the same numbers from a pack or a chunk of a feature store."""
+    flat = np.asarray(rows).astype(np.float64)
+    starts, counts = offsets[:-1], np.diff(offsets)
     m = np.maximum.reduceat(flat, starts, axis=0)
     lse = m + np.log(np.add.reduceat(np.exp(flat - np.repeat(m, counts, axis=0)), starts, axis=0))
-    flops = np.log2(np.array([p.features.flops for p in programs], dtype=np.float64) + 1.0)
+    flops = np.log2(np.asarray(flops, dtype=np.float64) + 1.0)
     return np.hstack([np.add.reduceat(flat, starts, axis=0), m, lse, counts[:, None], flops[:, None]]).astype(np.float32)
 
 
@@ -123,26 +130,64 @@ class PooledGBT:
     def _target(self, programs) -> np.ndarray:
         return np.log(np.array([p.seconds for p in programs]) / self.scale(programs))
 
-    def fit(self, train: Sequence, val: Sequence | None = None, time_budget_s: float | None = None) -> "PooledGBT":
-        import xgboost as xgb
+    def fit(self, train, val: Sequence | None = None, time_budget_s: float | None = None) -> "PooledGBT":
+        """Fit on labelled programs ``train`` or on a ``FeatureStore`` (its rows pooled chunk by chunk into
+        XGBoost's quantized matrix: no matrix of every program's inputs); early stopping on ``val``."""
+        from cdmpp.model.feature_store import FeatureStore
 
+        if isinstance(train, FeatureStore):
+            return self._fit_store(train, val, time_budget_s)
         deadline = time.monotonic() + (time_budget_s if time_budget_s else 1e9)
         evals = [(self.inputs(val), self._target(val))] if val else None
         objective = {}
         if self.loss == "mape":  # the reported metric itself, as cdmpp's recipe trains
             objective = dict(objective=_mape_objective, eval_metric=_mape_metric,
                              base_score=float(np.median(self._target(train))))
-        self.model_ = xgb.XGBRegressor(
+        self.model_ = self._regressor(deadline, bool(evals), **objective)
+        self.model_.fit(self.inputs(train), self._target(train), eval_set=evals, verbose=False)
+        return self._keep_best(self.model_.get_booster())
+
+    def _regressor(self, deadline: float, early_stopping: bool, **objective):
+        import xgboost as xgb
+
+        return xgb.XGBRegressor(
             n_estimators=self.n_estimators, learning_rate=self.learning_rate, max_depth=self.max_depth,
             tree_method="hist", n_jobs=self.nthread, random_state=self.random_state,
-            early_stopping_rounds=100 if evals else None, callbacks=[deadline_callback(deadline)],
+            early_stopping_rounds=100 if early_stopping else None, callbacks=[deadline_callback(deadline)],
             **{**self.booster_params, **objective})
-        self.model_.fit(self.inputs(train), self._target(train), eval_set=evals, verbose=False)
-        best = getattr(self.model_, "best_iteration", None)
-        booster = self.model_.get_booster()
+
+    def _keep_best(self, booster) -> "PooledGBT":
         # keep only the trees up to the best validation round, so trees added by ``adapt`` count
+        best = getattr(booster, "best_iteration", None)
         self.booster_ = booster[: best + 1] if best is not None else booster
         return self
+
+    def _fit_store(self, store, val: Sequence | None, time_budget_s: float | None) -> "PooledGBT":
+        """What ``fit`` does with the regressor's own parameters, its training matrix built by ``xgb.train``'s
+        data iterator from the store's chunks (``store_inputs``)."""
+        import xgboost as xgb
+
+        if self.target != "latency" or self.loss != "l2":
+            raise ValueError(f"a pooled GBT fits from a feature store with target='latency', loss='l2' (the blend's), "
+                             f"not target={self.target!r}, loss={self.loss!r}")
+        deadline = time.monotonic() + (time_budget_s if time_budget_s else 1e9)
+        reg = self._regressor(deadline, bool(val))
+        dtrain = xgb.QuantileDMatrix(_data_iter(lambda: self.store_inputs(store)), nthread=self.nthread,
+                                     max_bin=reg.max_bin)
+        evals = [(xgb.QuantileDMatrix(self.inputs(val), self._target(val), ref=dtrain, nthread=self.nthread,
+                                      max_bin=reg.max_bin), "validation_0")] if val else []
+        booster = xgb.train(reg.get_xgb_params(), dtrain, reg.get_num_boosting_rounds(), evals=evals,
+                            early_stopping_rounds=reg.early_stopping_rounds, verbose_eval=False,
+                            callbacks=reg.callbacks)
+        return self._keep_best(booster)
+
+    def store_inputs(self, store):
+        """``(inputs, log seconds)`` of a ``FeatureStore``'s programs, chunk by chunk: the numbers ``inputs``
+        and the latency target give the same programs in memory."""
+        dev = np.stack([self.specs.raw_vector(self.specs.table[d]) for d in store.devices]).astype(np.float32)
+        for a, b, rows, offsets in store.program_chunks():
+            x = np.hstack([pool_rows(rows, offsets, store.flops[a:b]), dev[store.device[a:b]]])
+            yield x, np.log(store.seconds[a:b])
 
     def predict(self, programs: Sequence) -> np.ndarray:
         import xgboost as xgb
@@ -168,6 +213,31 @@ class PooledGBT:
         new.booster_ = xgb.train(params, xgb.DMatrix(self.inputs(shots), label=self._target(shots)), rounds,
                                  xgb_model=self.booster_.copy())
         return new
+
+
+def _data_iter(make):
+    """An ``xgboost.DataIter`` over ``make()``'s ``(x, y)`` chunks, restartable: XGBoost passes over the data
+    more than once (quantile sketch, then the quantized matrix)."""
+    import xgboost as xgb
+
+    class Chunks(xgb.DataIter):
+        def __init__(self):
+            self.it = None
+            super().__init__()
+
+        def next(self, input_data) -> bool:
+            if self.it is None:
+                self.it = make()
+            chunk = next(self.it, None)
+            if chunk is None:
+                return False
+            input_data(data=chunk[0], label=chunk[1])
+            return True
+
+        def reset(self) -> None:
+            self.it = None
+
+    return Chunks()
 
 
 def adapt_rounds(k: int, most: int = 50) -> int:

@@ -39,7 +39,7 @@ from cdmpp.model.config import TrainConfig
 from cdmpp.model.distributed import Runner
 from cdmpp.model.feature_store import FeatureStore, TrainingColumns, check_store_recipe
 from cdmpp.model.network import CDMPPModel, PackedPrograms, bucketed_batches, length_sorted_batches
-from cdmpp.model.physics import fork_join_by_device
+from cdmpp.model.physics import fork_join_of
 from cdmpp.model.transforms import DeviceSpecs, FeatureNormalizer, LogLatency
 
 if TYPE_CHECKING:
@@ -94,8 +94,8 @@ def fit(config: TrainConfig, train_set: Sequence[LabeledProgram] | FeatureStore,
     device has training labels (towards new networks on known devices it cost MAPE: reports/study-issue19.md,
     round 12).
 
-    ``train_set`` may be a ``FeatureStore`` (read memory-mapped, batch by batch; needs a ``val_set``, and a
-    recipe without the GBT blend and Amdahl anchors, which read every program).
+    ``train_set`` may be a ``FeatureStore`` (read memory-mapped, batch by batch; the GBT blend's inputs and the
+    Amdahl anchors' parallel leaves in chunks of programs; needs a ``val_set``, held in memory).
     ``device``: ``cpu``, ``cuda`` or ``auto`` (``cdmpp.model.distributed``); in a torch process group (torchrun)
     the ranks share each batch, and only rank 0 goes on past the transformer's training: other ranks return its
     members uncalibrated (``summary["rank"]``), rank 0's model is the result.
@@ -104,7 +104,7 @@ def fit(config: TrainConfig, train_set: Sequence[LabeledProgram] | FeatureStore,
     deadline = start + 60.0 * config.max_minutes
     runner = Runner(device)
     if isinstance(train_set, FeatureStore):
-        check_store_recipe(config, val_set)
+        check_store_recipe(val_set)
     else:
         train_set = list(train_set)
     if not val_set:
@@ -156,7 +156,8 @@ def fit(config: TrainConfig, train_set: Sequence[LabeledProgram] | FeatureStore,
         # the GBT's boosting ends gbt_minutes after the transformer's deadline (it also gets what a transformer
         # stopped early left; never under 10 s); the blend weight chosen after it is not counted
         gbt_budget = max(deadline + 60.0 * config.gbt_minutes - time.monotonic(), 10.0)
-        factor = _add_gbt_blend(trained, train_set, val_set, pred, config.seed, gbt_budget, config.blend_rank_slack)
+        factor = _add_gbt_blend(trained, train_set, val_set, pred, config.seed, gbt_budget, config.blend_rank_slack,
+                                config.gbt_max_trees)
         pred, lo_s, hi_s = pred * factor, lo_s * factor, hi_s * factor
     rel = np.abs(pred - val.seconds) / val.seconds
     trained.summary = dict(
@@ -166,7 +167,7 @@ def fit(config: TrainConfig, train_set: Sequence[LabeledProgram] | FeatureStore,
         val=dict(mape=float(rel.mean()), within_10=float((rel <= 0.10).mean()), within_25=float((rel <= 0.25).mean()),
                  interval_coverage=float(((val.seconds >= lo_s) & (val.seconds <= hi_s)).mean())))
     if config.amdahl_transfer:
-        trained.anchors = fork_join_by_device(train_set, specs.table)
+        trained.anchors = fork_join_of(cols.devices, cols.seconds, cols.parallel_leaves(), specs.table)
     if runner.world > 1:
         trained.summary["world_size"] = runner.world
     return trained
@@ -174,14 +175,16 @@ def fit(config: TrainConfig, train_set: Sequence[LabeledProgram] | FeatureStore,
 
 
 def _add_gbt_blend(trained: TrainedModel, train_set, val_set, val_pred: np.ndarray, seed: int,
-                   budget_s: float, rank_slack: float) -> np.ndarray:
+                   budget_s: float, rank_slack: float, max_trees: int = 0) -> np.ndarray:
     """Fit the pooled GBT on log latency (early stopping on val), choose the blend weight on val; return
     the factor the blend multiplies the members' validation predictions by."""
     from cdmpp.model.pooled_gbt import PooledGBT
     from cdmpp.model.blend import blend, blend_weight, ranked_tasks
 
     # as many threads as the transformer had: 2 for `cdmpp train` here, 1 per job in the protocol
-    gbt = PooledGBT(trained.device_specs.table, nthread=torch.get_num_threads(), random_state=seed, target="latency")
+    trees = {"n_estimators": max_trees} if max_trees > 0 else {}
+    gbt = PooledGBT(trained.device_specs.table, nthread=torch.get_num_threads(), random_state=seed, target="latency",
+                    **trees)
     gbt.fit(train_set, val_set, time_budget_s=budget_s)
     gbt.specs = trained.device_specs
     seconds = np.array([s.seconds for s in val_set])

@@ -60,3 +60,38 @@ def test_locked_test_has_its_own_seeds_and_networks():
     assert set(opts.held_out) == set(splits.LOCKED_HELD_OUT_NETWORKS)
     assert not set(opts.held_out) & set(splits.HELD_OUT_NETWORKS)
     assert set(splits.LOCKED_HELD_OUT_NETWORKS) <= set(TaskTable.load(str(TASKS)).networks())
+
+
+def test_train_writes_a_store_and_trains_from_it_as_from_the_dataset(real, tiny_recipe, tmp_path, capsys):
+    """`cdmpp train --write-store DIR` writes the split `cdmpp train` trains on; `cdmpp train --store DIR` trains
+    the recipe (GBT blend and anchors on) from it to the model the dataset gives; a missing, doubled or
+    conflicting store is refused with a line that says what to do."""
+    import numpy as np
+
+    from cdmpp.cli import main
+    from cdmpp.model.checkpoint import TrainedModel
+    from cdmpp.model.feature_store import FeatureStore
+    from tests.data import DEVICES_JSON, TASKS
+
+    folder, ds = real
+    common = ["--dataset", str(folder), "--task-table", str(TASKS), "--devices", str(DEVICES_JSON), "--limit", "120",
+              "--val-by", "program"]
+    store = tmp_path / "store"
+    assert main(["train", "--write-store", str(store), *common]) == 0
+    assert f"cdmpp train --store {store}" in capsys.readouterr().out
+    assert main(["train", "--write-store", str(store), *common]) == 2
+    assert "already holds a store" in capsys.readouterr().err
+    assert main(["train", "--recipe", tiny_recipe, "--store", str(store), "--out", str(tmp_path / "a"), *common]) == 0
+    assert main(["train", "--recipe", tiny_recipe, "--out", str(tmp_path / "b"), *common]) == 0
+    a, b = TrainedModel.load(tmp_path / "a"), TrainedModel.load(tmp_path / "b")
+    assert a.gbt is not None and a.anchors is not None
+    assert (a.summary["n_train"], a.summary["n_val"]) == (b.summary["n_train"], b.summary["n_val"])
+    assert a.summary["data"]["per_device"] == b.summary["data"]["per_device"]
+    val = FeatureStore(store / "val").programs()
+    feats, devs = [p.features for p in val], [p.device for p in val]
+    assert np.allclose(a.predict(feats, devs)[0], b.predict(feats, devs)[0], rtol=1e-5)
+
+    assert main(["train", "--store", str(tmp_path / "none"), "--out", str(tmp_path / "c")]) == 2
+    assert "no training store here" in capsys.readouterr().err
+    assert main(["train", "--store", str(store), "--write-store", str(tmp_path / "d")]) == 2
+    assert "give one of them" in capsys.readouterr().err

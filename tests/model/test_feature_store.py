@@ -17,10 +17,10 @@ from tests.data import DEVICES_JSON
 
 
 def _tiny(**kw) -> TrainConfig:
-    """The shipped recipe, small, without the parts that read every program at once (GBT blend, anchors)."""
+    """The shipped recipe, small; without the GBT blend and the anchors unless ``kw`` turns them on."""
     return TrainConfig.recipe("default").replace(d_model=32, d_ff=64, n_layers=1, epochs=3, ensemble=1, batch_size=32,
-                                                 lr_cycle_epochs=2, gbt_blend=False, amdahl_transfer=False,
-                                                 progress=False, **kw)
+                                                 lr_cycle_epochs=2,
+                                                 progress=False, **{"gbt_blend": False, "amdahl_transfer": False, **kw})
 
 
 def _table():
@@ -64,13 +64,70 @@ def test_training_from_a_store_gives_the_in_memory_result(real, tmp_path):
     assert in_memory.summary["members"][0]["history"] == from_store.summary["members"][0]["history"]
 
 
-def test_a_store_refuses_recipes_that_read_every_program(real, tmp_path):
+def test_the_shipped_recipe_trains_from_a_store_as_in_memory(real, tmp_path, monkeypatch):
+    """GBT blend and Amdahl anchors on: the store's chunks (several, forced small) give the pooled GBT the inputs
+    the programs give it in memory, the anchors the same fork/join costs, and the model the same predictions."""
+    from cdmpp.model import feature_store
+    from cdmpp.model.pooled_gbt import PooledGBT
+
     _, ds = real
-    store = write_store(tmp_path / "s", ds.programs[:40])
-    with pytest.raises(ValueError, match="gbt_blend"):
-        fit(dataclasses.replace(_tiny(), gbt_blend=True), store, ds.programs[40:60], device_table=_table())
+    two = "amd-epyc-znver4-2t/llvm-avx512"  # half the programs as 2-thread twins: a fork/join cost to find
+    train = [dataclasses.replace(p, device=two, seconds=0.6 * p.seconds) if i % 2 else p
+             for i, p in enumerate(ds.programs[:192])]
+    val = ds.programs[192:240]
+    table = _table()
+    monkeypatch.setattr(feature_store, "CHUNK_ROWS", 100)
+    store = write_store(tmp_path / "s", train, chunk=50)
+    gbt = PooledGBT(table, target="latency")
+    chunks = list(gbt.store_inputs(store))
+    assert len(chunks) > 3
+    assert np.array_equal(np.concatenate([x for x, _ in chunks]), gbt.inputs(train))
+    assert np.array_equal(np.concatenate([y for _, y in chunks]), gbt._target(train))
+    config = _tiny(gbt_blend=True, amdahl_transfer=True, gbt_max_trees=60)
+    in_memory = fit(config, train, val, device_table=table)
+    from_store = fit(config, store, val, device_table=table)
+    assert in_memory.anchors == from_store.anchors and any(v > 0 for v in in_memory.anchors.values())
+    assert from_store.gbt.booster_.num_boosted_rounds() == in_memory.gbt.booster_.num_boosted_rounds()
+    feats, devs = [p.features for p in val], [p.device for p in val]
+    assert np.allclose(in_memory.gbt.predict(val), from_store.gbt.predict(val), rtol=1e-6)
+    for a, b in zip(in_memory.predict(feats, devs), from_store.predict(feats, devs)):
+        assert np.allclose(a, b, rtol=1e-6)
+    assert in_memory.calibration == pytest.approx(from_store.calibration, rel=1e-6)
+
+
+def test_a_store_gives_back_its_programs(real, tmp_path):
+    _, ds = real
+    store = write_store(tmp_path / "s", ds.programs[:40], chunk=16)
+    back = store.programs()
+    assert [p.features.program_hash for p in back] == [p.features.program_hash for p in ds.programs[:40]]
+    assert [(p.device, p.task, p.seconds, p.features.flops) for p in back] == \
+        [(p.device, p.task, p.seconds, p.features.flops) for p in ds.programs[:40]]
+    for a, b in zip(back, ds.programs[:40]):
+        assert np.array_equal(a.features.leaf_features, b.features.leaf_features)
+        assert np.array_equal(a.features.positions, b.features.positions)
+
+
+def test_a_missing_old_or_corrupt_store_is_refused(real, tmp_path):
+    import json
+
+    _, ds = real
+    with pytest.raises(FileNotFoundError, match="no feature store"):
+        FeatureStore(tmp_path / "none")
+    path = tmp_path / "s"
+    store = write_store(path, ds.programs[:40])
     with pytest.raises(ValueError, match="validation set"):
         fit(_tiny(), store, None, device_table=_table())
+    meta = json.loads((path / "meta.json").read_text())
+    (path / "meta.json").write_text(json.dumps({**meta, "format": 1}))
+    with pytest.raises(ValueError, match="format 1.*write it again"):
+        FeatureStore(path)
+    (path / "meta.json").write_text(json.dumps(meta))
+    np.save(path / "seconds.npy", np.ones(39))
+    with pytest.raises(ValueError, match="seconds disagree.*corrupt"):
+        FeatureStore(path)
+    (path / "flops.npy").write_bytes((path / "flops.npy").read_bytes()[:100])
+    with pytest.raises(ValueError, match="flops.npy: unreadable"):
+        FeatureStore(path)
 
 
 def test_a_replicated_store_repeats_the_programs(real, tmp_path):

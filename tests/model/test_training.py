@@ -170,9 +170,9 @@ def test_the_gbt_blend_ends_gbt_minutes_after_the_transformers_deadline(monkeypa
         time.sleep(1.0)
         return real_calibrate(self, *args)
 
-    def blend_spy(trained, train_set, val_set, val_pred, seed, budget_s, rank_slack):
+    def blend_spy(trained, train_set, val_set, val_pred, seed, budget_s, *rest):
         ends.append(time.monotonic() + budget_s)
-        return real_blend(trained, train_set, val_set, val_pred, seed, budget_s, rank_slack)
+        return real_blend(trained, train_set, val_set, val_pred, seed, budget_s, *rest)
 
     monkeypatch.setattr(TrainedModel, "calibrate", slow_calibrate)
     monkeypatch.setattr(training, "_add_gbt_blend", blend_spy)
