@@ -87,13 +87,15 @@ def write_split_store(out: str, dataset: str, task_table: str = defaults.TASK_TA
     """``train_checkpoint``'s split of ``dataset`` (the same options, the same programs on each side) written as
     two feature stores, ``out/train`` and ``out/val``, and ``out/split.json`` (what was split, how): what
     ``train_checkpoint(store=out)`` trains from without the dataset in memory. Returns the split's description.
-    The dataset is read into memory once here, to featurize and split it."""
+    Only the labels and ids are held here (the split needs no more); the features stay in the feature cache and
+    are read and written a chunk of programs at a time (``load_dataset(features_on_disk=True)``)."""
     from pathlib import Path
 
     from cdmpp.model.feature_store import write_store
     from cdmpp.program.features import FEATURIZER_VERSION
 
-    ds = load_dataset(dataset, TaskTable.load(task_table), devices=device_ids, limit=limit, progress=progress)
+    ds = load_dataset(dataset, TaskTable.load(task_table), devices=device_ids, limit=limit, progress=progress,
+                      features_on_disk=True)
     split = training_split(ds, seed, val, val_by, exclude_networks)
     if not split.train or not split.val:
         raise ValueError(f"{dataset}: {len(split.train)} training and {len(split.val)} validation programs; a store "

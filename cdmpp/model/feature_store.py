@@ -73,23 +73,33 @@ def _close(path: Path, writers: dict, meta: dict) -> None:
 
 def write_store(path: str | Path, samples: Sequence, featurizer_version: str = "unknown",
                 chunk: int = CHUNK_PROGRAMS) -> "FeatureStore":
-    """Write labelled programs (``LabeledProgram``s) as a store at ``path``; return it opened."""
+    """Write labelled programs (``LabeledProgram``s) as a store at ``path``; return it opened. Their features
+    may be left on disk (``CachedFeatures``, ``load_dataset(features_on_disk=True)``): then they are read a chunk
+    of programs at a time, and the store is written without every program's features in memory."""
+    from cdmpp.records.dataset import CachedFeatures, read_cached
+
     path = Path(path)
     if not samples:
         raise ValueError("no programs to store")
-    feats = [s.features for s in samples]
-    n_leaves = sum(max(1, len(f.leaf_features)) for f in feats)  # an empty program gets one zero leaf (from_programs)
+    # an empty program gets one zero leaf (from_programs)
+    n_leaves = sum(max(1, s.features.n_leaves) for s in samples)
     devices = sorted({s.device for s in samples})
     tasks = sorted({getattr(s, "task", "") for s in samples})
     dcode, tcode = {d: i for i, d in enumerate(devices)}, {t: i for i, t in enumerate(tasks)}
-    first = PackedPrograms.from_programs(feats[:1])
-    hash_dtype = f"S{max(1, max(len(f.program_hash) for f in feats))}"
+
+    def features(part) -> list:
+        feats = [s.features for s in part]
+        return read_cached(feats) if feats and isinstance(feats[0], CachedFeatures) else feats
+
+    first = PackedPrograms.from_programs(features(samples[:1]))
+    hash_dtype = f"S{max(1, max(len(s.features.program_hash) for s in samples))}"
     w = _writers(path, len(samples), n_leaves, first.leaves.shape[1], first.stats is not None, hash_dtype)
     w["offsets"].append([0])
     base = 0
     for a in range(0, len(samples), chunk):
         part = samples[a:a + chunk]
-        p = PackedPrograms.from_programs([s.features for s in part])
+        feats = features(part)
+        p = PackedPrograms.from_programs(feats)
         w["leaves"].append(p.leaves)
         w["positions"].append(p.positions)
         w["offsets"].append(p.offsets[1:] + base)
@@ -97,8 +107,8 @@ def write_store(path: str | Path, samples: Sequence, featurizer_version: str = "
         w["seconds"].append([s.seconds for s in part])
         w["device"].append([dcode[s.device] for s in part])
         w["task"].append([tcode[getattr(s, "task", "")] for s in part])
-        w["flops"].append([s.features.flops for s in part])
-        w["hashes"].append([s.features.program_hash.encode() for s in part])
+        w["flops"].append([f.flops for f in feats])
+        w["hashes"].append([f.program_hash.encode() for f in feats])
         if "stats" in w:
             w["stats"].append(p.stats)
     _close(path, w, dict(n=len(samples), devices=devices, tasks=tasks, featurizer_version=featurizer_version,

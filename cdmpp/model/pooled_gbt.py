@@ -7,6 +7,7 @@ peers too."""
 from __future__ import annotations
 
 import copy
+import tempfile
 import time
 from typing import Sequence
 
@@ -163,8 +164,10 @@ class PooledGBT:
         return self
 
     def _fit_store(self, store, val: Sequence | None, time_budget_s: float | None) -> "PooledGBT":
-        """What ``fit`` does with the regressor's own parameters, its training matrix built by ``xgb.train``'s
-        data iterator from the store's chunks (``store_inputs``)."""
+        """What ``fit`` does with the regressor's own parameters, its training matrix XGBoost's external-memory
+        one: the store's chunks (``store_inputs``) quantized into pages in a temporary folder (``$TMPDIR``) and
+        read back from there while boosting, so the quantized data (~1 KB a program) is not held in memory. The
+        same cuts and trees as a ``QuantileDMatrix`` of the same chunks (tests/model/test_feature_store.py)."""
         import xgboost as xgb
 
         if self.target != "latency" or self.loss != "l2":
@@ -172,13 +175,15 @@ class PooledGBT:
                              f"not target={self.target!r}, loss={self.loss!r}")
         deadline = time.monotonic() + (time_budget_s if time_budget_s else 1e9)
         reg = self._regressor(deadline, bool(val))
-        dtrain = xgb.QuantileDMatrix(_data_iter(lambda: self.store_inputs(store)), nthread=self.nthread,
-                                     max_bin=reg.max_bin)
-        evals = [(xgb.QuantileDMatrix(self.inputs(val), self._target(val), ref=dtrain, nthread=self.nthread,
-                                      max_bin=reg.max_bin), "validation_0")] if val else []
-        booster = xgb.train(reg.get_xgb_params(), dtrain, reg.get_num_boosting_rounds(), evals=evals,
-                            early_stopping_rounds=reg.early_stopping_rounds, verbose_eval=False,
-                            callbacks=reg.callbacks)
+        with tempfile.TemporaryDirectory(prefix="cdmpp-gbt-pages-") as pages:
+            dtrain = xgb.ExtMemQuantileDMatrix(_data_iter(lambda: self.store_inputs(store), f"{pages}/page"),
+                                               nthread=self.nthread, max_bin=reg.max_bin)
+            evals = [(xgb.QuantileDMatrix(self.inputs(val), self._target(val), ref=dtrain, nthread=self.nthread,
+                                          max_bin=reg.max_bin), "validation_0")] if val else []
+            booster = xgb.train(reg.get_xgb_params(), dtrain, reg.get_num_boosting_rounds(), evals=evals,
+                                early_stopping_rounds=reg.early_stopping_rounds, verbose_eval=False,
+                                callbacks=reg.callbacks)
+            del dtrain, evals  # XGBoost removes its pages when the matrix goes, before their folder does
         return self._keep_best(booster)
 
     def store_inputs(self, store):
@@ -215,15 +220,16 @@ class PooledGBT:
         return new
 
 
-def _data_iter(make):
+def _data_iter(make, cache_prefix: str | None = None):
     """An ``xgboost.DataIter`` over ``make()``'s ``(x, y)`` chunks, restartable: XGBoost passes over the data
-    more than once (quantile sketch, then the quantized matrix)."""
+    more than once (quantile sketch, then the quantized matrix). ``cache_prefix``: where an external-memory
+    matrix writes its pages."""
     import xgboost as xgb
 
     class Chunks(xgb.DataIter):
         def __init__(self):
             self.it = None
-            super().__init__()
+            super().__init__(cache_prefix=cache_prefix)
 
         def next(self, input_data) -> bool:
             if self.it is None:

@@ -65,42 +65,88 @@ class Dataset:
         return sorted({o.split("@")[0] for p in self.programs for o in p.networks})
 
 
+@dataclass(frozen=True)
+class CachedFeatures:
+    """A program's features left on disk: where the feature cache holds them (chunk ``path``, entry ``index``)
+    and what a split and a store's header need (hash, leaf count). ``read_cached`` reads them, a chunk of
+    programs at a time, so a store is written without every program's features in memory."""
+
+    program_hash: str
+    n_leaves: int
+    path: str
+    index: int
+
+
+def _read_chunk(path: str, rows: bool = True) -> dict | None:
+    """One cache chunk's arrays (without ``rows``: hashes and offsets only, the rest not decompressed);
+    None (reported) when it is unreadable."""
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            names = z.files if rows else ("hashes", "offsets")
+            return {k: z[k] for k in names}
+    except Exception as e:  # a torn chunk only costs re-featurization
+        print(f"feature cache: skipping unreadable {path}: {e}", file=sys.stderr)
+        return None
+
+
+def _features(z: dict, i: int) -> ProgramFeatures:
+    a, b = z["offsets"][i], z["offsets"][i + 1]
+    f = ProgramFeatures(z["rows"][a:b], z["positions"][a:b], float(z["flops"][i]), str(z["hashes"][i]))
+    if "loops" in z:
+        f.loops = z["loops"][z["loop_offsets"][i]:z["loop_offsets"][i + 1]]
+    return f
+
+
+def read_cached(refs) -> list[ProgramFeatures]:
+    """The features of ``CachedFeatures`` ``refs``, in their order, each cache chunk they touch read once."""
+    by_path: dict[str, list[int]] = {}
+    for k, r in enumerate(refs):
+        by_path.setdefault(r.path, []).append(k)
+    out = [None] * len(refs)
+    for path, ks in by_path.items():
+        z = _read_chunk(path)
+        if z is None:
+            raise RuntimeError(f"{path}: a feature cache chunk became unreadable while a store was written from it; "
+                               "write the store again")
+        for k in ks:
+            out[k] = _features(z, refs[k].index)
+    return out
+
+
 class FeatureCache:
     """program hash → ProgramFeatures, persisted as ``features-v<version>-NNNN.npz`` chunks.
     ``stale``: entries of row-compatible older versions (their rows are valid, their FLOPs are not).
     Loop tokens are optional: chunks written before them, or by a featurizer without them, load with
-    ``loops`` None, and readers that do not know them ignore the extra arrays."""
+    ``loops`` None, and readers that do not know them ignore the extra arrays.
+    ``on_disk``: program hash → ``CachedFeatures`` instead (only hashes and offsets read; nothing can be added),
+    for a reader that must not hold every program's features (``load_dataset(features_on_disk=True)``)."""
 
-    def __init__(self, directory: str):
-        self.directory = directory
-        self.items: dict[str, ProgramFeatures] = {}
+    def __init__(self, directory: str, on_disk: bool = False):
+        self.directory, self.on_disk = directory, on_disk
+        self.items: dict[str, ProgramFeatures | CachedFeatures] = {}
         self.stale: dict[str, ProgramFeatures] = {}
         self._new: list[ProgramFeatures] = []
         os.makedirs(directory, exist_ok=True)
-        for version in ROWS_COMPATIBLE_VERSIONS:
-            self._read(version, self.stale)
+        if not on_disk:
+            for version in ROWS_COMPATIBLE_VERSIONS:
+                self._read(version, self.stale)
         self._read(FEATURIZER_VERSION, self.items)
 
     def _read(self, version: str, into: dict) -> None:
         for path in sorted(glob.glob(os.path.join(self.directory, f"features-v{version}-*.npz"))):
-            try:
-                with np.load(path, allow_pickle=False) as z:
-                    rows, pos, off, flops, hashes = z["rows"], z["positions"], z["offsets"], z["flops"], z["hashes"]
-                    loops, loop_off = (z["loops"], z["loop_offsets"]) if "loops" in z.files else (None, None)
-            except Exception as e:  # a torn chunk only costs re-featurization
-                print(f"feature cache: skipping unreadable {path}: {e}", file=sys.stderr)
+            z = _read_chunk(path, rows=not self.on_disk)
+            if z is None:
                 continue
-            for i, h in enumerate(hashes):
-                a, b = off[i], off[i + 1]
-                f = ProgramFeatures(rows[a:b], pos[a:b], float(flops[i]), str(h))
-                if loops is not None:
-                    f.loops = loops[loop_off[i]:loop_off[i + 1]]
-                into[str(h)] = f
+            counts = np.diff(z["offsets"])
+            for i, h in enumerate(z["hashes"]):
+                into[str(h)] = CachedFeatures(str(h), int(counts[i]), path, i) if self.on_disk else _features(z, i)
 
-    def get(self, h: str) -> ProgramFeatures | None:
+    def get(self, h: str) -> ProgramFeatures | CachedFeatures | None:
         return self.items.get(h)
 
     def put(self, f: ProgramFeatures) -> None:
+        if self.on_disk:
+            raise RuntimeError("a FeatureCache read with on_disk=True takes no new features")
         if f.program_hash not in self.items:
             self.items[f.program_hash] = f
             self._new.append(f)
@@ -125,10 +171,12 @@ class FeatureCache:
 
 def load_dataset(dataset_dir: str, task_table, devices=None, networks=None, tasks=None,
                  cache_dir: str | None = None, limit: int | None = None, progress: bool = True,
-                 searched: bool = True) -> Dataset:
+                 searched: bool = True, features_on_disk: bool = False) -> Dataset:
     """Every successfully measured record of ``dataset_dir`` (filtered), featurized (cached). ``searched=False``
     leaves out the candidates of ``cdmpp collect --from-search`` (the protocol's settings score random
-    schedules, so a search collected later does not move their numbers)."""
+    schedules, so a search collected later does not move their numbers). ``features_on_disk``: each program's
+    ``features`` a ``CachedFeatures`` left in the cache (``read_cached`` reads them), so the dataset in memory is
+    its labels and ids; programs not featurized yet are featurized first, with the cache in memory."""
     from tqdm import tqdm
 
     from cdmpp.records.importers import with_imported_workloads
@@ -136,7 +184,8 @@ def load_dataset(dataset_dir: str, task_table, devices=None, networks=None, task
     task_table = with_imported_workloads(task_table, dataset_dir)  # tasks of imported tuning logs
     store = RecordStore(dataset_dir)
     report = LoadReport()
-    cache = FeatureCache(cache_dir or defaults.cache_dir(dataset_dir))
+    cache_dir = cache_dir or defaults.cache_dir(dataset_dir)
+    cache = FeatureCache(cache_dir, on_disk=features_on_disk)
     records, failed = [], 0
     def chosen(traces: bool, report: LoadReport):  # with ``devices``, only their files (in file order, as without)
         return (r for d in sorted(devices, key=slug) for r in store.records(d, report, traces)) if devices \
@@ -156,7 +205,11 @@ def load_dataset(dataset_dir: str, task_table, devices=None, networks=None, task
         print(f"dataset: {p}", file=sys.stderr)
     missing = {r.id for r, _ in records if cache.get(r.program_hash) is None}
     if missing:
-        _featurize_records([r for r in chosen(True, LoadReport()) if r.id in missing], task_table, cache, progress)
+        full = FeatureCache(cache_dir) if features_on_disk else cache
+        _featurize_records([r for r in chosen(True, LoadReport()) if r.id in missing], task_table, full, progress)
+        if features_on_disk:
+            del full
+            cache = FeatureCache(cache_dir, on_disk=True)
     ds = Dataset(failed=failed, report=report)
     for rec, y in records:
         f = cache.get(rec.program_hash)

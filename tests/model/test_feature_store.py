@@ -95,6 +95,64 @@ def test_the_shipped_recipe_trains_from_a_store_as_in_memory(real, tmp_path, mon
     assert in_memory.calibration == pytest.approx(from_store.calibration, rel=1e-6)
 
 
+def test_features_left_in_the_cache_read_back_as_cached(real, tmp_path):
+    """``FeatureCache(on_disk=True)`` holds where each program's features are, not the features; ``read_cached``
+    gives back the features the cache in memory gives, in the order asked, across cache chunks."""
+    from cdmpp.records.dataset import CachedFeatures, FeatureCache, read_cached
+
+    _, ds = real
+    feats = list({p.features.program_hash: p.features for p in ds.programs}.values())[:60]
+    cache = FeatureCache(str(tmp_path / "cache"))
+    for part in (feats[:25], feats[25:]):  # two chunks
+        for f in part:
+            cache.put(f)
+        cache.flush()
+    on_disk = FeatureCache(str(tmp_path / "cache"), on_disk=True)
+    refs = [on_disk.get(f.program_hash) for f in feats[::-1]]
+    assert all(isinstance(r, CachedFeatures) for r in refs) and len({r.path for r in refs}) == 2
+    assert [r.n_leaves for r in refs] == [f.n_leaves for f in feats[::-1]]
+    for a, b in zip(read_cached(refs), feats[::-1]):
+        assert (a.program_hash, a.flops) == (b.program_hash, b.flops)
+        assert np.array_equal(a.leaf_features, b.leaf_features) and np.array_equal(a.positions, b.positions)
+    with pytest.raises(RuntimeError, match="takes no new features"):
+        on_disk.put(feats[0])
+
+
+def test_a_split_store_written_from_the_cache_is_the_one_the_dataset_in_memory_gives(real, tmp_path):
+    """``write_split_store`` holds labels and ids only, the features read from the cache a chunk at a time; its
+    stores hold every array (and meta.json) that writing the split from the dataset in memory gives."""
+    import json
+
+    from cdmpp.program.features import FEATURIZER_VERSION
+    from cdmpp.records.dataset import CachedFeatures, load_dataset
+    from cdmpp.workflows import training_split, write_split_store
+    from cdmpp.zoo.tasks import TaskTable
+    from tests.data import TASKS
+
+    folder, _ = real
+    write_split_store(str(tmp_path / "streamed"), str(folder), str(TASKS), val=0.2, limit=120, val_by="program",
+                      progress=False)
+    lazy = load_dataset(str(folder), TaskTable.load(str(TASKS)), limit=120, progress=False, features_on_disk=True)
+    assert all(isinstance(p.features, CachedFeatures) for p in lazy.programs)
+    write_store(tmp_path / "small-chunks", training_split(lazy, 0, 0.2, "program").train, str(FEATURIZER_VERSION),
+                chunk=16)
+    ds = load_dataset(str(folder), TaskTable.load(str(TASKS)), limit=120, progress=False)
+    split = training_split(ds, 0, 0.2, "program")
+    for part, programs in (("train", split.train), ("val", split.val)):
+        write_store(tmp_path / "memory" / part, programs, featurizer_version=str(FEATURIZER_VERSION))
+    pairs = [(tmp_path / "memory" / part, tmp_path / "streamed" / part) for part in ("train", "val")]
+    pairs.append((tmp_path / "memory" / "train", tmp_path / "small-chunks"))
+    for mem, disk in pairs:
+        names = sorted(f.name for f in mem.iterdir())
+        assert names == sorted(f.name for f in disk.iterdir()) and "leaves.npy" in names
+        for name in names:
+            if name.endswith(".npy"):
+                a, b = np.load(mem / name), np.load(disk / name)
+                assert a.dtype == b.dtype and np.array_equal(a, b), (disk, name)
+        assert json.loads((mem / "meta.json").read_text()) == json.loads((disk / "meta.json").read_text())
+    assert len(FeatureStore(tmp_path / "streamed" / "train")) == len(split.train) > 0
+
+
 def test_a_store_gives_back_its_programs(real, tmp_path):
     _, ds = real
     store = write_store(tmp_path / "s", ds.programs[:40], chunk=16)
