@@ -18,7 +18,7 @@ import sys
 def files(roots, git_dir=None, rev="HEAD"):
     if git_dir:
         names = subprocess.run(["git", "--git-dir", git_dir, "ls-tree", "-r", "--name-only", rev, *roots],
-                               check=True, capture_output=True, text=True).stdout.split()
+                               check=True, capture_output=True, text=True).stdout.splitlines()
         for n in sorted(names):
             if n.endswith((".log", ".json")):
                 r = subprocess.run(["git", "--git-dir", git_dir, "show", f"{rev}:{n}"], capture_output=True)
