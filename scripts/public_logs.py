@@ -6,7 +6,7 @@ distinct records: 50 minutes of import on 2 cores).
     python scripts/public_logs.py autotvm DropletSearch/results/x86_AMD3700X --per-task 40 -o amd3700x.log
 
 Files are every ``*.log`` / ``*.json`` under the folders given; a git snapshot without a work tree can be
-read with ``--git-dir DIR`` (paths are then inside its HEAD). Lines that are not JSON are kept out.
+read with ``--git-dir DIR`` (paths are then inside its HEAD, or ``--rev REV``: another branch or commit). Lines that are not JSON are kept out.
 """
 
 import argparse
@@ -15,13 +15,13 @@ import subprocess
 import sys
 
 
-def files(roots, git_dir=None):
+def files(roots, git_dir=None, rev="HEAD"):
     if git_dir:
-        names = subprocess.run(["git", "--git-dir", git_dir, "ls-tree", "-r", "--name-only", "HEAD", *roots],
-                               check=True, capture_output=True, text=True).stdout.split()
+        names = subprocess.run(["git", "--git-dir", git_dir, "ls-tree", "-r", "--name-only", rev, *roots],
+                               check=True, capture_output=True, text=True).stdout.splitlines()
         for n in sorted(names):
             if n.endswith((".log", ".json")):
-                r = subprocess.run(["git", "--git-dir", git_dir, "show", f"HEAD:{n}"], capture_output=True)
+                r = subprocess.run(["git", "--git-dir", git_dir, "show", f"{rev}:{n}"], capture_output=True)
                 if r.returncode == 0:  # a snapshot may lack its largest files
                     yield n, r.stdout.decode("utf-8", "replace")
         return
@@ -48,11 +48,12 @@ def main(argv=None):
     ap.add_argument("format", choices=("autotvm", "ansor"))
     ap.add_argument("roots", nargs="+", help="folders (or paths inside --git-dir's HEAD)")
     ap.add_argument("--git-dir")
+    ap.add_argument("--rev", default="HEAD", help="branch or commit of --git-dir to read (default HEAD)")
     ap.add_argument("--per-task", type=int, default=0, help="at most N records per task, evenly spaced (0: all)")
     ap.add_argument("-o", "--out", required=True)
     args = ap.parse_args(argv)
     seen, tasks, nfiles = set(), {}, 0
-    for _, text in files(args.roots, args.git_dir):
+    for _, text in files(args.roots, args.git_dir, args.rev):
         nfiles += 1
         for line in text.splitlines():
             try:
