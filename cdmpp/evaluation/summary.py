@@ -54,7 +54,8 @@ def aggregate(runs_path: str, command: str, select: dict | None = None) -> dict:
     grouped: dict = {}
     for (setting, method, _, seed), r in sorted(_latest_rows(runs_path, select, curve=False).items()):
         grouped.setdefault(setting, {}).setdefault(method, []).append(r)
-    out: dict = {"command": command, "created": _dt.datetime.now().isoformat(timespec="seconds")}
+    out: dict = {"command": command, "created": _dt.datetime.now().isoformat(timespec="seconds"),
+                 "seeds": sorted({r["seed"] for rs in grouped.values() for m in rs.values() for r in m})}
     for setting in [s for s in SETTINGS if s in grouped]:
         out[setting] = {}
         for method, rs in grouped[setting].items():
@@ -197,7 +198,8 @@ def summary_markdown(summary: dict) -> str:
     from cdmpp.evaluation.chips import chips_markdown
 
     opts = summary.get("options", {})
-    seeds = ", ".join(str(s) for s in opts.get("seeds", [])) or "see rows"
+    # the seeds the rows came from (a --summarize-only run's options hold only the default seeds)
+    seeds = ", ".join(str(s) for s in summary.get("seeds") or opts.get("seeds", [])) or "see rows"
     return "\n".join([
         "# cdmpp protocol summary", "",
         f"Command: `{summary.get('command', '')}` ({summary.get('created', '')}); protocol: docs/evaluation.md; "
