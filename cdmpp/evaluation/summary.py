@@ -54,8 +54,9 @@ def aggregate(runs_path: str, command: str, select: dict | None = None) -> dict:
     grouped: dict = {}
     for (setting, method, _, seed), r in sorted(_latest_rows(runs_path, select, curve=False).items()):
         grouped.setdefault(setting, {}).setdefault(method, []).append(r)
-    out: dict = {"command": command, "created": _dt.datetime.now().isoformat(timespec="seconds"),
-                 "seeds": sorted({r["seed"] for rs in grouped.values() for m in rs.values() for r in m})}
+    out: dict = {"command": command, "created": _dt.datetime.now().isoformat(timespec="seconds")}
+    if grouped:  # the seeds the rows came from, which summary_markdown names
+        out["seeds"] = sorted({r["seed"] for rs in grouped.values() for m in rs.values() for r in m})
     for setting in [s for s in SETTINGS if s in grouped]:
         out[setting] = {}
         for method, rs in grouped[setting].items():
