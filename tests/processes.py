@@ -35,6 +35,17 @@ def running(pid: int) -> bool:
         return False
 
 
+def still_running(pids, within: float = 30.0) -> list[int]:
+    """Those of ``pids`` still running after up to ``within`` seconds: a killed process lingers until the kernel
+    has torn it down, which takes a moment on a loaded machine."""
+    import time
+
+    end = time.monotonic() + within
+    while (alive := [p for p in pids if running(p)]) and time.monotonic() < end:
+        time.sleep(0.1)
+    return alive
+
+
 def app_server(predictor, **settings):
     """The service app around ``predictor`` with ``settings``, served in a background thread."""
     from cdmpp.service.app import Settings, create_app

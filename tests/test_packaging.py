@@ -11,6 +11,7 @@ import sys
 import sysconfig
 import time
 import tomllib
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -24,12 +25,19 @@ def test_every_package_folder_is_listed():
     assert found <= listed, f"add {sorted(found - listed)} to [tool.setuptools] packages in pyproject.toml"
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(sys.platform != "linux", reason="venv layout and /proc checks are Linux's")
-def test_wheel_in_fresh_venv_serves_the_readme_request(tmp_path):
-    import httpx
+@dataclass
+class Installed:
+    venv: Path
+    site: Path  # the venv's site-packages, where the wheel's cdmpp lies
+    cwd: Path  # an empty working folder
+    env: dict
 
-    wheels, venv, cwd = tmp_path / "wheels", tmp_path / "venv", tmp_path / "empty"
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> Installed:
+    """The wheel built from this checkout and installed alone into a fresh venv (one build for the tests below)."""
+    tmp = tmp_path_factory.mktemp("wheel")
+    wheels, venv, cwd = tmp / "wheels", tmp / "venv", tmp / "empty"
     cwd.mkdir()
     # nothing of the caller's Python path: a checkout on PYTHONPATH would satisfy pip without installing
     env = {k: v for k, v in os.environ.items() if not k.startswith("CDMPP_") and k != "PYTHONPATH"}
@@ -45,6 +53,16 @@ def test_wheel_in_fresh_venv_serves_the_readme_request(tmp_path):
     # the dependencies come from this environment's site-packages, appended after the venv's own (a
     # path line in a .pth does not run that folder's .pth files, so this checkout's editable cdmpp stays out)
     (site / "zz-borrowed-deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    return Installed(venv, site, cwd, env)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(sys.platform != "linux", reason="venv layout and /proc checks are Linux's")
+def test_wheel_in_fresh_venv_serves_the_readme_request(installed):
+    import httpx
+
+    venv, site, cwd, env = installed.venv, installed.site, installed.cwd, installed.env
+    py = venv / "bin" / "python"
     where = subprocess.run([str(py), "-c", "import cdmpp, cdmpp.model.training as t; print(cdmpp.__file__); "
                             "print(t.TrainConfig.recipe('default').epochs)"],
                            check=True, capture_output=True, text=True, cwd=cwd, env=env).stdout.split()
@@ -80,3 +98,30 @@ def test_wheel_in_fresh_venv_serves_the_readme_request(tmp_path):
         server.terminate()
         server.wait(30)
     assert not list(cwd.iterdir()), "the server wrote into its working folder"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(sys.platform != "linux", reason="venv layout is Linux's")
+def test_an_installed_wheel_answers_from_an_empty_folder(installed):
+    """The front-door commands of the installed wheel, run from an empty folder: the shipped tables resolve
+    beside the package (tests/cli/test_any_folder.py checks the same in the checkout)."""
+    venv, site, cwd, env = installed.venv, installed.site, installed.cwd, installed.env
+
+    def cdmpp(*args, rc=0):
+        r = subprocess.run([str(venv / "bin" / "cdmpp"), *args], cwd=cwd, env=env, capture_output=True, text=True,
+                           timeout=600)
+        assert r.returncode == rc, r.stderr[-3000:]
+        return r
+
+    assert cdmpp("--version").stdout.startswith("cdmpp ")
+    table = str(site / "cdmpp" / "datasets" / "devices.json")
+    listing = cdmpp("devices").stdout
+    assert table in listing and "amd-epyc-znver4-2t/llvm-avx512" in listing
+    out = cdmpp("network", "bert_tiny@1", "--schedules", "default").stdout
+    assert "schedules: 0 measured, 0 tuned, 23 default" in out
+    refused = cdmpp("network", "bert_tiny@1", rc=2).stderr  # no dataset ships: every task would be default
+    assert "have no measured program" in refused and "--allow-default" in refused
+    sample = str(site / "cdmpp" / "samples" / "conv2d.tvmscript")
+    rows = json.loads(cdmpp("predict", sample, "--trusted", "--json").stdout)["predictions"]
+    assert rows and all(r["seconds"] > 0 for r in rows)
+    assert not list(cwd.iterdir()), "a command wrote into the working folder"

@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from tests.processes import descendants, free_port, running
+from tests.processes import descendants, free_port, running, still_running
 
 pytestmark = pytest.mark.slow
 
@@ -86,7 +86,7 @@ def farm(tmp_path_factory):
         for pid in below:
             if running(pid):
                 os.kill(pid, signal.SIGKILL)
-        assert not [pid for pid in below if running(pid)]
+        assert not still_running(below)
 
 
 @pytest.fixture(scope="module")

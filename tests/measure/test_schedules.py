@@ -17,13 +17,16 @@ def test_random_gpu_schedules_bind_every_loop(tvm):
     from cdmpp.program import tvm_env
     from cdmpp.zoo import workloads
 
-    target = tvm_env.make_target("cuda", arch="sm_90")
     mod = workloads.SAMPLES["fused_elementwise"]()
     for seed in range(4):
         sch = random_loop_schedule(mod, random.Random(seed), gpu=True)
-        built = tvm.tirx.build(sch.mod, target=target)
-        assert [m.kind for m in built.imports] == ["cuda"]
-        assert "TVMBackendParallelLaunch" not in built.inspect_source("ll")
+        for block in sch.get_child_blocks(sch.get_sblock("root")):
+            outer = [sch.get(loop).thread_binding for loop in sch.get_loops(block)[:2]]
+            assert [t.thread_tag if t is not None else None for t in outer] == ["blockIdx.x", "threadIdx.x"], seed
+    # one CUDA build (~20 s): seed 3's schedule, which also has a serial loop inside each thread
+    built = tvm.tirx.build(sch.mod, target=tvm_env.make_target("cuda", arch="sm_90"))
+    assert [m.kind for m in built.imports] == ["cuda"]
+    assert "TVMBackendParallelLaunch" not in built.inspect_source("ll")
     assert random_loop_schedule(workloads.SAMPLES["matmul"](), random.Random(0), gpu=True) is None
 
 
