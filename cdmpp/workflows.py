@@ -87,8 +87,8 @@ def write_split_store(out: str, dataset: str, task_table: str = defaults.TASK_TA
     """``train_checkpoint``'s split of ``dataset`` (the same options, the same programs on each side) written as
     two feature stores, ``out/train`` and ``out/val``, and ``out/split.json`` (what was split, how): what
     ``train_checkpoint(store=out)`` trains from without the dataset in memory. Returns the split's description.
-    Only the labels and ids are held here (the split needs no more); the features stay in the feature cache and
-    are read and written a chunk of programs at a time (``load_dataset(features_on_disk=True)``)."""
+    Only the labels and ids are held here (the split needs no more); the features stay in the feature cache
+    (``load_dataset(features_on_disk=True)``) and are read one cache chunk at a time, each once per store."""
     from pathlib import Path
 
     from cdmpp.model.feature_store import write_store

@@ -1,14 +1,15 @@
 """Featurized programs on disk as ``.npy`` columns, read memory-mapped: what training past memory reads.
 
 A process that holds every program as Python objects (``LabeledProgram``, ``ProgramFeatures``) grows with the
-dataset: ~5 KB of leaf rows a program, ~5 GB at a million (Tenset has 51.6M records). ``write_store`` writes
-the packed columns once, chunk by chunk (each chunk what ``PackedPrograms.from_programs`` makes of it, so a
-store and an in-memory pack hold the same numbers); ``FeatureStore`` opens them with ``np.load(mmap_mode="r")``
-and training gathers each batch's rows from the mapped file. Pages read are handed back to the kernel
-(``release``: every few batches and after every chunk of a pass over the file), or a whole epoch would leave the file
-resident and counted in the process's memory. What stays in memory is per program: offsets, labels, device
-and task codes, program stats, FLOPs and hashes (~80 bytes). The pooled GBT of the blend and the Amdahl
-anchors read the leaf rows in chunks of programs (``program_chunks``), as the normalizer does.
+dataset: ~5 KB of leaf rows a program, ~5 GB at a million (Tenset has 51.6M records). ``write_store`` writes the
+packed columns once, chunk by chunk (each chunk what ``PackedPrograms.from_programs`` makes of it, so a store and
+an in-memory pack hold the same numbers; features left in the feature cache are read one cache chunk at a time,
+each once, and their rows written at their place); ``FeatureStore`` opens them with ``np.load(mmap_mode="r")`` and
+training gathers each batch's rows from the mapped file. Pages read are handed back to the kernel (``release``:
+every few batches and after every chunk of a pass over the file), or a whole epoch would leave the file resident
+and counted in the process's memory. What stays in memory is per program: offsets, labels, device and task codes,
+program stats, FLOPs and hashes (~80 bytes). The pooled GBT of the blend and the Amdahl anchors read the leaf rows
+in chunks of programs (``program_chunks``), as the normalizer does.
 
 Files (format 2): ``leaves.npy`` float32 ``[n_leaves, F]`` (raw, as featurized), ``positions.npy`` int64
 ``[n_leaves]``, ``offsets.npy`` int64 ``[n + 1]``, ``seconds.npy`` float64, ``device.npy`` / ``task.npy`` int32
@@ -34,15 +35,19 @@ CHUNK_ROWS = 1 << 14  # leaf rows per read of a pass over the file (11 MB of flo
 
 
 class _NpyWriter:
-    """One ``.npy`` file of a known shape written in appended pieces (plain writes, no mapping)."""
+    """One ``.npy`` file of a known shape written in pieces (plain writes, no mapping): appended, or each put at
+    its row (``at``; every row written once, in any order)."""
 
     def __init__(self, path: Path, dtype, shape: tuple):
         self.f, self.dtype, self.shape, self.rows = open(path, "wb"), np.dtype(dtype), shape, 0
         np.lib.format.write_array_header_1_0(self.f, dict(descr=np.lib.format.dtype_to_descr(self.dtype),
                                                           fortran_order=False, shape=shape))
+        self.start, self.row_bytes = self.f.tell(), self.dtype.itemsize * int(np.prod(shape[1:], dtype=np.int64))
 
-    def append(self, a: np.ndarray) -> None:
+    def append(self, a: np.ndarray, at: int | None = None) -> None:
         a = np.ascontiguousarray(a, dtype=self.dtype)
+        if at is not None:
+            self.f.seek(self.start + int(at) * self.row_bytes)
         self.rows += len(a)
         self.f.write(a.tobytes())
 
@@ -73,45 +78,67 @@ def _close(path: Path, writers: dict, meta: dict) -> None:
 
 def write_store(path: str | Path, samples: Sequence, featurizer_version: str = "unknown",
                 chunk: int = CHUNK_PROGRAMS) -> "FeatureStore":
-    """Write labelled programs (``LabeledProgram``s) as a store at ``path``; return it opened. Their features
-    may be left on disk (``CachedFeatures``, ``load_dataset(features_on_disk=True)``): then they are read a chunk
-    of programs at a time, and the store is written without every program's features in memory."""
+    """Write labelled programs (``LabeledProgram``s) as a store at ``path``; return it opened.
+
+    Their features may be left on disk (``CachedFeatures``, ``load_dataset(features_on_disk=True)``): then the
+    programs are written grouped by the cache chunk that holds them, each cache chunk read once (a split's
+    programs are in random order against the cache: read in store order, every ``chunk`` programs would read most
+    cache chunks again). Each program's leaf count, hence where its rows go, is known beforehand (``n_leaves``;
+    an empty program gets one zero leaf, as in ``from_programs``), so a group's rows are written at their place,
+    ``chunk`` programs packed at a time; the per-program columns (~80 bytes a program) are filled in memory and
+    written last. In memory at once: one cache chunk and one pack. Features in memory are one group, written in
+    order. Every pack is ``PackedPrograms.from_programs`` (its stats per program), so the store is the same
+    whichever way it is written."""
     from cdmpp.records.dataset import CachedFeatures, read_cached
 
     path = Path(path)
     if not samples:
         raise ValueError("no programs to store")
-    # an empty program gets one zero leaf (from_programs)
-    n_leaves = sum(max(1, s.features.n_leaves) for s in samples)
+    n = len(samples)
+    lengths = np.fromiter((max(1, s.features.n_leaves) for s in samples), np.int64, n)
+    offsets = np.zeros(n + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
     devices = sorted({s.device for s in samples})
     tasks = sorted({getattr(s, "task", "") for s in samples})
     dcode, tcode = {d: i for i, d in enumerate(devices)}, {t: i for i, t in enumerate(tasks)}
-
-    def features(part) -> list:
-        feats = [s.features for s in part]
-        return read_cached(feats) if feats and isinstance(feats[0], CachedFeatures) else feats
-
-    first = PackedPrograms.from_programs(features(samples[:1]))
-    hash_dtype = f"S{max(1, max(len(s.features.program_hash) for s in samples))}"
-    w = _writers(path, len(samples), n_leaves, first.leaves.shape[1], first.stats is not None, hash_dtype)
-    w["offsets"].append([0])
-    base = 0
-    for a in range(0, len(samples), chunk):
-        part = samples[a:a + chunk]
-        feats = features(part)
-        p = PackedPrograms.from_programs(feats)
-        w["leaves"].append(p.leaves)
-        w["positions"].append(p.positions)
-        w["offsets"].append(p.offsets[1:] + base)
-        base += int(p.offsets[-1])
-        w["seconds"].append([s.seconds for s in part])
-        w["device"].append([dcode[s.device] for s in part])
-        w["task"].append([tcode[getattr(s, "task", "")] for s in part])
-        w["flops"].append([f.flops for f in feats])
-        w["hashes"].append([f.program_hash.encode() for f in feats])
-        if "stats" in w:
-            w["stats"].append(p.stats)
-    _close(path, w, dict(n=len(samples), devices=devices, tasks=tasks, featurizer_version=featurizer_version,
+    code: dict = {}  # cache chunk path ("": features in memory) -> group number
+    group = np.fromiter((code.setdefault(s.features.path if isinstance(s.features, CachedFeatures) else "", len(code))
+                         for s in samples), np.int64, n)
+    order = np.argsort(group, kind="stable")  # by group, each in store order
+    cuts = np.searchsorted(group[order], np.arange(len(code) + 1))
+    hashes = np.zeros(n, f"S{max(1, max(len(s.features.program_hash) for s in samples))}")
+    flops, stats, w = np.zeros(n), None, None
+    for g, key in enumerate(code):
+        idx = order[cuts[g]:cuts[g + 1]]
+        feats = [samples[i].features for i in idx]
+        if key:
+            feats = read_cached(feats)  # this cache chunk's one read
+        for a in range(0, len(idx), chunk):
+            part, p = idx[a:a + chunk], PackedPrograms.from_programs(feats[a:a + chunk])
+            if w is None:  # the header needs the feature count
+                w = _writers(path, n, int(offsets[-1]), p.leaves.shape[1], p.stats is not None, hashes.dtype)
+                stats = None if p.stats is None else np.zeros((n, 3))
+            if not np.array_equal(np.diff(p.offsets), lengths[part]):
+                raise RuntimeError(f"{path}: programs' rows disagree with their leaf counts (n_leaves); write it again")
+            runs = [0, *(np.flatnonzero(np.diff(part) != 1) + 1), len(part)]
+            for lo, hi in zip(runs[:-1], runs[1:]):  # consecutive programs of the store: one write
+                rows = slice(p.offsets[lo], p.offsets[hi])
+                w["leaves"].append(p.leaves[rows], at=offsets[part[lo]])
+                w["positions"].append(p.positions[rows], at=offsets[part[lo]])
+            flops[part] = np.array([f.flops for f in feats[a:a + chunk]], dtype=np.float64)
+            hashes[part] = [f.program_hash.encode() for f in feats[a:a + chunk]]
+            if stats is not None:
+                stats[part] = p.stats
+        del feats, p  # before the next chunk is read
+    w["offsets"].append(offsets)
+    w["seconds"].append(np.fromiter((s.seconds for s in samples), np.float64, n))
+    w["device"].append(np.fromiter((dcode[s.device] for s in samples), np.int32, n))
+    w["task"].append(np.fromiter((tcode[getattr(s, "task", "")] for s in samples), np.int32, n))
+    w["flops"].append(flops)
+    w["hashes"].append(hashes)
+    if stats is not None:
+        w["stats"].append(stats)
+    _close(path, w, dict(n=n, devices=devices, tasks=tasks, featurizer_version=featurizer_version,
                          replicated_from=None))
     return FeatureStore(path)
 

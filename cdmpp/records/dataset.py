@@ -68,8 +68,9 @@ class Dataset:
 @dataclass(frozen=True)
 class CachedFeatures:
     """A program's features left on disk: where the feature cache holds them (chunk ``path``, entry ``index``)
-    and what a split and a store's header need (hash, leaf count). ``read_cached`` reads them, a chunk of
-    programs at a time, so a store is written without every program's features in memory."""
+    and what a split and a store's header need (hash, leaf count). ``write_store`` reads them
+    (``read_cached``) one cache chunk at a time, each once, so a store is written without every program's features
+    in memory."""
 
     program_hash: str
     n_leaves: int

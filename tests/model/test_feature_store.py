@@ -153,6 +153,46 @@ def test_a_split_store_written_from_the_cache_is_the_one_the_dataset_in_memory_g
     assert len(FeatureStore(tmp_path / "streamed" / "train")) == len(split.train) > 0
 
 
+def test_writing_from_the_cache_reads_each_cache_chunk_once(real, tmp_path, monkeypatch):
+    """Programs shuffled across several cache chunks, written a few at a time: each cache chunk is read (decompressed)
+    once, not once per store chunk, and every file of the store is the one the same programs in memory give."""
+    import json
+
+    from cdmpp.program.features import ProgramFeatures
+    from cdmpp.records import dataset
+    from cdmpp.records.dataset import FeatureCache
+
+    _, ds = real
+    programs = list({p.features.program_hash: p for p in ds.programs}.values())[:90]
+    n_features = programs[0].features.leaf_features.shape[1]
+    empty = ProgramFeatures(np.zeros((0, n_features), np.float32), np.zeros(0, np.int64), 0.0, "e" * 16)
+    programs.append(dataclasses.replace(programs[0], features=empty))  # one zero leaf, in memory and from the cache
+    cache = FeatureCache(str(tmp_path / "cache"))
+    for a in range(0, len(programs), 20):  # five chunks
+        for p in programs[a:a + 20]:
+            cache.put(p.features)
+        cache.flush()
+    on_disk = FeatureCache(str(tmp_path / "cache"), on_disk=True)
+    order = np.random.default_rng(0).permutation(len(programs))
+    in_memory = [programs[i] for i in order]
+    cached = [dataclasses.replace(p, features=on_disk.get(p.features.program_hash)) for p in in_memory]
+    reads = []
+    read_chunk = dataset._read_chunk
+    monkeypatch.setattr(dataset, "_read_chunk", lambda path, rows=True: reads.append(path) or read_chunk(path, rows))
+    write_store(tmp_path / "cached", cached, "v", chunk=8)
+    assert sorted(reads) == sorted({p.features.path for p in cached}) and len(reads) == 5
+    write_store(tmp_path / "memory", in_memory, "v", chunk=8)
+    names = sorted(f.name for f in (tmp_path / "memory").iterdir())
+    assert names == sorted(f.name for f in (tmp_path / "cached").iterdir()) and "stats.npy" in names
+    for name in names:
+        assert (tmp_path / "memory" / name).read_bytes() == (tmp_path / "cached" / name).read_bytes(), name
+    assert json.loads((tmp_path / "cached" / "meta.json").read_text())["n"] == len(programs)
+    mem = PackedPrograms.from_programs([p.features for p in in_memory])  # one pack of all: the same numbers
+    disk = FeatureStore(tmp_path / "cached").pack()
+    for name in ("leaves", "positions", "offsets", "stats"):
+        assert np.array_equal(getattr(mem, name), getattr(disk, name)), name
+
+
 def test_a_store_gives_back_its_programs(real, tmp_path):
     _, ds = real
     store = write_store(tmp_path / "s", ds.programs[:40], chunk=16)
