@@ -75,6 +75,14 @@ def test_workers_inherit_no_descriptor_but_their_two_pipes(sandbox):
     assert all(fds.get(fd) == "/dev/null" for fd in (0, 1, 2)), fds
 
 
+def test_workers_load_no_pytorch(sandbox):
+    """Featurizing needs TVM only; tvm_ffi would import torch (twice the start-up time and memory, more code
+    mapped in a process that reads hostile input): the zygote keeps it out, so no worker maps libtorch."""
+    pid = _worker_pid(sandbox)
+    for p in (_ppid(pid), pid):
+        assert "libtorch" not in Path(f"/proc/{p}/maps").read_text(), p
+
+
 def _readable_memory(pid: int, cap: int = 256 << 20):
     with open(f"/proc/{pid}/maps") as maps, open(f"/proc/{pid}/mem", "rb", buffering=0) as mem:
         for line in maps:
