@@ -27,6 +27,7 @@ study: reports/fast-path-features.md).
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 
 import numpy as np
@@ -84,13 +85,44 @@ class FastPathGBT(PooledGBT):
         return np.hstack([super().inputs(programs), extra.astype(np.float32)])
 
 
-def run(setting: str, seed: int, ds, table: dict, nthread: int) -> list[dict]:
+LOWERED: dict[str, np.ndarray] = {}  # program hash -> experiments/lowered_vectorization.py's counts
+
+
+def load_lowered(pattern: str = "runs/lowered-vectorization-*.npz") -> None:
+    for path in sorted(glob.glob(pattern)):
+        with np.load(path) as z:
+            LOWERED.update(zip(map(str, z["hashes"]), z["counts"]))
+    print(f"lowered vectorization of {len(LOWERED):,} programs", flush=True)
+
+
+def lowered_facts(features) -> np.ndarray:
+    """Vectorized loops the schedule asked for, stores and vector stores after lowering, the vector share, and
+    whether every vectorized loop was scalarized (loops asked for, no vector store); NaN where not computed."""
+    c = LOWERED.get(features.program_hash)
+    if c is None:
+        return np.full(5, np.nan)
+    loops, stores, vector = (float(x) for x in c)
+    return np.array([loops, stores, vector, vector / max(stores, 1.0), float(loops > 0 and vector == 0)])
+
+
+class LoweredGBT(FastPathGBT):
+    label = "latency GBT + fast path + lowered"
+
+    def inputs(self, programs):
+        extra = np.stack([lowered_facts(p.features) for p in programs])
+        return np.hstack([super().inputs(programs), extra.astype(np.float32)])
+
+
+ARMS = {"latency GBT": PooledGBT, FastPathGBT.label: FastPathGBT, LoweredGBT.label: LoweredGBT}
+
+
+def run(setting: str, seed: int, ds, table: dict, nthread: int, arms=tuple(ARMS)) -> list[dict]:
     (_, split), = setting_splits(ds, setting, seed)
     out = []
-    for cls in (PooledGBT, FastPathGBT):
-        m = cls(table, target="latency", nthread=nthread, random_state=seed).fit(split.train, split.val)
+    for name in arms:
+        m = ARMS[name](table, target="latency", nthread=nthread, random_state=seed).fit(split.train, split.val)
         s = score(split.val, m.predict(split.val))
-        row = dict(setting=setting, seed=seed, method=cls.label if cls is FastPathGBT else "latency GBT",
+        row = dict(setting=setting, seed=seed, method=name,
                    trees=int(m.booster_.num_boosted_rounds()), **{k: s[k] for k in ("mape", "mape_fast10", "spearman")})
         print(json.dumps(row), flush=True)
         out.append(row)
@@ -103,19 +135,25 @@ def main() -> None:
     ap.add_argument("--settings", default="random-new,cross-model")
     ap.add_argument("--nthread", type=int, default=2)
     ap.add_argument("--out", default="", help="append the rows (JSON lines) here")
+    ap.add_argument("--arms", default="latency GBT,latency GBT + fast path",
+                    help=f"comma-separated, of: {', '.join(ARMS)} (the last reads experiments/lowered_vectorization.py's "
+                         "runs/lowered-vectorization-*.npz)")
     args = ap.parse_args()
+    arms = args.arms.split(",")
+    if LoweredGBT.label in arms:
+        load_lowered()
     opts = ProtocolOptions()
     ds = load_pinned(opts)
     table = DeviceTable(opts.devices).spec_table()
     rows = []
     for setting in args.settings.split(","):
         for seed in (int(s) for s in args.seeds.split(",")):
-            rows += run(setting, seed, ds, table, args.nthread)
+            rows += run(setting, seed, ds, table, args.nthread, arms)
     if args.out:
         with open(args.out, "a") as f:
             f.writelines(json.dumps(r) + "\n" for r in rows)
     for setting in args.settings.split(","):
-        for method in ("latency GBT", FastPathGBT.label):
+        for method in arms:
             r = [x for x in rows if x["setting"] == setting and x["method"] == method]
             print(f"{setting:12s} {method:26s} " + "  ".join(
                 f"{k} {100 * np.mean([x[k] for x in r]) if k != 'spearman' else np.mean([x[k] for x in r]):.3f}"
