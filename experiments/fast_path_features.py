@@ -14,7 +14,8 @@ something on a chip the model never saw:
 
 Per program: the features of its leaf with the most float operations, and their max over leaves.
 
-The arms: ``PooledGBT(target="latency")`` (the protocol's latency GBT) with and without these inputs, scored on
+The arms: ``PooledGBT(target="latency")`` (the protocol's latency GBT) with and without these inputs, and with the
+counts of ``experiments/lowered_vectorization.py`` beside them (``--arms``), scored on
 **validation** only (DESIGN.md §5: choices are made there; the locked test is not touched), random-new on the
 development seeds and cross-model on the development networks. Boosting stops early on the validation set
 itself here, as in the peer; both arms get the same rule.
