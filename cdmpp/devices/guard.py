@@ -83,7 +83,7 @@ class CpuGuard:
         """Block until others use < ``share`` of the CPU over one second (at most ``max_wait_s``, then go
         on: the run is marked disturbed if others stay busy); returns seconds waited. ``stop`` set:
         KeyboardInterrupt, so a stop signal is honoured while waiting."""
-        if not self.enabled:
+        if not self.enabled or share >= 1.0:  # others can never use more than all of it: nothing to wait for
             return 0.0
         t0 = time.monotonic()
         while time.monotonic() - t0 < max_wait_s:

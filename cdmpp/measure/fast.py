@@ -55,6 +55,7 @@ def runner_main(conn, threads: int, cores: list[int] | None, device_type: str = 
     pin(cores)
     from cdmpp.program import tvm_env
 
+    tvm_env.keep_torch_out()
     tvm = tvm_env.setup(threads)
     import numpy as np
 

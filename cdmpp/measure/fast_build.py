@@ -21,6 +21,7 @@ def build_worker_init(threads: int, cores: list[int] | None) -> None:
 
     die_with_parent()
     pin(cores)
+    tvm_env.keep_torch_out()
     tvm_env.setup(threads)
 
 
