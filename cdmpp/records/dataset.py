@@ -122,6 +122,8 @@ class FeatureCache:
     ``on_disk``: program hash → ``CachedFeatures`` instead (only hashes and offsets read; nothing can be added),
     for a reader that must not hold every program's features (``load_dataset(features_on_disk=True)``)."""
 
+    CHUNK_PROGRAMS = 20_000  # at most this many programs per chunk: a chunk is read whole, so it must stay small
+
     def __init__(self, directory: str, on_disk: bool = False):
         self.directory, self.on_disk = directory, on_disk
         self.items: dict[str, ProgramFeatures | CachedFeatures] = {}
@@ -151,6 +153,8 @@ class FeatureCache:
         if f.program_hash not in self.items:
             self.items[f.program_hash] = f
             self._new.append(f)
+            if len(self._new) >= self.CHUNK_PROGRAMS:
+                self.flush()
 
     def flush(self) -> None:
         if not self._new:

@@ -118,6 +118,23 @@ def test_features_left_in_the_cache_read_back_as_cached(real, tmp_path):
         on_disk.put(feats[0])
 
 
+def test_a_large_first_load_is_cached_in_bounded_chunks(real, tmp_path, monkeypatch):
+    """A chunk is read whole (``read_cached``, ``write_store``), so a first load of millions of programs must
+    not become one chunk: ``put`` writes one every ``CHUNK_PROGRAMS`` new programs."""
+    from cdmpp.records.dataset import FeatureCache
+
+    _, ds = real
+    feats = list({p.features.program_hash: p.features for p in ds.programs}.values())[:25]
+    monkeypatch.setattr(FeatureCache, "CHUNK_PROGRAMS", 10)
+    cache = FeatureCache(str(tmp_path / "cache"))
+    for f in feats:
+        cache.put(f)
+    cache.flush()
+    on_disk = FeatureCache(str(tmp_path / "cache"), on_disk=True)
+    sizes = sorted(np.bincount(np.unique([r.path for r in on_disk.items.values()], return_inverse=True)[1]))
+    assert sizes == [5, 10, 10] and set(on_disk.items) == {f.program_hash for f in feats}
+
+
 def test_a_split_store_written_from_the_cache_is_the_one_the_dataset_in_memory_gives(real, tmp_path):
     """``write_split_store`` holds labels and ids only, the features read from the cache a chunk at a time; its
     stores hold every array (and meta.json) that writing the split from the dataset in memory gives."""
