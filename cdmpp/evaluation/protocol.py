@@ -87,6 +87,7 @@ class ProtocolOptions:
     chips: Sequence[str] = ()  # leave-one-chip-out: chips to hold out (default: every chip with enough data)
     held_out: Sequence[str] = splits.HELD_OUT_NETWORKS  # cross-model's test networks (locked: LOCKED_HELD_OUT_NETWORKS)
     chip_ks: Sequence[str] = ("0", "1%", "5%", "16", "64")  # leave-one-chip-out's shot counts
+    progress: bool = False  # a bar (steps, rate, ETA) while cdmpp trains: a seed's training runs for an hour
 
 
 def recipe_config(recipe: str, **overrides):
@@ -271,7 +272,7 @@ def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | Non
         from cdmpp.devices.table import DeviceTable
 
         device_table = DeviceTable(opts.devices).spec_table()
-    config = recipe_config(opts.recipe, seed=seed, max_minutes=opts.minutes, progress=False, **opts.overrides)
+    config = recipe_config(opts.recipe, seed=seed, max_minutes=opts.minutes, progress=opts.progress, **opts.overrides)
     common = dict(seed=seed, recipe=opts.recipe, overrides=opts.overrides, minutes=opts.minutes)
     out = _Writer(opts.runs, common if opts.threads == 1 else {**common, "threads": opts.threads})
 

@@ -19,7 +19,10 @@ TERM_SCRIPT = textwrap.dedent("""
     cfg = MeasureConfig(repeat=3, min_repeat_ms=1, builders=1, quiet_share=1.0)
     with stop_signals_interrupt(), MetaScheduleMeasurer(tvm_env.make_target("llvm", num_cores=1), cfg) as m:
         print(m.tmp_root, flush=True)
-        m.measure([workloads.matmul(1024, 1024, 1024)])  # unscheduled: runs for seconds
+        run_one = m._run_one
+        m._run_one = lambda inp: (print("running", flush=True), run_one(inp))[1]
+        # unscheduled: the first runs for seconds; a stop during its run ends the batch before the second
+        m.measure([workloads.matmul(1024, 1024, 1024), workloads.matmul(16, 16, 16)])
 """)
 
 
@@ -30,10 +33,9 @@ def test_sigterm_midway_leaves_no_build_folders():
                             text=True, env=dict(os.environ, TVM_NUM_THREADS="1"))
     try:
         root = proc.stdout.readline().strip()
-        deadline = time.time() + 120
-        while time.time() < deadline and not any(files for _, _, files in os.walk(root)):
-            time.sleep(0.1)  # until the build is written and the run begins
-        assert any(files for _, _, files in os.walk(root)), proc.stderr.read()
+        # the run begins (the build written): a signal now lands mid-run, however late a loaded machine reads this
+        assert proc.stdout.readline().strip() == "running", proc.stderr.read()
+        assert any(files for _, _, files in os.walk(root))
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=60)
     finally:
