@@ -68,14 +68,14 @@ def load_cuda_intrinsics() -> None:
 
 
 def _known_import_frames() -> None:
-    """TVMScript looks up the source file of every frame on the stack for each function it parses; a module
-    parsed while it is imported has the import system's frozen frames there, whose files do not exist, and for
-    each of those ``inspect.getmodule`` scans all of ``sys.modules`` (the CUDA intrinsics: 6,500 scans, 14 s in a
-    fresh process, 90 s in a test worker holding thousands of modules; the x86 ones at every setup). Naming their
-    modules in inspect's own cache answers those look-ups at once."""
+    """TVMScript looks up the source file of every frame on the stack for each function it parses. Frozen
+    frames (the import system's while a module is imported, runpy's under ``python -m``) name files that do not
+    exist, and for each of those ``inspect.getmodule`` scans all of ``sys.modules``: the CUDA intrinsics took
+    14 s to load in a fresh process and 90 s in a test worker holding 3,000 modules, and a program's TVMScript
+    parsed in 91 ms there instead of 52. Naming their modules in inspect's own cache answers those look-ups."""
     import inspect
 
-    for name in ("importlib._bootstrap", "importlib._bootstrap_external"):
+    for name in ("importlib._bootstrap", "importlib._bootstrap_external", "runpy", "zipimport"):
         inspect.modulesbyfile.setdefault(f"<frozen {name}>", name)
 
 
