@@ -72,7 +72,7 @@ def _known_source_files() -> None:
     that does not exist ``inspect.getmodule`` scans all of ``sys.modules``: frozen frames (the import system's
     while a module is imported, runpy's under ``python -m``) and TVMScript's own compiled snippets (``<ast>``).
     The CUDA intrinsics took 14 s to load in a fresh process and 90 s in a test worker holding 3,000 modules; a
-    program's TVMScript parsed there in 91 ms instead of 39. Entered in inspect's own cache, each look-up gives
+    program's TVMScript parsed there in 91 ms instead of 29. Entered in inspect's own cache, each look-up gives
     at once what the scan gave (the frozen module; none for ``<ast>``)."""
     import inspect
 
