@@ -98,11 +98,12 @@ def export_into(root: str, mod) -> str:
     return path
 
 
-def _local_builder(ms, **kwargs):
+@functools.cache
+def _local_builder_class(ms):
     """MetaSchedule's ``LocalBuilder`` without its start-up check: the check starts a pool of its own (a
     worker importing TVM, ~4 s) only to look ``f_build``/``f_export`` up by name, and each ``build`` starts
-    another pool anyway; a function that is missing there fails that build, with its message, per program."""
-
+    another pool anyway; a function that is missing there fails that build, with its message, per program.
+    Declared once per process."""
     from tvm.ir.utils import derived_object
 
     @derived_object
@@ -110,7 +111,7 @@ def _local_builder(ms, **kwargs):
         def _sanity_check(self) -> None:
             pass
 
-    return LocalBuilder(**kwargs)
+    return LocalBuilder
 
 
 class MetaScheduleMeasurer(Measurer):
@@ -132,9 +133,9 @@ class MetaScheduleMeasurer(Measurer):
         self.ms, self.target, self.cfg = ms, target, cfg
         _remove_stale_roots()
         self.tmp_root = tempfile.mkdtemp(prefix=f"{ROOT_PREFIX}{os.getpid()}-")
-        self.builder = _local_builder(ms, max_workers=cfg.builders, timeout_sec=cfg.build_timeout_s,
-                                      initializer=tvm_env.worker_initializer,
-                                      f_export=functools.partial(export_into, self.tmp_root))
+        self.builder = _local_builder_class(ms)(max_workers=cfg.builders, timeout_sec=cfg.build_timeout_s,
+                                                  initializer=tvm_env.worker_initializer,
+                                                  f_export=functools.partial(export_into, self.tmp_root))
         evaluator = ms.runner.EvaluatorConfig(number=cfg.number, repeat=cfg.repeat,
                                               min_repeat_ms=cfg.min_repeat_ms,
                                               enable_cpu_cache_flush=cfg.cache_flush)
