@@ -7,6 +7,7 @@ import dataclasses
 import datetime as _dt
 import json
 import math
+import os
 import sys
 from typing import Sequence
 
@@ -71,13 +72,17 @@ def train_checkpoint(recipe: str, dataset: str, out: str, task_table: str = defa
         raise ValueError(f"devices {missing} have no spec in {devices}")
     over = {"max_minutes": max_minutes} if max_minutes else {}
     config = dataclasses.replace(TrainConfig.recipe(recipe), seed=seed, progress=progress, **over)
-    model = fit(config, train, val_set, device_table=table.spec_table(), device=device)
+    # a stopped `cdmpp train` started again goes on from its last epoch (one process only; torchrun restarts)
+    state = None if distributed.world()[1] > 1 else os.path.join(out, "train-state.pt")
+    model = fit(config, train, val_set, device_table=table.spec_table(), device=device, resume=state)
     if not distributed.is_main():
         return model
     model.summary.update(model_version=_version(model), recipe=recipe, dataset=data.pop("dataset", dataset),
                          trained_at=_dt.datetime.now().isoformat(timespec="seconds"), git_commit=git_commit(),
                          data=data, devices={s.id: s.to_dict() for s in table})
     model.save(out)
+    if state:
+        os.remove(state)
     return model
 
 

@@ -18,6 +18,7 @@ def test_train_and_sample_workflow(real, tiny_recipe, tmp_path):
                      max_minutes=0.1, limit=120, progress=False)
     s = TrainedModel.load(out).summary
     assert s["model_version"].startswith("cdmpp-") and s["data"]["programs"] == 120
+    assert not (out / "train-state.pt").exists()  # the run's saved state goes once the checkpoint is written
     assert all("target" in spec for spec in s["devices"].values())
     device = real.devices()[0]
     assert len(sample_ids(5, str(folder), device, task_table=str(TASKS), limit=120)) == 0  # all measured there already

@@ -49,7 +49,7 @@ def _protocol_options(args, default_settings=None, **more):
                            methods=_csv(args.methods), recipe=args.recipe, overrides=overrides, label=args.label,
                            minutes=args.minutes, runs=args.runs, peer_minutes=args.peer_minutes, limit=args.limit,
                            threads=args.threads, chips=_csv(args.chips) if args.chips else (),
-                           progress=args.progress, **more)
+                           progress=args.progress, states=args.states, **more)
 
 
 def cmd_protocol(args) -> int:
@@ -305,6 +305,10 @@ def add_eval_commands(sub, bsub) -> None:
     proto.add_argument("--limit", type=int, help="use only the first N records (smoke runs)")
     proto.add_argument("--progress", action="store_true",
                        help="a progress bar (steps, rate, ETA) on stderr while cdmpp trains; a row is logged as it is scored")
+    proto.add_argument("--states", metavar="DIR",
+                       help="where cdmpp's training runs are saved after every epoch until their rows are written, so "
+                            "the same command started again after a stop goes on from there (default: RUNS.states/ "
+                            "beside --runs)")
     proto.add_argument("--summarize-only", action="store_true",
                        help="train nothing: rewrite the summary (.json and .md) from the rows already in --runs")
 

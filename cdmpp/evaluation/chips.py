@@ -63,10 +63,11 @@ def _chip_pool(ds, split) -> list:
     return [p for p in getattr(ds, "programs", ds) if p.device in targets and p.features.program_hash not in test]
 
 
-def run_chip(opts, seed: int, ds, device_table: dict, chip: str, out, context, k_value) -> None:
+def run_chip(opts, seed: int, ds, device_table: dict, chip: str, out, context, k_value, resume=None) -> None:
     """Every k and sampler of one held-out ``chip`` for one seed: rows to ``out`` (a protocol ``_Writer``).
     ``context(pool)``: the registry's ``Context`` of this seed, whose ``cdmpp`` and ``pooled-gbt`` are trained
-    on the other devices."""
+    on the other devices. ``resume``: the protocol's ``resumable`` setter for this chip and seed (cdmpp's
+    training is saved every epoch until the chip's rows are written)."""
     from cdmpp.model.pooled_gbt import PooledGBT
     from cdmpp.model.shots import ShotChoice
 
@@ -75,8 +76,11 @@ def run_chip(opts, seed: int, ds, device_table: dict, chip: str, out, context, k
     made = context(base.target_pool)
 
     def fitted(name: str):
+        method = made.one(name)
+        if resume is not None:
+            resume(method)
         t = time.monotonic()
-        method = made.one(name).fit(base.train, base.val)
+        method.fit(base.train, base.val)
         return method, round(time.monotonic() - t, 1)
 
     model = cdmpp_secs = None
@@ -138,6 +142,8 @@ def run_chip(opts, seed: int, ds, device_table: dict, chip: str, out, context, k
                 alone = ShotChoice(None, seed=seed, nthread=opts.threads, only=("shots",)).fit(shots)
                 out.row("leave-one-chip-out", "shots-only GBT" + suffix, ev.score(test, alone.predict(test)),
                         train_seconds=0.0, choice=alone.describe(), **n)
+    if model is not None and resume is not None:
+        resume(model, done=True)
 
 
 def held_out_chips(opts, ds, device_table: dict) -> list[str]:

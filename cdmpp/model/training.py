@@ -13,7 +13,9 @@ The loop is plain PyTorch, readable in one sitting:
 * an ensemble of snapshots (the best state of each of the best LR cycles of one run, Huang et al. 2017)
   whose spread, conformally calibrated on the validation split, gives the 90 % interval;
 * the pooled GBT blended in, and Amdahl anchors for thread counts without labels (``gbt_blend``,
-  ``amdahl_transfer``).
+  ``amdahl_transfer``);
+* ``resume``: the run's state saved after every epoch (and the blend's GBT once fitted) and picked up where
+  it stopped (``RunState``): a run of an hour survives a stop.
 
 Hyperparameters live in ``TrainConfig`` (``cdmpp.model.config``; the network's in ``ModelConfig``), loaded
 from a recipe in ``train/*.toml``; the defaults are the shipped recipe. What issue 19's study tried and dropped is in
@@ -24,7 +26,11 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import hashlib
+import json
 import math
+import os
+import sys
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
@@ -81,7 +87,7 @@ def _prepare(samples: Sequence[LabeledProgram], trained: TrainedModel, dev_index
 def fit(config: TrainConfig, train_set: Sequence[LabeledProgram] | FeatureStore,
         val_set: Sequence[LabeledProgram] | None = None, target_pool: Sequence[LabeledProgram] | None = None, *,
         device_table: dict[str, dict[str, float]] | None = None, featurizer_version: str | None = None,
-        device: str = "cpu") -> TrainedModel:
+        device: str = "cpu", resume: str | os.PathLike | None = None) -> TrainedModel:
     """Train an ensemble of ``config.ensemble`` members; return the ``TrainedModel``.
 
     Samples are ``LabeledProgram`` or anything with ``features``, ``device`` and ``seconds`` attributes.
@@ -99,6 +105,8 @@ def fit(config: TrainConfig, train_set: Sequence[LabeledProgram] | FeatureStore,
     ``device``: ``cpu``, ``cuda`` or ``auto`` (``cdmpp.model.distributed``); in a torch process group (torchrun)
     the ranks share each batch, and only rank 0 goes on past the transformer's training: other ranks return its
     members uncalibrated (``summary["rank"]``), rank 0's model is the result.
+    ``resume``: a file the transformer's run is saved to after every epoch (``RunState``); a run started again
+    with the same file, config and data goes on from its last epoch, and ends as the uninterrupted run would.
     """
     start = time.monotonic()
     deadline = start + 60.0 * config.max_minutes
@@ -139,7 +147,12 @@ def fit(config: TrainConfig, train_set: Sequence[LabeledProgram] | FeatureStore,
     target = _prepare(target_pool, trained, dev_index, labeled=False) if target_pool else None
 
     # one run; the members are the best states of its best LR cycles
-    snaps, history = _train_run(config, train, val, target, dev_matrix, trained, deadline, runner)
+    state = None
+    if resume:
+        if runner.world > 1:
+            raise ValueError("resume: one training process only (not under torchrun)")
+        state = RunState(resume, config, train, val, target)
+    snaps, history = _train_run(config, train, val, target, dev_matrix, trained, deadline, runner, state)
     members = snaps[: config.ensemble]
     trained.members.extend(_model_with(config, train, dev_matrix, trained, state) for _, state, _ in members)
     histories = [{**history, "members_from_epochs": [epoch for _, _, epoch in members]}]
@@ -157,7 +170,7 @@ def fit(config: TrainConfig, train_set: Sequence[LabeledProgram] | FeatureStore,
         # stopped early left; never under 10 s); the blend weight chosen after it is not counted
         gbt_budget = max(deadline + 60.0 * config.gbt_minutes - time.monotonic(), 10.0)
         factor = _add_gbt_blend(trained, train_set, val_set, pred, config.seed, gbt_budget, config.blend_rank_slack,
-                                config.gbt_max_trees)
+                                config.gbt_max_trees, state)
         pred, lo_s, hi_s = pred * factor, lo_s * factor, hi_s * factor
     rel = np.abs(pred - val.seconds) / val.seconds
     trained.summary = dict(
@@ -175,9 +188,10 @@ def fit(config: TrainConfig, train_set: Sequence[LabeledProgram] | FeatureStore,
 
 
 def _add_gbt_blend(trained: TrainedModel, train_set, val_set, val_pred: np.ndarray, seed: int,
-                   budget_s: float, rank_slack: float, max_trees: int = 0) -> np.ndarray:
+                   budget_s: float, rank_slack: float, max_trees: int = 0, resume: RunState | None = None) -> np.ndarray:
     """Fit the pooled GBT on log latency (early stopping on val), choose the blend weight on val; return
-    the factor the blend multiplies the members' validation predictions by."""
+    the factor the blend multiplies the members' validation predictions by. With ``resume`` the fitted trees
+    are saved beside the run (a resumed run reads them instead of boosting again)."""
     from cdmpp.model.pooled_gbt import PooledGBT
     from cdmpp.model.blend import blend, blend_weight, ranked_tasks
 
@@ -185,7 +199,16 @@ def _add_gbt_blend(trained: TrainedModel, train_set, val_set, val_pred: np.ndarr
     trees = {"n_estimators": max_trees} if max_trees > 0 else {}
     gbt = PooledGBT(trained.device_specs.table, nthread=torch.get_num_threads(), random_state=seed, target="latency",
                     **trees)
-    gbt.fit(train_set, val_set, time_budget_s=budget_s)
+    saved = resume.load() if resume is not None else None
+    if saved is not None and saved.get("gbt") is not None:
+        import xgboost as xgb
+
+        gbt.booster_ = xgb.Booster(params={"nthread": gbt.nthread})
+        gbt.booster_.load_model(bytearray(saved["gbt"]))
+    else:
+        gbt.fit(train_set, val_set, time_budget_s=budget_s)
+        if saved is not None:
+            resume.save(**{**saved, "gbt": bytes(gbt.booster_.save_raw("ubj"))})
     gbt.specs = trained.device_specs
     seconds = np.array([s.seconds for s in val_set])
     trained.gbt = gbt
@@ -210,10 +233,47 @@ def _model_with(config: TrainConfig, train: _Split, dev_matrix: torch.Tensor, tr
     return model
 
 
+class RunState:
+    """A training run saved after every epoch (model, optimizer, LR schedule, random states, the snapshots
+    kept so far, the history) to ``path``, so a stopped run goes on where it was. The file names the run it
+    belongs to (its config and a digest of its data); a different run refuses it rather than resume from it,
+    and nothing is overwritten but the file's own earlier epochs (written aside, then renamed over)."""
+
+    _NOT_THE_RUN = ("progress", "max_minutes")  # what may change between a run and its resumption
+
+    def __init__(self, path, config: TrainConfig, train: _Split, val: _Split, target: _Split | None):
+        self.path = os.fspath(path)
+        run = {k: v for k, v in config.to_dict().items() if k not in self._NOT_THE_RUN}
+        digest = hashlib.sha256(json.dumps(run, sort_keys=True, default=str).encode())
+        for part in (train, val, target):
+            for arr in (() if part is None else (part.pack.lengths, part.dev_rows, part.z)):
+                if arr is not None:
+                    digest.update(np.ascontiguousarray(arr).tobytes())
+        self.run = digest.hexdigest()
+
+    def load(self) -> dict | None:
+        """The saved state, or None when there is none yet; a file of another run raises ``ValueError``."""
+        if not os.path.exists(self.path):
+            return None
+        state = torch.load(self.path, map_location="cpu", weights_only=False)
+        if state.get("run") != self.run:
+            raise ValueError(f"{self.path} holds another training run (other config or data); move it away "
+                             "or pass another resume file")
+        return state
+
+    def save(self, **state) -> None:
+        state.pop("run", None)
+        tmp = f"{self.path}.tmp"
+        os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+        torch.save({"run": self.run, **state}, tmp)
+        os.replace(tmp, self.path)
+
+
 def _train_run(config: TrainConfig, train: _Split, val: _Split, target: _Split | None, dev_matrix: torch.Tensor,
-               trained: TrainedModel, deadline: float, runner: Runner):
+               trained: TrainedModel, deadline: float, runner: Runner, resume: RunState | None = None):
     """One training run: the epoch loop, validation after every epoch, early stopping, a deadline; on
-    ``runner``'s device, each rank on its share of every batch.
+    ``runner``'s device, each rank on its share of every batch; saved to ``resume`` after every epoch and
+    resumed from it.
 
     Returns the best validation state of every LR cycle as ``(val MAPE, state, epoch)``, best first
     (``snapshots[0]`` is the run's overall best), and a history for the training summary.
@@ -241,8 +301,22 @@ def _train_run(config: TrainConfig, train: _Split, val: _Split, target: _Split |
     history = []
     bar = tqdm(total=config.epochs * steps_per_epoch, desc="snapshots", unit="step",
                disable=not (config.progress and runner.is_main))
-    stopped, steps, on = "epochs", 0, runner.to
-    for epoch in range(config.epochs):
+    stopped, steps, on, first = "epochs", 0, runner.to, 0
+    saved = resume.load() if resume is not None else None
+    if saved is not None:
+        model.load_state_dict(saved["model"])
+        opt.load_state_dict(saved["optimizer"])
+        sched.load_state_dict(saved["schedule"])
+        rng.bit_generator.state = saved["rng"]
+        torch.set_rng_state(saved["torch_rng"])
+        snapshots, best, history, steps = saved["snapshots"], tuple(saved["best"]), saved["history"], saved["steps"]
+        first = len(history)
+        bar.update(steps)
+        print(f"resuming {resume.path}: {first} epochs done" + (", run ended" if saved["stopped"] else ""),
+              file=sys.stderr)
+        if saved["stopped"] is not None:  # the run had ended: nothing left to train
+            first, stopped = config.epochs, saved["stopped"]
+    for epoch in range(first, config.epochs):
         model.train()
         total, count = 0.0, 0
         for idx in runner.shares(bucketed_batches(train.pack.lengths, config.batch_size, rng)):
@@ -278,10 +352,14 @@ def _train_run(config: TrainConfig, train: _Split, val: _Split, target: _Split |
                                 epoch)
         if val_mape < best[0]:
             best = (val_mape, epoch)
-        if stopped in ("time", "steps"):
-            break
-        if epoch - best[1] >= config.patience:
+        if stopped not in ("time", "steps") and epoch - best[1] >= config.patience:
             stopped = "patience"
+        ended = stopped != "epochs" or epoch == config.epochs - 1
+        if resume is not None:
+            resume.save(model=model.state_dict(), optimizer=opt.state_dict(), schedule=sched.state_dict(),
+                        rng=rng.bit_generator.state, torch_rng=torch.get_rng_state(), snapshots=snapshots,
+                        best=best, history=history, steps=steps, stopped=stopped if ended else None)
+        if stopped != "epochs":
             break
     bar.close()
     ranked = sorted(snapshots.values(), key=lambda s: s[0])

@@ -23,6 +23,7 @@ def test_protocol_seed_writes_a_row_per_setting_and_method(two_devices, tiny_rec
     opts = ProtocolOptions(target_device=FAKE_DEVICE, settings=("random-new", "cross-device-seen"), ks=("0", "4"),
                            samplers=("kmeans",), recipe=tiny_recipe, minutes=0.05, runs=str(runs))
     run_seed(opts, 0, ds=two_devices, device_table=table)
+    assert not list((tmp_path / "runs.states").glob("*.pt"))  # cdmpp's saved runs went with their rows
     rows = {(r["setting"], r["method"]) for r in map(json.loads, runs.read_text().splitlines())}
     assert {("random-new", "cdmpp"), ("random-new", "pooled GBT"),
             ("cross-device-seen", "cdmpp k=4 (kmeans)"), ("cross-device-seen", "twin-ratio k=4 (kmeans)"),
@@ -52,6 +53,27 @@ def test_protocol_seed_mechanics_with_every_peer(two_devices, tiny_recipe, tmp_p
     seen = {m for s, m in by if s == "cross-device-seen"}
     assert {"twin-ratio k=8 (random)", "Tenset MLP k=8 (random)", "TVM XGBModel (ranking only)"} <= seen
     assert "TVM XGBModel (ranking only) k=8 (random)" not in seen
+
+
+def test_a_split_names_its_saved_training_run_and_forgets_it_once_scored(tmp_path):
+    """``resumable``: cdmpp's training of one split of one seed is saved under the runs file's ``.states``
+    folder, named by the split and the row name (a rerun of the same command finds it); once the split's rows
+    are written, the file goes. Peers without ``resume`` are left alone."""
+    from cdmpp.evaluation.protocol import ProtocolOptions, resumable
+
+    class Method:
+        label, resume = "cdmpp, no DA", None
+
+    opts, method, peer = ProtocolOptions(runs=str(tmp_path / "r.jsonl")), Method(), object()
+    resume = resumable(opts, 2, "chip", "amd-epyc-znver5")
+    resume(method)
+    resume(peer)
+    assert method.resume == str(tmp_path / "r.states" / "chip-amd-epyc-znver5-seed2-cdmpp_no_DA.pt")
+    assert resumable(opts, 2, "random-new", None) is not resume
+    (tmp_path / "r.states").mkdir()
+    open(method.resume, "w").close()
+    resume(method, done=True)
+    assert not (tmp_path / "r.states" / "chip-amd-epyc-znver5-seed2-cdmpp_no_DA.pt").exists()
 
 
 def test_a_failed_job_stops_the_queued_and_running_ones():

@@ -277,3 +277,42 @@ def test_shots_that_rank_more_tasks_than_validation_choose_the_order_weight():
         assert tuned.calibration["gbt_order_weight"] == expected
         assert tuned.calibration["gbt_weight"] == model.calibration["gbt_weight"]
         assert ("order_weight" in tuned.summary["finetune"]) == (ranked_by_validation == 10)
+
+
+def test_a_stopped_run_resumes_from_its_last_epoch_and_ends_as_an_uninterrupted_one(tmp_path, monkeypatch):
+    """``fit(resume=...)`` saves the run after every epoch and the blend's GBT once fitted; a stop in the third
+    epoch, then the same call again, gives the model an uninterrupted run gives (same random states, same
+    snapshots, same trees), and the saved file of another run is refused, not resumed from. SYNTHETIC programs."""
+    from cdmpp.model import training
+
+    rng = np.random.default_rng(5)
+    train, val = synthetic_samples(200, rng), synthetic_samples(60, rng)
+    cfg = quick_config(ensemble=2, epochs=4, lr_cycle_epochs=2, patience=4, gbt_blend=True, gbt_max_trees=20)
+    whole = fit(cfg, train, val)
+    features = [s.features for s in val]
+
+    state = tmp_path / "run.pt"
+    real, calls = training._val_mape, []
+
+    def stop_in_the_third_epoch(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(training, "_val_mape", stop_in_the_third_epoch)
+    with pytest.raises(KeyboardInterrupt):
+        fit(cfg, train, val, resume=state)
+    monkeypatch.setattr(training, "_val_mape", real)
+    assert len(training.torch.load(state, weights_only=False)["history"]) == 2  # two epochs were saved
+    resumed = fit(cfg, train, val, resume=state)
+    assert resumed.summary["members"][0]["history"] == whole.summary["members"][0]["history"]
+    for a, b in zip(resumed.members, whole.members):
+        assert all(np.array_equal(a.state_dict()[k].numpy(), b.state_dict()[k].numpy()) for k in a.state_dict())
+    assert np.array_equal(resumed.predict(features, "cpu-a")[0], whole.predict(features, "cpu-a")[0])
+    assert training.torch.load(state, weights_only=False)["gbt"]  # the blend's trees, saved once fitted
+    again = fit(cfg, train, val, resume=state)  # an ended run is not trained again, nor its GBT boosted
+    assert again.summary["members"][0]["history"] == whole.summary["members"][0]["history"]
+    assert np.array_equal(again.predict(features, "cpu-a")[0], whole.predict(features, "cpu-a")[0])
+    with pytest.raises(ValueError, match="another training run"):
+        fit(cfg.replace(epochs=5), train, val, resume=state)

@@ -14,7 +14,8 @@ from cdmpp.model.training import TrainConfig, checked_finetune, fit
 
 class CDMPP:
     """cdmpp trained with ``config`` (a ``TrainConfig``). ``target_pool``: unlabeled target programs for
-    domain adaptation (None: none). ``time_budget_s`` of ``fit`` caps training as ``max_minutes`` does."""
+    domain adaptation (None: none). ``time_budget_s`` of ``fit`` caps training as ``max_minutes`` does.
+    ``resume``: a file the training run is saved to after every epoch and resumed from (``fit``'s)."""
 
     predicts = "seconds"
     budget_weight = 1.0
@@ -22,10 +23,12 @@ class CDMPP:
     def __init__(self, config: TrainConfig, device_table: dict, target_pool: Sequence | None = None,
                  label: str = "cdmpp"):
         self.config, self.device_table, self.target_pool, self.label = config, device_table, target_pool, label
+        self.resume: str | None = None
 
     def fit(self, train: Sequence, val: Sequence | None = None, time_budget_s: float | None = None) -> "CDMPP":
         config = dataclasses.replace(self.config, max_minutes=time_budget_s / 60) if time_budget_s else self.config
-        self.model_ = fit(config, train, val, target_pool=self.target_pool, device_table=self.device_table)
+        self.model_ = fit(config, train, val, target_pool=self.target_pool, device_table=self.device_table,
+                          resume=self.resume)
         return self
 
     def predict_interval(self, programs: Sequence):
