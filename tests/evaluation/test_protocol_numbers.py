@@ -11,7 +11,7 @@ MECHANICS ONLY for the cross-device rows: the target is the relabeled fake devic
 The records were made on AMD EPYC chips (Zen 4 and Zen 5 give the same numbers). On an Intel chip MKL takes
 other kernels, so float sums differ in their last bits, and two kinds of rows amplify that past any tolerance:
 the Tenset MLP (its training) and leave-one-chip-out's KMeans shots (a cluster flips, the shots change). On a CPU
-of another vendor than the record's (``__machine__``) those rows must be there with the same fields, their
+of another vendor than the record's (its ``machine``, ``tests/machine.py``) those rows must be there with the same fields, their
 numbers are not compared; every other row is compared as tightly as on the recording machine.
 """
 
@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from tests.data import FAKE_DEVICE, ROOT
+from tests.machine import cpu_vendor, same_vendor
 
 RECORD = Path(__file__).with_name("protocol_numbers.json")
 CHIPS_RECORD = Path(__file__).with_name("protocol_numbers_chips.json")
@@ -71,15 +72,6 @@ def test_the_protocol_numbers_on_a_fixed_sample_are_unchanged(two_devices, held,
     _compare(_rows(runs), RECORD)
 
 
-def _cpu_vendor() -> str:
-    """``vendor_id`` of /proc/cpuinfo (GenuineIntel, AuthenticAMD); "unknown" where there is none."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("vendor_id")), "unknown")
-    except OSError:
-        return "unknown"
-
-
 def _blas_sensitive(row: str) -> bool:
     """Rows whose numbers follow the CPU vendor's BLAS kernels (see the module's docstring)."""
     return "Tenset MLP" in row or (row.startswith("leave-one-chip-out") and "(kmeans)" in row)
@@ -87,14 +79,13 @@ def _blas_sensitive(row: str) -> bool:
 
 def _compare(got: dict, record: Path) -> None:
     if os.environ.get("CDMPP_RECORD_PROTOCOL_NUMBERS"):
-        record.write_text(json.dumps({"__machine__": {"vendor": _cpu_vendor()}, **got}, indent=1, sort_keys=True)
-                          + "\n")
+        record.write_text(json.dumps({"machine": {"vendor": cpu_vendor()}, **got}, indent=1, sort_keys=True) + "\n")
     want = json.loads(record.read_text())
-    same_vendor = want.pop("__machine__")["vendor"] == _cpu_vendor()
+    recorder = same_vendor(want)
     assert sorted(got) == sorted(want), "the rows written changed"
     off = []
     for row, fields in want.items():  # every recorded field as it was (a row may tell more than it did)
-        if not same_vendor and _blas_sensitive(row):
+        if not recorder and _blas_sensitive(row):
             assert set(fields) <= set(got[row]), f"{row}: fields {sorted(set(fields) - set(got[row]))} missing"
             continue
         for key, value in fields.items():

@@ -57,4 +57,6 @@ def run() -> dict:
 
 
 if __name__ == "__main__":
-    EXPECTED.write_text(json.dumps(run(), indent=0) + "\n")
+    from tests.machine import cpu_vendor
+
+    EXPECTED.write_text(json.dumps({"machine": {"vendor": cpu_vendor()}, **run()}, indent=0) + "\n")

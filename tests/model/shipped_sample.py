@@ -72,7 +72,10 @@ def main() -> None:
                         devices=np.array([r["device"] for r in chosen]))
     programs, devices = load_sample()
     model = TrainedModel.load(defaults.MODEL)
+    from tests.machine import cpu_vendor
+
     EXPECTED.write_text(json.dumps(dict(model=str(defaults.MODEL.relative_to(defaults.PACKAGE.parent)),
+                                        machine=dict(vendor=cpu_vendor()),
                                         answers=answers(model, programs, devices)), indent=0) + "\n")
 
 

@@ -1,6 +1,8 @@
 """The shipped checkpoint answers as it did when the fixture was made (tests/model/shipped_sample.py): seconds,
 interval and order of 51 real programs on their own three devices and on a device reached through an Amdahl
-anchor. A change to the model code that moves any of them by more than 1e-6 relative fails here."""
+anchor. A change to the model code that moves any of them by more than 1e-6 relative fails here; on a CPU of
+another vendor than the record's (``tests/machine.py``; float32 sums in MKL's other kernel order move answers
+by up to 4e-6 on an Intel chip) by more than 2e-5."""
 
 from __future__ import annotations
 
@@ -11,18 +13,20 @@ import pytest
 
 from cdmpp import defaults
 from cdmpp.model.checkpoint import TrainedModel
+from tests.machine import same_vendor
 from tests.model.shipped_sample import EXPECTED, answers, load_sample
 
 
 @pytest.mark.skipif(not (defaults.MODEL / "predictor.json").exists(), reason="no shipped checkpoint")
 def test_shipped_model_answers_unchanged():
-    expected = json.loads(EXPECTED.read_text())["answers"]
+    record = json.loads(EXPECTED.read_text())
+    expected, rtol = record["answers"], 1e-6 if same_vendor(record) else 2e-5
     programs, devices = load_sample()
     got = answers(TrainedModel.load(defaults.MODEL), programs, devices)
     assert set(got) == set(expected)
     for key, parts in expected.items():
         for part, values in parts.items():
-            np.testing.assert_allclose(got[key][part], values, rtol=1e-6, atol=0, err_msg=f"{key} {part}")
+            np.testing.assert_allclose(got[key][part], values, rtol=rtol, atol=0, err_msg=f"{key} {part}")
 
 
 @pytest.mark.skipif(not (defaults.MODEL / "predictor.json").exists(), reason="no shipped checkpoint")
