@@ -20,6 +20,7 @@ from cdmpp.records.store import RecordStore
 A1, A2, B2, Z3 = ("amd-epyc-znver4-1t/llvm-avx512", "amd-epyc-znver4-2t/llvm-avx512", "amd-epyc-znver4-2t/llvm-avx2",
                   "amd-epyc-znver3-1t/llvm-avx2")
 table = DeviceTable(defaults.DEVICES).spec_table()
+CHIPS = ("amd-epyc-znver5-1t/llvm-avx512", Z3, "intel-xeon-rocketlake-1t/llvm-avx512")  # 1-thread devices of other chips
 
 
 def show(name, y, p, tasks):
@@ -30,12 +31,12 @@ def show(name, y, p, tasks):
 
 store = RecordStore(defaults.DATASET)
 lab, task = collections.defaultdict(dict), {}
-for d in (A1, A2, B2, Z3, "amd-epyc-znver5-1t/llvm-avx512"):
+for d in (A1, A2, B2, *CHIPS):
     for r in store.iter_records(d, traces=False):
         if (y := label(r)) is not None:
             lab[d][r["program_hash"]], task[r["program_hash"]] = y, r["task"]
 if "--levels" in sys.argv:
-    for d in ("amd-epyc-znver5-1t/llvm-avx512", Z3):
+    for d in CHIPS:
         hs = [h for h in lab[d] if h in lab[A1]]
         x1, yd = np.array([lab[A1][h] for h in hs]), np.array([lab[d][h] for h in hs])
         peak, bw = per_thread_peak_ratio(A1, d, table), table[A1]["mem_bw_gbs"] / table[d]["mem_bw_gbs"]
@@ -47,7 +48,7 @@ if "--efficiency" in sys.argv:
     from cdmpp.records.dataset import FeatureCache
 
     cache = FeatureCache(defaults.cache_dir(defaults.DATASET))
-    for d in ("amd-epyc-znver5-1t/llvm-avx512", Z3):
+    for d in CHIPS:
         hs = [h for h in lab[d] if h in lab[A1] and cache.get(h) is not None and cache.get(h).flops > 0]
         x1, yd = np.array([lab[A1][h] for h in hs]), np.array([lab[d][h] for h in hs])
         share = np.array([cache.get(h).flops for h in hs]) / x1 / (table[A1]["peak_gflops"] * 1e9)

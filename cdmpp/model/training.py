@@ -147,12 +147,12 @@ def fit(config: TrainConfig, train_set: Sequence[LabeledProgram] | FeatureStore,
     target = _prepare(target_pool, trained, dev_index, labeled=False) if target_pool else None
 
     # one run; the members are the best states of its best LR cycles
-    state = None
+    run_state = None
     if resume:
         if runner.world > 1:
             raise ValueError("resume: one training process only (not under torchrun)")
-        state = RunState(resume, config, train, val, target)
-    snaps, history = _train_run(config, train, val, target, dev_matrix, trained, deadline, runner, state)
+        run_state = RunState(resume, config, train, val, target)
+    snaps, history = _train_run(config, train, val, target, dev_matrix, trained, deadline, runner, run_state)
     members = snaps[: config.ensemble]
     trained.members.extend(_model_with(config, train, dev_matrix, trained, state) for _, state, _ in members)
     histories = [{**history, "members_from_epochs": [epoch for _, _, epoch in members]}]
@@ -170,7 +170,7 @@ def fit(config: TrainConfig, train_set: Sequence[LabeledProgram] | FeatureStore,
         # stopped early left; never under 10 s); the blend weight chosen after it is not counted
         gbt_budget = max(deadline + 60.0 * config.gbt_minutes - time.monotonic(), 10.0)
         factor = _add_gbt_blend(trained, train_set, val_set, pred, config.seed, gbt_budget, config.blend_rank_slack,
-                                config.gbt_max_trees, state)
+                                config.gbt_max_trees, run_state)
         pred, lo_s, hi_s = pred * factor, lo_s * factor, hi_s * factor
     rel = np.abs(pred - val.seconds) / val.seconds
     trained.summary = dict(
