@@ -3,9 +3,10 @@ its ISA"). Part 1 moves measured twins' labels to Zen 3 (1 thread, AVX2) from Ze
 by the per-thread peak ratio (today's transfer) and, beside it, times each program's AVX2/AVX-512 label ratio
 on Zen 4 at 2 threads (the chip that ran both ISAs): no model, labels only. Part 2 asks the same of the pooled
 GBT of the leave-one-chip-out split (seed 0): today's spec transfer vs the same times the GBT's own predicted
-AVX2/AVX-512 ratio. ``--levels``: a chip's level instead, Zen 4 1-thread labels moved to Zen 5 and Zen 3 by one
-constant (the measured median ratio, the per-thread peak ratio, the bandwidth ratio, their geometric mean;
-"Zen 5 held out" in the same report). ``--efficiency``: the same twins' ratio against each program's share of
+AVX2/AVX-512 ratio. ``--levels``: a chip's level instead, Zen 4 1-thread labels moved to each other 1-thread chip
+(``CHIPS``) by one constant (the measured median ratio, the per-thread peak ratio, the bandwidth ratio, their
+geometric mean; "Zen 5 held out" in the same report; and the ratio of 16 fixed programs, what a probe of a few
+reference kernels would measure), and for each chip the spec rule the other chips' twins choose. ``--efficiency``: the same twins' ratio against each program's share of
 Zen 4's peak (FLOP/s reached / probed peak), by quantile bin: does a fast program move by a different factor?
 Run from the checkout: ``.venv/bin/python experiments/isa_transfer.py [--gbt | --levels | --efficiency]``."""
 import collections, dataclasses, json, sys
@@ -36,13 +37,26 @@ for d in (A1, A2, B2, *CHIPS):
         if (y := label(r)) is not None:
             lab[d][r["program_hash"]], task[r["program_hash"]] = y, r["task"]
 if "--levels" in sys.argv:
+    rules = ("per-thread peak ratio (today)", "bandwidth ratio", "geometric mean of the two")
+    # a measured spec a probe could take: 16 fixed programs (drawn once, among those every chip has, seed 0),
+    # their geometric-mean time ratio; the other programs are scored
+    every = sorted(set(lab[A1]).intersection(*(lab[d] for d in CHIPS)))
+    kernels = set(np.random.default_rng(0).choice(every, 16, replace=False).tolist())
+    mape = {}
     for d in CHIPS:
-        hs = [h for h in lab[d] if h in lab[A1]]
+        hs = [h for h in lab[d] if h in lab[A1] and h not in kernels]
         x1, yd = np.array([lab[A1][h] for h in hs]), np.array([lab[d][h] for h in hs])
         peak, bw = per_thread_peak_ratio(A1, d, table), table[A1]["mem_bw_gbs"] / table[d]["mem_bw_gbs"]
-        for name, c in (("measured median ratio", np.median(yd / x1)), ("per-thread peak ratio (today)", peak),
-                        ("bandwidth ratio", bw), ("geometric mean of the two", np.sqrt(peak * bw))):
-            print(f"{d} from Zen 4 1t, {len(hs)} twins: {name:30s} {c:.3f}  MAPE {np.mean(np.abs(x1 * c - yd) / yd) * 100:5.1f} %")
+        probe = float(np.exp(np.mean([np.log(lab[d][h] / lab[A1][h]) for h in kernels])))
+        for name, c in (("measured median ratio", np.median(yd / x1)), *zip(rules, (peak, bw, np.sqrt(peak * bw))),
+                        ("16 fixed kernels' ratio (a probe)", probe)):
+            mape[d, name] = np.mean(np.abs(x1 * c - yd) / yd)
+            print(f"{d} from Zen 4 1t, {len(hs)} twins: {name:34s} {c:.3f}  MAPE {mape[d, name] * 100:5.1f} %")
+    # the rule a held-out chip would get if it were chosen on the other chips' twins (lowest mean MAPE there)
+    for d in CHIPS:
+        rule = min(rules, key=lambda r: np.mean([mape[o, r] for o in CHIPS if o != d]))
+        print(f"{d} held out: the others choose the {rule}: MAPE {mape[d, rule] * 100:.1f} % "
+              f"(today's {mape[d, rules[0]] * 100:.1f} %)")
     sys.exit()
 if "--efficiency" in sys.argv:
     from cdmpp.records.dataset import FeatureCache
