@@ -6,9 +6,10 @@ GBT of the leave-one-chip-out split (seed 0): today's spec transfer vs the same 
 AVX2/AVX-512 ratio. ``--levels``: a chip's level instead, Zen 4 1-thread labels moved to each other 1-thread chip
 (``CHIPS``) by one constant (the measured median ratio, the per-thread peak ratio, the bandwidth ratio, their
 geometric mean; "Zen 5 held out" in the same report; and the ratio of 16 fixed programs, what a probe of a few
-reference kernels would measure), and for each chip the spec rule the other chips' twins choose. ``--efficiency``: the same twins' ratio against each program's share of
+reference kernels would measure), and for each chip the spec rule the other chips' twins choose. ``--multi-thread``:
+the 16-thread Xeon from Zen 4 at 2 threads, Amdahl's law then each rule (needs its programs' features). ``--efficiency``: the same twins' ratio against each program's share of
 Zen 4's peak (FLOP/s reached / probed peak), by quantile bin: does a fast program move by a different factor?
-Run from the checkout: ``.venv/bin/python experiments/isa_transfer.py [--gbt | --levels | --efficiency]``."""
+Run from the checkout: ``.venv/bin/python experiments/isa_transfer.py [--gbt | --levels | --multi-thread | --efficiency]``."""
 import collections, dataclasses, json, sys
 import numpy as np
 from cdmpp import defaults
@@ -57,6 +58,23 @@ if "--levels" in sys.argv:
         rule = min(rules, key=lambda r: np.mean([mape[o, r] for o in CHIPS if o != d]))
         print(f"{d} held out: the others choose the {rule}: MAPE {mape[d, rule] * 100:.1f} % "
               f"(today's {mape[d, rules[0]] * 100:.1f} %)")
+    sys.exit()
+if "--multi-thread" in sys.argv:  # the 16-thread Xeon from Zen 4 2t: Amdahl's law first, then each rule
+    from cdmpp.model import physics
+    from cdmpp.records.dataset import load_dataset
+    from cdmpp.zoo.tasks import TaskTable
+
+    E = "intel-xeon-emeraldrapids-16t/llvm-avx512"
+    ds = load_dataset(defaults.DATASET, TaskTable.load(defaults.TASK_TABLE), devices=[E], progress=False)
+    ps = [p for p in ds.programs if p.features.program_hash in lab[A2]]
+    y, x = np.array([p.seconds for p in ps]), np.array([lab[A2][p.features.program_hash] for p in ps])
+    features = [p.features for p in ps]
+    moved = physics.amdahl_seconds(x, features, 2, 16, physics.fork_join_seconds(x, features))
+    peak = per_thread_peak_ratio(A2, E, table)
+    bw = (table[A2]["mem_bw_gbs"] / table[A2]["cores"]) / (table[E]["mem_bw_gbs"] / table[E]["cores"])  # per thread
+    for name, c in (("Amdahl's law alone", 1.0), ("per-thread peak ratio (today)", peak), ("bandwidth ratio, per thread", bw),
+                    ("geometric mean of the two", np.sqrt(peak * bw)), ("measured median ratio", np.median(y / moved))):
+        print(f"{E} from Zen 4 2t, {len(ps)} twins: {name:30s} {c:.3f}  MAPE {np.mean(np.abs(moved * c - y) / y) * 100:5.1f} %")
     sys.exit()
 if "--efficiency" in sys.argv:
     from cdmpp.records.dataset import FeatureCache

@@ -76,10 +76,23 @@ def cmd_protocol(args) -> int:
             print(f"cdmpp protocol: {e}", file=sys.stderr)
             return 2
     if args.summary:
-        with open(os.path.splitext(args.summary)[0] + ".md", "w") as f:
-            f.write(summary_markdown(summary))
+        _write_generated(os.path.splitext(args.summary)[0] + ".md", summary_markdown(summary))
     print(markdown(summary))
     return 0
+
+
+def _write_generated(path: str, text: str) -> str:
+    """Write a generated report to ``path``, unless ``path`` holds a report someone wrote by hand (its first line
+    is not the generated one's, e.g. reports/leave-one-chip-out.md beside leave-one-chip-out.json): then beside it,
+    as ``<name>.summary.md``, never over it. Returns the path written."""
+    if os.path.exists(path):
+        with open(path) as f:
+            if f.readline().rstrip("\n") != text.split("\n", 1)[0]:
+                kept, path = path, os.path.splitext(path)[0] + ".summary.md"
+                print(f"cdmpp: {kept} was written by hand; the generated summary goes to {path}", file=sys.stderr)
+    with open(path, "w") as f:
+        f.write(text)
+    return path
 
 
 def cmd_learning_curve(args) -> int:
@@ -105,8 +118,7 @@ def cmd_learning_curve(args) -> int:
     if args.out:
         with open(args.out, "w") as f:
             json.dump(curve, f, indent=1)
-        with open(os.path.splitext(args.out)[0] + ".md", "w") as f:
-            f.write("# cdmpp learning curve\n\n" + text)
+        _write_generated(os.path.splitext(args.out)[0] + ".md", "# cdmpp learning curve\n\n" + text)
     print(text)
     return 0
 

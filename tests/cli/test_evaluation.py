@@ -95,3 +95,19 @@ def test_train_writes_a_store_and_trains_from_it_as_from_the_dataset(real, tiny_
     assert "no training store here" in capsys.readouterr().err
     assert main(["train", "--store", str(store), "--write-store", str(tmp_path / "d")]) == 2
     assert "give one of them" in capsys.readouterr().err
+
+
+def test_a_generated_summary_never_replaces_a_report_written_by_hand(tmp_path, capsys):
+    """`cdmpp protocol --summary X.json` writes X.md; where X.md is a report someone wrote (its first line is not
+    the generated one's), the summary goes beside it as X.summary.md and the report stays as it was."""
+    from cdmpp.cli.evaluation import _write_generated
+
+    hand = tmp_path / "leave-one-chip-out.md"
+    hand.write_text("# Leave-one-chip-out\n\nwritten by hand\n")
+    assert _write_generated(str(hand), "# cdmpp protocol summary\n\nrows\n") == str(tmp_path / "leave-one-chip-out.summary.md")
+    assert hand.read_text() == "# Leave-one-chip-out\n\nwritten by hand\n"
+    assert "written by hand" in capsys.readouterr().err
+    generated = tmp_path / "summary.md"
+    for rows in ("old", "new"):  # a generated report is rewritten in place
+        assert _write_generated(str(generated), f"# cdmpp protocol summary\n\n{rows}\n") == str(generated)
+    assert generated.read_text() == "# cdmpp protocol summary\n\nnew\n"
