@@ -66,8 +66,8 @@ def _chip_pool(ds, split) -> list:
 def run_chip(opts, seed: int, ds, device_table: dict, chip: str, out, context, k_value, resume=None) -> None:
     """Every k and sampler of one held-out ``chip`` for one seed: rows to ``out`` (a protocol ``_Writer``).
     ``context(pool)``: the registry's ``Context`` of this seed, whose ``cdmpp`` and ``pooled-gbt`` are trained
-    on the other devices. ``resume``: the protocol's ``resumable`` setter for this chip and seed (cdmpp's
-    training is saved every epoch until the chip's rows are written)."""
+    on the other devices. ``resume``: the protocol's ``Resumable`` of this chip and seed (cdmpp's training is
+    saved every epoch until the chip's rows are written)."""
     from cdmpp.model.pooled_gbt import PooledGBT
     from cdmpp.model.shots import ShotChoice
 
@@ -142,8 +142,8 @@ def run_chip(opts, seed: int, ds, device_table: dict, chip: str, out, context, k
                 alone = ShotChoice(None, seed=seed, nthread=opts.threads, only=("shots",)).fit(shots)
                 out.row("leave-one-chip-out", "shots-only GBT" + suffix, ev.score(test, alone.predict(test)),
                         train_seconds=0.0, choice=alone.describe(), **n)
-    if model is not None and resume is not None:
-        resume(model, done=True)
+    if resume is not None:
+        resume.forget()
 
 
 def held_out_chips(opts, ds, device_table: dict) -> list[str]:

@@ -28,7 +28,7 @@ and move the prediction by Amdahl's law (``cdmpp.model.physics``).
 
 Each scored row is appended to ``runs`` (JSON lines, so a long run keeps what it finished), and cdmpp's
 training runs are saved after every epoch under ``states`` until their split's rows are written, so a
-stopped protocol started again with the same options goes on from the last epoch (``resumable``);
+stopped protocol started again with the same options goes on from the last epoch (``Resumable``);
 ``pooled GBT, val-scaled`` multiplies the GBT by the factor with the lowest validation MAPE (``mape_scale``;
 cdmpp's study tried it and dropped it), so that trick is never what separates the two.
 The shipped recipe's cdmpp is itself blended with a pooled GBT on log latency (``TrainConfig.gbt_blend``);
@@ -228,31 +228,32 @@ def fit_info(method) -> dict:
     return {}
 
 
-def resumable(opts: ProtocolOptions, seed: int, *where) -> "callable":
-    """Sets a method's ``resume`` file (cdmpp's: ``fit(resume=...)``) for one split of one seed, named by
-    ``where`` (setting, chip, train fraction) and the method's row name, under ``opts.states``. Called with
-    ``done=True`` once the split's rows are written, it removes the file: a finished split is never resumed."""
-    folder = opts.states or os.path.splitext(opts.runs)[0] + ".states"
-    prefix = "-".join(str(w) for w in (*where, f"seed{seed}") if w not in (None, ""))
+class Resumable:
+    """Where cdmpp's training runs of one split of one seed are saved to resume from (``fit(resume=...)``): one file
+    per method with a ``resume`` attribute, named by ``where`` (setting, chip, train fraction) and its row name,
+    under ``opts.states``. ``forget()``, once the split's rows are written, removes them: a finished split is
+    never resumed."""
 
-    def set_file(method, done: bool = False) -> None:
-        if not hasattr(method, "resume"):
-            return
-        if done:
-            if method.resume:
-                for path in (method.resume, method.resume + ".tmp"):
-                    if os.path.exists(path):
-                        os.remove(path)
-            return
-        method.resume = os.path.join(folder, re.sub(r"[^\w.%+-]+", "_", f"{prefix}-{method.label}") + ".pt")
+    def __init__(self, opts: ProtocolOptions, seed: int, *where):
+        self.folder = opts.states or os.path.splitext(opts.runs)[0] + ".states"
+        self.prefix = "-".join(str(w) for w in (*where, f"seed{seed}") if w not in (None, ""))
+        self.files: list[str] = []
 
-    return set_file
+    def __call__(self, method) -> None:
+        if hasattr(method, "resume"):
+            method.resume = os.path.join(self.folder, re.sub(r"[^\w.%+-]+", "_", f"{self.prefix}-{method.label}") + ".pt")
+            self.files.append(method.resume)
+
+    def forget(self) -> None:
+        for path in self.files + [f + ".tmp" for f in self.files]:
+            if os.path.exists(path):
+                os.remove(path)
 
 
 def fit_methods(opts: ProtocolOptions, split, context, scope: str, resume=None) -> list[tuple]:
     """[(method, training seconds)]: every method of ``opts.methods`` (``registry.build``) that is scored in
     ``scope`` ("within-device" or "cross-device"), fitted on ``split``'s train / val in order (parts first;
-    a derived method's seconds include its parts'). ``resume``: ``resumable``'s setter for this split."""
+    a derived method's seconds include its parts'). ``resume``: this split's ``Resumable``."""
     from cdmpp.evaluation.methods import registry
 
     fitted, secs = [], {}
@@ -313,20 +314,18 @@ def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | Non
             n = dict(programs=len(split.test), n_train=len(split.train))
             if fraction is not None:  # a learning-curve row: kept out of the summary (see aggregate)
                 n["train_fraction"] = fraction
-            resume = resumable(opts, seed, setting, fraction)
-            fitted = fit_methods(opts, split, context(split.target_pool or None), "within-device", resume)
-            for method, secs in fitted:
+            resume = Resumable(opts, seed, setting, fraction)
+            for method, secs in fit_methods(opts, split, context(split.target_pool or None), "within-device", resume):
                 out.row(setting, method.label, score(method, split.test), k=None, train_seconds=secs,
                         **fit_info(method), **n)
-            for method, _ in fitted:
-                resume(method, done=True)
+            resume.forget()
 
     if "leave-one-chip-out" in opts.settings:
         from cdmpp.evaluation.chips import held_out_chips, run_chip
 
         every = every if every is not None else given if given is not None else load_pinned(opts, every_device=True)
         for chip in held_out_chips(opts, every, device_table):
-            run_chip(opts, seed, every, device_table, chip, out, context, _k_value, resumable(opts, seed, "chip", chip))
+            run_chip(opts, seed, every, device_table, chip, out, context, _k_value, Resumable(opts, seed, "chip", chip))
         del every
 
     device_settings = [s for s in opts.settings if s.startswith("cross-device")]
@@ -334,7 +333,7 @@ def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | Non
         return
     target = opts.target_device
     base = splits.cross_device_split(ds, target, 0, seed=seed, programs="new")
-    resume = resumable(opts, seed, "cross-device")
+    resume = Resumable(opts, seed, "cross-device")
     fitted = fit_methods(opts, base, context(base.target_pool), "cross-device", resume)
     fitted.sort(key=lambda mf: hasattr(mf[0], "parts"))  # parts first (as fitted), then what is made of them
     embed = next((m.embed for m, _ in fitted if hasattr(m, "embed")), None)  # KMeans shots on its embeddings
@@ -372,8 +371,7 @@ def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | Non
                     for inputs, name in (("pooled", "twin-ratio"), ("physics", "twin-ratio, physics inputs")):
                         tr = TwinRatio(sp.twins, nthread=opts.threads, random_state=seed, inputs=inputs).fit(sp.shots)
                         out.row(setting, name + suffix, score(tr, test), train_seconds=0.0, **n)
-    for method, _ in fitted:
-        resume(method, done=True)
+    resume.forget()
 
 
 def run_in_processes(fn, tasks: list[tuple], jobs: int) -> None:

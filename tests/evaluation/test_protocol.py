@@ -56,24 +56,24 @@ def test_protocol_seed_mechanics_with_every_peer(two_devices, tiny_recipe, tmp_p
 
 
 def test_a_split_names_its_saved_training_run_and_forgets_it_once_scored(tmp_path):
-    """``resumable``: cdmpp's training of one split of one seed is saved under the runs file's ``.states``
+    """``Resumable``: cdmpp's training of one split of one seed is saved under the runs file's ``.states``
     folder, named by the split and the row name (a rerun of the same command finds it); once the split's rows
-    are written, the file goes. Peers without ``resume`` are left alone."""
-    from cdmpp.evaluation.protocol import ProtocolOptions, resumable
+    are written, ``forget`` removes it. Peers without ``resume`` are left alone."""
+    from cdmpp.evaluation.protocol import ProtocolOptions, Resumable
 
     class Method:
         label, resume = "cdmpp, no DA", None
 
     opts, method, peer = ProtocolOptions(runs=str(tmp_path / "r.jsonl")), Method(), object()
-    resume = resumable(opts, 2, "chip", "amd-epyc-znver5")
+    resume = Resumable(opts, 2, "chip", "amd-epyc-znver5")
     resume(method)
     resume(peer)
-    assert method.resume == str(tmp_path / "r.states" / "chip-amd-epyc-znver5-seed2-cdmpp_no_DA.pt")
-    assert resumable(opts, 2, "random-new", None) is not resume
-    (tmp_path / "r.states").mkdir()
-    open(method.resume, "w").close()
-    resume(method, done=True)
-    assert not (tmp_path / "r.states" / "chip-amd-epyc-znver5-seed2-cdmpp_no_DA.pt").exists()
+    saved = tmp_path / "r.states" / "chip-amd-epyc-znver5-seed2-cdmpp_no_DA.pt"
+    assert method.resume == str(saved) and Resumable(opts, 2, "random-new", None).prefix == "random-new-seed2"
+    saved.parent.mkdir()
+    saved.touch()
+    resume.forget()
+    assert not saved.exists()
 
 
 def test_a_failed_job_stops_the_queued_and_running_ones():
