@@ -199,7 +199,7 @@ def _add_gbt_blend(trained: TrainedModel, train_set, val_set, val_pred: np.ndarr
     trees = {"n_estimators": max_trees} if max_trees > 0 else {}
     gbt = PooledGBT(trained.device_specs.table, nthread=torch.get_num_threads(), random_state=seed, target="latency",
                     **trees)
-    saved = resume.load() if resume is not None else None
+    saved = resume.last if resume is not None else None  # the transformer's run, just loaded or saved
     if saved is not None and saved.get("gbt") is not None:
         import xgboost as xgb
 
@@ -208,7 +208,7 @@ def _add_gbt_blend(trained: TrainedModel, train_set, val_set, val_pred: np.ndarr
     else:
         gbt.fit(train_set, val_set, time_budget_s=budget_s)
         if saved is not None:
-            resume.save(**{**saved, "gbt": bytes(gbt.booster_.save_raw("ubj"))})
+            resume.save(**saved, gbt=bytes(gbt.booster_.save_raw("ubj")))
     gbt.specs = trained.device_specs
     seconds = np.array([s.seconds for s in val_set])
     trained.gbt = gbt
@@ -250,23 +250,25 @@ class RunState:
                 if arr is not None:
                     digest.update(np.ascontiguousarray(arr).tobytes())
         self.run = digest.hexdigest()
+        self.last: dict | None = None  # what was last loaded or saved, so the file is read once
 
     def load(self) -> dict | None:
         """The saved state, or None when there is none yet; a file of another run raises ``ValueError``."""
         if not os.path.exists(self.path):
             return None
         state = torch.load(self.path, map_location="cpu", weights_only=False)
-        if state.get("run") != self.run:
+        if state.pop("run", None) != self.run:
             raise ValueError(f"{self.path} holds another training run (other config or data); move it away "
                              "or pass another resume file")
+        self.last = state
         return state
 
     def save(self, **state) -> None:
-        state.pop("run", None)
         tmp = f"{self.path}.tmp"
         os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
         torch.save({"run": self.run, **state}, tmp)
         os.replace(tmp, self.path)
+        self.last = state
 
 
 def _train_run(config: TrainConfig, train: _Split, val: _Split, target: _Split | None, dev_matrix: torch.Tensor,
