@@ -13,8 +13,9 @@ Run from the checkout: ``.venv/bin/python experiments/isa_transfer.py [--gbt | -
 import collections, dataclasses, json, sys
 import numpy as np
 from cdmpp import defaults
+from cdmpp.devices.reference import kernel_hashes
 from cdmpp.devices.table import DeviceTable
-from cdmpp.model.physics import per_thread_peak_ratio
+from cdmpp.model.physics import chip_ratio
 from cdmpp.ranking import within_task_spearman
 from cdmpp.records.labels import label
 from cdmpp.records.store import RecordStore
@@ -39,18 +40,17 @@ for d in (A1, A2, B2, *CHIPS):
             lab[d][r["program_hash"]], task[r["program_hash"]] = y, r["task"]
 if "--levels" in sys.argv:
     rules = ("per-thread peak ratio (today)", "bandwidth ratio", "geometric mean of the two")
-    # a measured spec a probe could take: 16 fixed programs (drawn once, among those every chip has, seed 0),
-    # their geometric-mean time ratio; the other programs are scored
-    every = sorted(set(lab[A1]).intersection(*(lab[d] for d in CHIPS)))
-    kernels = set(np.random.default_rng(0).choice(every, 16, replace=False).tolist())
+    # the measured spec a probe takes: the reference kernels' level (cdmpp.devices.reference; the same 16 programs
+    # this script drew at first: rng(0) among those every chip has), ``reference_s`` in the table; they are not scored
+    kernels = kernel_hashes()
     mape = {}
     for d in CHIPS:
         hs = [h for h in lab[d] if h in lab[A1] and h not in kernels]
         x1, yd = np.array([lab[A1][h] for h in hs]), np.array([lab[d][h] for h in hs])
-        peak, bw = per_thread_peak_ratio(A1, d, table), table[A1]["mem_bw_gbs"] / table[d]["mem_bw_gbs"]
-        probe = float(np.exp(np.mean([np.log(lab[d][h] / lab[A1][h]) for h in kernels])))
+        peak, bw = chip_ratio(A1, d, table, reference=False), table[A1]["mem_bw_gbs"] / table[d]["mem_bw_gbs"]
+        probe = chip_ratio(A1, d, table)
         for name, c in (("measured median ratio", np.median(yd / x1)), *zip(rules, (peak, bw, np.sqrt(peak * bw))),
-                        ("16 fixed kernels' ratio (a probe)", probe)):
+                        ("reference kernels' ratio (reference_s)", probe)):
             mape[d, name] = np.mean(np.abs(x1 * c - yd) / yd)
             print(f"{d} from Zen 4 1t, {len(hs)} twins: {name:34s} {c:.3f}  MAPE {mape[d, name] * 100:5.1f} %")
     # the rule a held-out chip would get if it were chosen on the other chips' twins (lowest mean MAPE there)
@@ -70,7 +70,7 @@ if "--multi-thread" in sys.argv:  # the 16-thread Xeon from Zen 4 2t: Amdahl's l
     y, x = np.array([p.seconds for p in ps]), np.array([lab[A2][p.features.program_hash] for p in ps])
     features = [p.features for p in ps]
     moved = physics.amdahl_seconds(x, features, 2, 16, physics.fork_join_seconds(x, features))
-    peak = per_thread_peak_ratio(A2, E, table)
+    peak = chip_ratio(A2, E, table, reference=False)
     bw = (table[A2]["mem_bw_gbs"] / table[A2]["cores"]) / (table[E]["mem_bw_gbs"] / table[E]["cores"])  # per thread
     for name, c in (("Amdahl's law alone", 1.0), ("per-thread peak ratio (today)", peak), ("bandwidth ratio, per thread", bw),
                     ("geometric mean of the two", np.sqrt(peak * bw)), ("measured median ratio", np.median(y / moved))):
@@ -84,7 +84,7 @@ if "--efficiency" in sys.argv:
         hs = [h for h in lab[d] if h in lab[A1] and cache.get(h) is not None and cache.get(h).flops > 0]
         x1, yd = np.array([lab[A1][h] for h in hs]), np.array([lab[d][h] for h in hs])
         share = np.array([cache.get(h).flops for h in hs]) / x1 / (table[A1]["peak_gflops"] * 1e9)
-        print(f"{d} from Zen 4 1t, {len(hs)} twins (per-thread peak ratio {per_thread_peak_ratio(A1, d, table):.3f}):")
+        print(f"{d} from Zen 4 1t, {len(hs)} twins (per-thread peak ratio {chip_ratio(A1, d, table, reference=False):.3f}):")
         edges = np.quantile(share, [0, .1, .25, .5, .75, .9, .97, 1])
         for lo, hi in zip(edges[:-1], edges[1:]):
             r = (yd / x1)[(share >= lo) & (share <= hi)]
@@ -95,10 +95,10 @@ both = [h for h in lab[B2] if all(h in lab[d] for d in (A1, A2, Z3))]
 x = lambda d: np.array([lab[d][h] for h in both])
 y, tasks = x(Z3), [task[h] for h in both]
 print(f"part 1: {len(both)} programs labelled on all four devices")
-show("Zen 4 1t AVX-512 label x peak ratio (today's transfer)", y, x(A1) * per_thread_peak_ratio(A1, Z3, table), tasks)
-show("  x its AVX2/AVX-512 ratio on Zen 4 2t", y, x(A1) * x(B2) / x(A2) * per_thread_peak_ratio(B2, Z3, table), tasks)
+show("Zen 4 1t AVX-512 label x peak ratio (today's transfer)", y, x(A1) * chip_ratio(A1, Z3, table, reference=False), tasks)
+show("  x its AVX2/AVX-512 ratio on Zen 4 2t", y, x(A1) * x(B2) / x(A2) * chip_ratio(B2, Z3, table, reference=False), tasks)
 show("  x the median AVX2/AVX-512 ratio (a constant)", y,
-     x(A1) * np.median(x(B2) / x(A2)) * per_thread_peak_ratio(B2, Z3, table), tasks)
+     x(A1) * np.median(x(B2) / x(A2)) * chip_ratio(B2, Z3, table, reference=False), tasks)
 
 if "--gbt" in sys.argv:
     from cdmpp.evaluation import metrics, splits
@@ -116,7 +116,7 @@ if "--gbt" in sys.argv:
     on = lambda d: [dataclasses.replace(p, device=d) for p in base.test]
     ratio = gbt.predict(on(B2)) / gbt.predict(on(A2))
     anchor = physics.anchor_device(Z3, list(fork_join), table)
-    moved = today * ratio * per_thread_peak_ratio(B2, Z3, table) / per_thread_peak_ratio(anchor, Z3, table)
+    moved = today * ratio * chip_ratio(B2, Z3, table, reference=False) / chip_ratio(anchor, Z3, table, reference=False)
     print(f"part 2: {len(base.test)} test programs, {sum(p.device == B2 for p in base.train)} AVX2 Zen 4 programs in training")
     for name, p in (("pooled GBT, spec transfer (anchor " + anchor + ")", today), ("  x its own AVX2/AVX-512 ratio", moved)):
         s = metrics.score(base.test, p)

@@ -1,4 +1,4 @@
-"""``cdmpp devices [show ID | add SPEC.json | probe]``: the device table, which devices the model was
+"""``cdmpp devices [show ID | add SPEC.json | probe | reference]``: the device table, which devices the model was
 trained on, and how to add one."""
 
 from __future__ import annotations
@@ -101,7 +101,8 @@ def cmd_probe(args) -> int:
     from cdmpp.devices.probe import probe_local_cpu
     from cdmpp.devices.table import DeviceTable
 
-    spec = probe_local_cpu(args.threads or os.cpu_count() or 1, args.mcpu, tries=args.tries)
+    reference = args.add if args.reference is None else args.reference
+    spec = probe_local_cpu(args.threads or os.cpu_count() or 1, args.mcpu, tries=args.tries, reference=reference)
     print(json.dumps(spec.to_dict(), indent=1))
     if spec.probe.get("warning"):
         print(f"warning: {spec.probe['warning']}", file=sys.stderr)
@@ -109,6 +110,30 @@ def cmd_probe(args) -> int:
         table = DeviceTable(args.table)
         _add(table, spec, args.replace)
         print(f"added {spec.id} to {args.table}", file=sys.stderr)
+    return 0
+
+
+def cmd_reference(args) -> int:
+    from cdmpp.devices.reference import levels_from_labels
+    from cdmpp.devices.table import DeviceTable
+    from cdmpp.records.store import RecordStore
+
+    table = DeviceTable(args.table)
+    found = levels_from_labels(table, RecordStore(args.dataset))
+    for device, level in found.items():
+        spec = table.get(device)
+        spec.reference_s = float(f"{level['reference_s']:.6g}")
+        spec.probe["reference"] = {"method": f"labels of {level['from']} in the dataset (the collector's measurement of "
+                                             "the cdmpp.devices.reference kernels, 1 thread, fastest repeat)",
+                                   "kernel_s": {h: float(f"{v:.4g}") for h, v in sorted(level["kernel_s"].items())}}
+        table.add(spec, save=False)
+        print(f"{device}: reference_s {spec.reference_s:.4g} s (from {level['from']})")
+    if found:
+        table.save()
+    missing = [s.id for s in table if s.kind == "cpu" and not s.reference_s]
+    if missing:
+        print(f"no reference level (no 1-thread device of the chip and ISA with every kernel labelled; "
+              f"`cdmpp devices probe --reference` on the chip measures one): {', '.join(missing)}", file=sys.stderr)
     return 0
 
 
@@ -139,6 +164,15 @@ def add_devices_commands(sub) -> None:
     p.add_argument("--tries", type=int, default=3, help="probes at most, while other processes load the machine "
                                                         "(default %(default)s)")
     p.add_argument("--add", action="store_true", help="add the result to the table")
+    p.add_argument("--reference", action=argparse.BooleanOptionalAction, default=None,
+                   help="also measure the reference kernels (cdmpp.devices.reference, ~30 s): the chip's level, which "
+                        "moves a model's predictions to a chip it never trained on (default: with --add)")
     p.add_argument("--table", default=defaults.DEVICES, help="device table to add to (default %(default)s)")
     p.add_argument("--replace", action="store_true", help="with --add: overwrite a device of the same id")
     p.set_defaults(func=cmd_probe)
+
+    r = dsub.add_parser("reference", help="fill CPU devices' reference level (reference_s) from the labels of their "
+                                          "chip's 1-thread device in the dataset")
+    r.add_argument("--table", default=defaults.DEVICES, help="device table to update (default %(default)s)")
+    r.add_argument("--dataset", default=defaults.DATASET, help="dataset folder (default %(default)s)")
+    r.set_defaults(func=cmd_reference)

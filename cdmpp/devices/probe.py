@@ -219,14 +219,16 @@ def _measure(target: dict, threads: int) -> dict:
 
 
 def probe_local_cpu(threads: int, mcpu: str | None = None, relation: str = "", tries: int = 3,
-                    wait_s: float = 5.0) -> DeviceSpec:
+                    wait_s: float = 5.0, reference: bool = False) -> DeviceSpec:
     """Spec of this machine's CPU run with ``threads`` threads and compiled with ``mcpu`` (default: host's).
 
     Static facts come from /proc/cpuinfo and sysfs; bandwidth and peak are measured (about 1 s, see
     :func:`measure_bandwidth_gbs`, :func:`measure_peak_gflops`). Another busy process lowers both, so a probe
     taken under load (:func:`under_load`) is taken again, up to ``tries`` times, each after waiting up to
     ``wait_s`` for a quieter machine; the best numbers count (load only lowers them). If every try was under
-    load, ``probe`` says so (``under_load``, ``warning``): re-probe on an idle machine.
+    load, ``probe`` says so (``under_load``, ``warning``): re-probe on an idle machine. ``reference``: also
+    measure the reference kernels at 1 thread (``cdmpp.devices.reference``, about half a minute): the level a
+    model moves its predictions to this chip by (``reference_s``).
     """
     from cdmpp.devices.guard import CpuGuard
     from cdmpp.program import tvm_env
@@ -274,9 +276,21 @@ def probe_local_cpu(threads: int, mcpu: str | None = None, relation: str = "", t
                             "may be low; re-probe on an idle machine (cdmpp devices probe --add --replace)")
     if threads > cpus:
         probe["warning"] = f"{threads} threads on {cpus} cpus: oversubscribed"
+    reference_s = None
+    if reference:
+        from cdmpp.devices.reference import geometric_mean_s, measure_reference_s
+
+        kernel_s = measure_reference_s(target["mcpu"])
+        reference_s = geometric_mean_s(kernel_s)
+        probe["reference"] = {"method": "cdmpp.devices.reference kernels, fast measurer, 1 thread, fastest repeat",
+                              "kernel_s": {h: float(f"{v:.4g}") for h, v in sorted(kernel_s.items())}}
+        if reference_s is None:
+            probe["warning"] = (f"{len(kernel_s)} of the reference kernels ran: no reference_s, so a model moves "
+                                "predictions to this chip by its peak FLOP/s instead")
     return DeviceSpec(
         id=device_id(slug, target, threads), kind="cpu", hardware=_hardware(model, host), target=target,
         threads=int(threads), clock_ghz=round(_clock_ghz(info), 3), cores=int(threads),
         simd_width_bits=int(min(chip_bits, target_bits)), l1d_kb=caches.get(1, 0.0), l2_kb=caches.get(2, 0.0),
-        l3_kb=caches.get(3, 0.0), mem_bw_gbs=round(bw, 2), peak_gflops=round(peak, 2), relation=relation,
+        l3_kb=caches.get(3, 0.0), mem_bw_gbs=round(bw, 2), peak_gflops=round(peak, 2),
+        reference_s=float(f"{reference_s:.6g}") if reference_s else None, relation=relation,
         measured_at=_dt.date.today().isoformat(), probe=probe)

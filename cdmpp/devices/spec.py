@@ -59,6 +59,9 @@ class DeviceSpec:
     l3_kb: float
     mem_bw_gbs: float
     peak_gflops: float
+    # CPU: geometric-mean latency (s) of the reference kernels at 1 thread with this target
+    # (``cdmpp.devices.reference``); not a model input: the level a new chip is moved by (physics.chip_ratio)
+    reference_s: float | None = None
     relation: str = ""
     measured_at: str = ""
     probe: dict = field(default_factory=dict)
@@ -67,6 +70,8 @@ class DeviceSpec:
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
         d.update(d.pop("extra"))
+        if d["reference_s"] is None:  # not measured: the entry reads as before the field existed
+            del d["reference_s"]
         return d
 
     @classmethod
@@ -83,8 +88,12 @@ class DeviceSpec:
         return np.array([float(getattr(self, f)) for f in SPEC_FIELDS], dtype=np.float32)
 
     def specs(self) -> dict[str, float]:
-        """{spec name: value}, the form the model's device-spec normalizer takes."""
-        return {f: float(getattr(self, f)) for f in SPEC_FIELDS}
+        """{spec name: value}, the form the model's device-spec normalizer takes (it reads only
+        :data:`SPEC_FIELDS`), with ``reference_s`` where measured."""
+        out = {f: float(getattr(self, f)) for f in SPEC_FIELDS}
+        if self.reference_s:
+            out["reference_s"] = float(self.reference_s)
+        return out
 
     def make_target(self):
         """The ``tvm.target.Target`` this device compiles for."""

@@ -5,7 +5,8 @@ programs with k = 0, 1 %, 5 %, 16 and 64 of its programs measured (KMeans and ra
 Rows (``protocol-runs.jsonl`` form, setting ``leave-one-chip-out``, ``chip`` naming the held-out one):
 
 * ``cdmpp``: the pretrained model's prediction (a new CPU chip through its anchor, moved by Amdahl's law
-  and the per-thread peak ratio: ``cdmpp.model.physics``); with shots, ``ShotChoice`` on it (the shipped
+  and the two chips' reference-kernel levels, else per-thread peaks: ``cdmpp.model.physics.chip_ratio``; the
+  reference kernels are not test programs); with shots, ``ShotChoice`` on it (the shipped
   k-shot path: the prediction as is, × the shots' median ratio, × a GBT of the log ratio, a GBT of the
   shots alone, or a blend, whichever cross-validation on the shots prefers); ``cdmpp, direct`` (k = 0):
   the network asked for the new chip from its specs, without the transfer;

@@ -173,15 +173,19 @@ def leave_one_chip_out_split(ds, chip: str, device_table: dict | None = None, k:
                              seed: int = 0, embed: Callable[[list], np.ndarray] | None = None,
                              draw: int | None = None) -> Split:
     """Every device of ``chip`` held out; train on every other device (CPU and GPU); test programs new
-    (no twin of one in training); ``k`` shots from the chip's pool (``cross_device_split``)."""
+    (no twin of one in training); ``k`` shots from the chip's pool (``cross_device_split``). The reference
+    kernels (``cdmpp.devices.reference``) are not test programs: the chip's level is measured on them."""
+    from cdmpp.devices.reference import kernel_hashes
+
     devices = sorted({p.device for p in _programs(ds) if chip_of(p.device, device_table) == chip})
     if not devices:
         raise ValueError(f"no programs on chip {chip!r}")
     split = cross_device_split(ds, devices, k, sampler, seed, embed=embed, programs="new", draw=draw)
     split.kind = "leave-one-chip-out"
+    split.test = [p for p in split.test if p.features.program_hash not in kernel_hashes()]
     split.info.update(kind="leave-one-chip-out", chip=chip,
                       description=f"leave-one-chip-out ({chip}): " + split.info["description"])
-    return split
+    return _finish(split)
 
 
 PAPER_MAX_SPREAD = 0.01  # the paper's protocol keeps records whose repeats agree within 1 %

@@ -113,7 +113,7 @@ def anchor_device(device: str, trained: Sequence[str], table: dict, cross_chip: 
     then the same hardware, then the closest thread count (reports/study-issue19.md, round 25); at a
     thread count some trained device ran, directly. A chip it never trained on (``cross_chip``): the
     trained CPU device of the closest thread count, then the same ISA, moved by Amdahl's law and the
-    two chips' per-thread peaks (``move``), which a network cannot extrapolate from a handful of training
+    two chips' reference kernels or per-thread peaks (``move``), which a network cannot extrapolate from a handful of training
     chips (issue 52; reports/leave-one-chip-out.md)."""
     if device in trained:
         return None
@@ -136,14 +136,17 @@ def anchor_device(device: str, trained: Sequence[str], table: dict, cross_chip: 
     return min(cpus, key=distance)
 
 
-def per_thread_peak_ratio(src: str, dst: str, table: dict) -> float:
-    """How much longer a program takes per thread on ``dst``'s chip than on ``src``'s: the ratio of their
-    per-thread peak FLOP/s (clock x SIMD width x FMA units, as probed), 1 between devices of one chip.
-    On twins it moved Zen 4 labels to Zen 3 within 38 % MAPE (46 % unmoved) and, after Amdahl's law,
-    2-thread Zen 4 labels to a 16-thread Xeon within 38 % (52 % by the law alone)."""
+def chip_ratio(src: str, dst: str, table: dict, reference: bool = True) -> float:
+    """How much longer a program takes per thread on ``dst``'s chip than on ``src``'s (1 between devices of
+    one chip): the ratio of their reference kernels' latencies (``reference_s``, measured at 1 thread:
+    ``cdmpp.devices.reference``) where both chips have it and ``reference``, else of their per-thread peak FLOP/s (clock x SIMD
+    width x FMA units, as probed). On twins, Zen 4 1-thread labels moved to Zen 5 / Zen 3 / a Xeon by the
+    kernels' ratio are 15 / 40 / 31 % MAPE, by the peak ratio 39 / 38 / 49 % (reports/leave-one-chip-out.md)."""
     if _parts(src)[0] == _parts(dst)[0]:
         return 1.0
     s, d = table[src], table[dst]
+    if reference and s.get("reference_s") and d.get("reference_s"):
+        return float(d["reference_s"]) / float(s["reference_s"])
     if not all(x.get("peak_gflops") and x.get("cores") for x in (s, d)):
         return 1.0
     return (float(s["peak_gflops"]) / float(s["cores"])) / (float(d["peak_gflops"]) / float(d["cores"]))
@@ -173,7 +176,7 @@ def fork_join_of(devices: Sequence[str], seconds: Sequence[float], n_parallel: n
 def move(seconds: Sequence[float], features: Sequence, from_devices: Sequence[str], to_devices: Sequence[str],
          table: dict, fork_join: dict[str, float]) -> np.ndarray:
     """Each latency on its ``from_devices`` entry moved to its ``to_devices`` entry by ``amdahl_seconds``
-    and, between chips, ``per_thread_peak_ratio`` (unchanged where the two are the same); the fork/join
+    and, between chips, ``chip_ratio`` (unchanged where the two are the same); the fork/join
     cost is the anchor's, whichever side it is on."""
     seconds = np.asarray(seconds, dtype=np.float64)
     out = seconds.copy()
@@ -181,7 +184,7 @@ def move(seconds: Sequence[float], features: Sequence, from_devices: Sequence[st
         idx = np.flatnonzero([(a, b) == (src, dst) for a, b in zip(from_devices, to_devices)])
         out[idx] = amdahl_seconds(seconds[idx], [features[i] for i in idx], int(table[src]["cores"]),
                                   int(table[dst]["cores"]), fork_join.get(src, fork_join.get(dst, 0.0)))
-        out[idx] *= per_thread_peak_ratio(src, dst, table)
+        out[idx] *= chip_ratio(src, dst, table)
     return out
 
 

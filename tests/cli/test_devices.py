@@ -91,8 +91,8 @@ def test_probe_prints_the_spec_warns_under_load_and_adds_on_request(tmp_path, mo
     spec = DeviceSpec.from_dict(_spec(probe={"under_load": True, "warning": "probed under load 3 times"}))
     seen = {}
 
-    def fake_probe(threads, mcpu=None, tries=3, **kw):
-        seen.update(threads=threads, tries=tries)
+    def fake_probe(threads, mcpu=None, tries=3, reference=False, **kw):
+        seen.update(threads=threads, tries=tries, reference=reference)
         return spec
 
     monkeypatch.setattr(probe, "probe_local_cpu", fake_probe)
@@ -100,8 +100,9 @@ def test_probe_prints_the_spec_warns_under_load_and_adds_on_request(tmp_path, mo
     assert main(["devices", "probe", "--threads", "2", "--tries", "2"]) == 0
     cap = capsys.readouterr()
     assert json.loads(cap.out)["id"] == spec.id and "warning: probed under load" in cap.err
-    assert seen == {"threads": 2, "tries": 2} and not table.exists()
+    assert seen == {"threads": 2, "tries": 2, "reference": False} and not table.exists()
     assert main(["devices", "probe", "--threads", "2", "--add", "--table", str(table)]) == 0
+    assert seen["reference"]  # a device added to the table gets its reference kernels measured
     assert [d["id"] for d in json.loads(table.read_text())] == [spec.id]
     assert main(["devices", "probe", "--threads", "2", "--add", "--table", str(table)]) == 2
     assert "--replace" in capsys.readouterr().err

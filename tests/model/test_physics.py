@@ -56,16 +56,31 @@ def test_anchor_device_prefers_the_isa_then_the_chip_then_the_thread_count():
 def test_a_new_chip_is_moved_by_its_per_thread_peak():
     """Between chips the move multiplies by the per-thread peak ratio (a chip half as fast per thread takes
     twice as long); between devices of one chip it is Amdahl's law alone."""
-    from cdmpp.model.physics import move, per_thread_peak_ratio
+    from cdmpp.model.physics import chip_ratio, move
 
     table = {**TABLE, "slow-1t/llvm-avx2": {**SPEC, "cores": 1, "peak_gflops": 50}}
-    assert per_thread_peak_ratio("chip-1t/llvm-avx512", "slow-1t/llvm-avx2", table) == pytest.approx(4.0)
-    assert per_thread_peak_ratio("chip-2t/llvm-avx512", "chip-1t/llvm-avx512", table) == 1.0
+    assert chip_ratio("chip-1t/llvm-avx512", "slow-1t/llvm-avx2", table, reference=False) == pytest.approx(4.0)
+    assert chip_ratio("chip-2t/llvm-avx512", "chip-1t/llvm-avx512", table, reference=False) == 1.0
     rng = np.random.default_rng(0)
     feats = [parallel_program(rng) for _ in range(5)]
     secs = rng.uniform(1e-4, 1e-2, 5)
     np.testing.assert_allclose(move(secs, feats, ["chip-1t/llvm-avx512"] * 5, ["slow-1t/llvm-avx2"] * 5, table, {}),
                                4.0 * secs)
+
+
+def test_between_chips_the_reference_kernels_level_comes_before_the_peak():
+    """Where both chips have their reference kernels measured (``reference_s``) their ratio moves a program,
+    else the per-thread peak ratio; devices of one chip stay at 1."""
+    from cdmpp.model.physics import chip_ratio
+
+    table = {**TABLE, "slow-1t/llvm-avx2": {**SPEC, "cores": 1, "peak_gflops": 50}}
+    assert chip_ratio("chip-1t/llvm-avx512", "slow-1t/llvm-avx2", table) == pytest.approx(4.0)  # no level: the peak
+    table["chip-1t/llvm-avx512"] = {**table["chip-1t/llvm-avx512"], "reference_s": 0.002}
+    assert chip_ratio("chip-1t/llvm-avx512", "slow-1t/llvm-avx2", table) == pytest.approx(4.0)  # one level: the peak
+    table["slow-1t/llvm-avx2"]["reference_s"] = 0.003
+    assert chip_ratio("chip-1t/llvm-avx512", "slow-1t/llvm-avx2", table) == pytest.approx(1.5)
+    assert chip_ratio("chip-1t/llvm-avx512", "slow-1t/llvm-avx2", table, reference=False) == pytest.approx(4.0)
+    assert chip_ratio("chip-2t/llvm-avx512", "chip-1t/llvm-avx512", table) == 1.0
 
 
 def test_a_device_never_trained_on_is_predicted_on_its_anchor_and_moved_by_amdahls_law(tmp_path):

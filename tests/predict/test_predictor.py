@@ -117,6 +117,33 @@ def test_a_device_of_the_table_the_model_never_saw_is_predicted_from_its_specs(p
         p.predict_features(feats, "no-such-device-1t/llvm-avx2")
 
 
+def test_a_new_chip_is_moved_by_its_reference_kernels_level(predictor, sampled, tmp_path):
+    """A chip the model never saw, with its reference kernels measured (``reference_s``), is predicted on the
+    anchor and moved by the two chips' reference levels, not their peaks, also with a model saved before the
+    anchor's level was in the table (it is copied from the table: a measurement of the chip)."""
+    import copy
+    import json
+
+    from cdmpp.devices.table import DeviceTable
+    from cdmpp.predict.predictor import Predictor
+    from cdmpp.program.features import featurize
+
+    zen4 = DeviceTable().get("amd-epyc-znver4-1t/llvm-avx512").to_dict()
+    assert zen4["reference_s"] > 0
+    new = dict(zen4, id="made-up-chip-1t/llvm-avx512", hardware="a made-up chip", relation="",
+               peak_gflops=4 * zen4["peak_gflops"], reference_s=3 * zen4["reference_s"])
+    path = tmp_path / "devices.json"
+    path.write_text(json.dumps([zen4, new]))
+    model = copy.deepcopy(predictor.model)
+    for spec in model.device_specs.table.values():
+        spec.pop("reference_s", None)
+    p = Predictor(model, devices=path)
+    feats = [featurize(s.mod) for s in sampled["matmul"][:3]]
+    on_zen4 = np.array([x.seconds for x in p.predict_features(feats, "amd-epyc-znver4-1t/llvm-avx512")])
+    on_new = np.array([x.seconds for x in p.predict_features(feats, "made-up-chip-1t/llvm-avx512")])
+    np.testing.assert_allclose(on_new, 3 * on_zen4, rtol=1e-5)
+
+
 def test_out_of_range_names_the_inputs_and_fires_only_where_the_prediction_moves(predictor, device, sampled):
     """A value beyond the training range is flagged, with its column named, only when holding it at the
     range moves the prediction by more than RISK_FACTOR (issue 52: 99.7 % of foreign programs were flagged)."""

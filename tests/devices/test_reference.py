@@ -1,0 +1,68 @@
+"""The reference kernels (``cdmpp.devices.reference``): a chip's level measured on fixed tensor programs."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from cdmpp.devices import reference
+
+ROOT = Path(__file__).resolve().parents[2]
+TABLE = ROOT / "datasets" / "devices.json"
+DATASET = ROOT / "datasets" / "measurements"
+
+
+def test_the_kernels_are_sixteen_distinct_programs_with_their_tasks():
+    tasks = {k["task"] for k in reference.kernels()}
+    assert len(reference.kernel_hashes()) == 16 == len(tasks)
+    assert all(k["trace"] for k in reference.kernels())
+    level = {h: 2.0 for h in reference.kernel_hashes()}
+    assert reference.geometric_mean_s(level) == pytest.approx(2.0)
+    del level[next(iter(level))]
+    assert reference.geometric_mean_s(level) is None  # a level over a subset would not compare
+
+
+@pytest.mark.slow
+def test_the_kernels_replay_and_run_here(tvm):
+    """Two of the kernels (the shortest) built from their traces are the programs they name, and run."""
+    from cdmpp.program import tvm_env
+
+    short = frozenset({"80a9df21ce7f87cd", "d12162592638e89f"})
+    got = reference.measure_reference_s(tvm_env.host_mcpu(), only=short)
+    assert set(got) == short
+    assert all(math.isfinite(s) and 0 < s < 1 for s in got.values())
+
+
+@pytest.mark.skipif(not DATASET.is_dir(), reason="no dataset in this checkout")
+def test_the_table_levels_are_the_labels_of_the_chips_one_thread_device(tmp_path, capsys):
+    """``cdmpp devices reference`` fills a chip's devices (every thread count) from its 1-thread labels: the
+    table's Zen 4 entries hold what the dataset's labels give."""
+    from cdmpp.cli import main
+
+    shipped = {d["id"]: d for d in json.loads(TABLE.read_text())}
+    zen4 = [shipped[i] for i in ("amd-epyc-znver4-1t/llvm-avx512", "amd-epyc-znver4-2t/llvm-avx512",
+                                 "amd-epyc-znver4-2t/llvm-avx2")]
+    bare = [{k: v for k, v in d.items() if k != "reference_s"} for d in zen4]
+    path = tmp_path / "devices.json"
+    path.write_text(json.dumps(bare))
+    assert main(["devices", "reference", "--table", str(path), "--dataset", str(DATASET)]) == 0
+    filled = {d["id"]: d for d in json.loads(path.read_text())}
+    for d in zen4[:2]:
+        assert filled[d["id"]]["reference_s"] == pytest.approx(d["reference_s"], rel=1e-5)
+    assert "reference_s" not in filled["amd-epyc-znver4-2t/llvm-avx2"]  # no 1-thread AVX2 device of the chip
+    assert "amd-epyc-znver4-2t/llvm-avx2" in capsys.readouterr().err
+
+
+def test_a_reference_level_must_be_positive_seconds():
+    from cdmpp.devices.spec import DeviceSpec
+    from cdmpp.devices.table import spec_problems
+
+    d = json.loads(TABLE.read_text())[0]
+    assert not spec_problems(d)
+    assert any("reference_s" in p for p in spec_problems(dict(d, reference_s=-1.0)))
+    assert any("reference_s" in p for p in spec_problems(dict(d, reference_s="fast")))
+    d.pop("reference_s", None)
+    assert "reference_s" not in DeviceSpec.from_dict(d).to_dict()  # unmeasured: no field, as before
