@@ -42,9 +42,10 @@ def cmd_devices(args) -> int:
     if args.json:
         print(json.dumps([{**s.to_dict(), "trained": status(s.id) == "yes"} for s in table], indent=1))
         return 0
-    head = ("id", "kind", "threads", "GHz", "SIMD", "L3 KiB", "mem GB/s", "GFLOP/s", "trained", "note")
+    head = ("id", "kind", "threads", "GHz", "SIMD", "L3 KiB", "mem GB/s", "GFLOP/s", "ref ms", "trained", "note")
     rows = [(s.id, s.kind, str(s.threads), _number(s.clock_ghz), _number(s.simd_width_bits), _number(s.l3_kb),
-             _number(s.mem_bw_gbs), _number(s.peak_gflops), status(s.id),
+             _number(s.mem_bw_gbs), _number(s.peak_gflops),
+             f"{1e3 * s.reference_s:.3g}" if s.reference_s else "-", status(s.id),
              "probed under load" if s.probe.get("under_load") else ("probe warning" if s.probe.get("warning") else ""))
             for s in table]
     widths = [max(len(x) for x in col) for col in zip(head, *rows)]
@@ -52,7 +53,8 @@ def cmd_devices(args) -> int:
         print("  ".join(x.ljust(w) for x, w in zip(line, widths)).rstrip())
     n = sum(status(s.id) == "yes" for s in table)
     print(f"\n{len(table)} devices in {args.devices}; model {version} was trained on {n} of them (the others are "
-          "predicted from their specs alone, flagged device_untrained).\n"
+          "predicted from their specs alone, flagged device_untrained; a CPU chip never trained on is moved by its "
+          "reference level, `ref ms`, where it and the trained chip have one).\n"
           "Add one: `cdmpp devices probe --add` (this machine's CPU), `cdmpp collect --target cuda` (its GPU), or "
           "`cdmpp devices add SPEC.json` (fields: `cdmpp devices show ID` of a similar device).")
     return 0
