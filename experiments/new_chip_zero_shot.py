@@ -30,8 +30,7 @@ assert device not in model.summary["train_devices"], f"{device} is one the shipp
 for name, spec in table.items():
     if name not in model.device_specs.table:
         model.add_device(name, spec)
-    elif "reference_s" in spec:  # the chips' measured levels, as the Predictor copies them (cdmpp.predict.devices)
-        model.device_specs.table[name]["reference_s"] = spec["reference_s"]
+model.add_reference_levels(table)  # the chips' measured levels, as the Predictor copies them
 ds = load_dataset(defaults.DATASET, TaskTable.load(defaults.TASK_TABLE), devices=[device], progress=False)
 test = [p for p in ds.programs if p.device == device and p.features.program_hash not in kernel_hashes()]
 features = [p.features for p in test]

@@ -182,7 +182,8 @@ def leave_one_chip_out_split(ds, chip: str, device_table: dict | None = None, k:
         raise ValueError(f"no programs on chip {chip!r}")
     split = cross_device_split(ds, devices, k, sampler, seed, embed=embed, programs="new", draw=draw)
     split.kind = "leave-one-chip-out"
-    split.test = [p for p in split.test if p.features.program_hash not in kernel_hashes()]
+    kernels = kernel_hashes()
+    split.test = [p for p in split.test if p.features.program_hash not in kernels]
     split.info.update(kind="leave-one-chip-out", chip=chip,
                       description=f"leave-one-chip-out ({chip}): " + split.info["description"])
     return _finish(split)

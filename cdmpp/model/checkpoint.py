@@ -100,6 +100,14 @@ class TrainedModel:
         """Make a new device predictable (zero-shot) from its spec; normalization stays as trained."""
         self.device_specs.add(name, spec)
 
+    def add_reference_levels(self, table: dict[str, dict]) -> None:
+        """Copy each chip's reference-kernel level (``reference_s``: a measurement of the chip, not a model
+        input) from a spec table into this model's entries that lack it, so a model saved before its devices'
+        levels were measured moves a new chip by them (``cdmpp.model.physics.chip_ratio``)."""
+        for name, spec in self.device_specs.table.items():
+            if "reference_s" not in spec and table.get(name, {}).get("reference_s"):
+                spec["reference_s"] = float(table[name]["reference_s"])
+
     # ---- prediction ---------------------------------------------------------------------------------
     @torch.inference_mode()
     def predict_z(self, programs, devices: str | Sequence[str], batch_size: int = 256) -> np.ndarray:

@@ -113,8 +113,8 @@ def anchor_device(device: str, trained: Sequence[str], table: dict, cross_chip: 
     then the same hardware, then the closest thread count (reports/study-issue19.md, round 25); at a
     thread count some trained device ran, directly. A chip it never trained on (``cross_chip``): the
     trained CPU device of the closest thread count, then the same ISA, moved by Amdahl's law and the
-    two chips' reference kernels or per-thread peaks (``move``), which a network cannot extrapolate from a handful of training
-    chips (issue 52; reports/leave-one-chip-out.md)."""
+    two chips' reference levels or per-thread peaks (``move``), which a network cannot extrapolate from a
+    handful of training chips (issue 52; reports/leave-one-chip-out.md)."""
     if device in trained:
         return None
     hardware, kind, isa = _parts(device)
@@ -139,8 +139,8 @@ def anchor_device(device: str, trained: Sequence[str], table: dict, cross_chip: 
 def chip_ratio(src: str, dst: str, table: dict, reference: bool = True) -> float:
     """How much longer a program takes per thread on ``dst``'s chip than on ``src``'s (1 between devices of
     one chip): the ratio of their reference kernels' latencies (``reference_s``, measured at 1 thread:
-    ``cdmpp.devices.reference``) where both chips have it and ``reference``, else of their per-thread peak FLOP/s (clock x SIMD
-    width x FMA units, as probed). On twins, Zen 4 1-thread labels moved to Zen 5 / Zen 3 / a Xeon by the
+    ``cdmpp.devices.reference``) where both chips have it and ``reference``, else of their per-thread peak
+    FLOP/s (clock x SIMD width x FMA units, as probed). On twins, Zen 4 1-thread labels moved to Zen 5 / Zen 3 / a Xeon by the
     kernels' ratio are 15 / 40 / 31 % MAPE, by the peak ratio 39 / 38 / 49 % (reports/leave-one-chip-out.md)."""
     if _parts(src)[0] == _parts(dst)[0]:
         return 1.0

@@ -76,14 +76,6 @@ class Devices:
         found = self._resolved.get(device)
         return found if found is not None else self._resolve(device)
 
-    def _add_reference_levels(self, table) -> None:
-        """Copy each chip's reference-kernel level (``reference_s``: a measurement of the chip, not a model
-        input) from the table into the model's entries that lack it, so a model saved before its devices'
-        levels were measured moves a new chip by them (``cdmpp.model.physics.chip_ratio``)."""
-        for d, spec in self.model.device_specs.table.items():
-            if "reference_s" not in spec and d in table and table.get(d).reference_s:
-                spec["reference_s"] = float(table.get(d).reference_s)
-
     def _resolve(self, device: str) -> Device:
         table = self.table()
         in_table = bool(table) and isinstance(device, str) and device in table
@@ -94,7 +86,7 @@ class Devices:
                 if not in_table:
                     raise UnknownDeviceError(device, self.ids())
                 self.model.add_device(device, table.get(device).specs())  # predicted from its specs alone
-                self._add_reference_levels(table)
+                self.model.add_reference_levels(table.spec_table())
             summary = self.model.summary
             known = summary.get("devices")
             info = dict(known.get(device, {})) if isinstance(known, dict) else {}  # fit() stores a plain list
