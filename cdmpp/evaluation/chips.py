@@ -9,7 +9,9 @@ Rows (``protocol-runs.jsonl`` form, setting ``leave-one-chip-out``, ``chip`` nam
   reference kernels are not test programs); with shots, ``ShotChoice`` on it (the shipped
   k-shot path: the prediction as is, × the shots' median ratio, × a GBT of the log ratio, a GBT of the
   shots alone, or a blend, whichever cross-validation on the shots prefers); ``cdmpp, direct`` (k = 0):
-  the network asked for the new chip from its specs, without the transfer;
+  the network asked for the new chip from its specs, without the transfer; ``cdmpp, seen programs`` (k = 0):
+  the same prediction on the chip's programs outside the test, whose twins were in training on other chips
+  (the chip new, the programs not: what the shots' cross-validation sees);
 * ``cdmpp, fine-tune`` (method ``cdmpp-finetune``, KMeans shots only): the network fine-tuned on the shots
   (``checked_finetune``), for comparison;
 * ``pooled GBT``: the pooled GBT of the other devices (+ the shots: its ``adapt``), and
@@ -69,6 +71,7 @@ def run_chip(opts, seed: int, ds, device_table: dict, chip: str, out, context, k
     ``context(pool)``: the registry's ``Context`` of this seed, whose ``cdmpp`` and ``pooled-gbt`` are trained
     on the other devices. ``resume``: the protocol's ``Resumable`` of this chip and seed (cdmpp's training is
     saved every epoch until the chip's rows are written)."""
+    from cdmpp.devices.reference import kernel_hashes
     from cdmpp.model.pooled_gbt import PooledGBT
     from cdmpp.model.shots import ShotChoice
 
@@ -127,6 +130,11 @@ def run_chip(opts, seed: int, ds, device_table: dict, chip: str, out, context, k
                     out.row("leave-one-chip-out", opts.label, ev.score(test, mean, lo, hi, order),
                             train_seconds=cdmpp_secs, val_mape=model.model_.summary["val"]["mape"],
                             epochs=sum(len(r.get("history", [])) for r in model.model_.summary["members"]), **n)
+                    kernels = kernel_hashes()
+                    seen = [p for p in _chip_pool(ds, base) if p.features.program_hash not in kernels]
+                    mean, lo, hi, order = model.predict_interval_and_order(seen)  # their twins were in training
+                    out.row("leave-one-chip-out", opts.label + ", seen programs", ev.score(seen, mean, lo, hi, order),
+                            train_seconds=cdmpp_secs, **dict(n, programs=len(seen)))
                     direct = copy.copy(model.model_)
                     direct.anchors = None  # every device predicted by the network from its specs
                     mean, lo, hi = direct.predict([p.features for p in test], [p.device for p in test])
@@ -180,6 +188,8 @@ def chips_markdown(summary: dict, label: str = "cdmpp", sampler: str = "kmeans")
     the chip's own full-data GBT (a ceiling)."""
     rows = summary.get("leave-one-chip-out", {})
     chips = sorted({m.rsplit(" @ ", 1)[1] for m in rows if " @ " in m} - {"every chip"})
+    ks = [*LOCO_KS, *sorted({m.split(" k=", 1)[1].split(" (", 1)[0] for m in rows if m.startswith(label + " k=")}
+                            - set(LOCO_KS))]  # e.g. "100%": every pool program, the k-shot path's ceiling
     lines = []
     for chip in ["every chip", *chips]:
         if not any(m.endswith(" @ " + chip) for m in rows):
@@ -189,7 +199,7 @@ def chips_markdown(summary: dict, label: str = "cdmpp", sampler: str = "kmeans")
                                     f"Spearman {ref['spearman']:.3f})" if ref else ""), "",
                   f"| k ({sampler} shots) | {label} MAPE | best peer MAPE | {label} / peer | {label} Spearman | "
                   f"best peer Spearman | {label}, fine-tune MAPE | seeds |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
-        for k in LOCO_KS:
+        for k in ks:
             suffix = "" if k == "0" else f" k={k} ({sampler})"
             e = rows.get(f"{label}{suffix} @ {chip}")
             peers = [(p, rows[f"{p}{suffix} @ {chip}"]) for p in PEERS if f"{p}{suffix} @ {chip}" in rows]
