@@ -179,13 +179,15 @@ def markdown(summary: dict, methods: Sequence[str] | None = None) -> str:
 def headline(summary: dict, label: str = "cdmpp") -> str:
     """The README's short table: per setting (cross-device at k = 0 and 64 KMeans shots), MAPE ± std of
     cdmpp, the pooled GBT (FLOP and latency targets, MAPE loss), the Tenset MLP and (seen programs) the
-    twin-based predictors; a column no row has is left out."""
+    twin-based predictors; a column no row has is left out; "" when the summary has none of these settings."""
     cols = [label, "pooled GBT", "pooled GBT, latency target", "pooled GBT, MAPE loss", "Tenset MLP", "twin-ratio", "twin-Amdahl",
             "twin-Amdahl x ratio GBT", "twin-roofline", "twin-roofline x ratio GBT", f"{label} + twin"]
     rows = [("random-new", ""), ("cross-model", ""), ("cross-device-new", ""), ("cross-device-new", " k=64 (kmeans)"),
             ("cross-device-seen", " k=64 (kmeans)"), ("cross-device-seen", " k=5% (kmeans)")]
     table = {(setting, suffix): [summary[setting].get(c + suffix) for c in cols]
              for setting, suffix in rows if setting in summary}
+    if not table:
+        return ""
     keep = [i for i in range(len(cols)) if any(cells[i] for cells in table.values())]
     lines = ["| setting | " + " | ".join(cols[i] for i in keep) + " |", "|---|" + "---:|" * len(keep)]
     for (setting, suffix), cells in table.items():
@@ -201,11 +203,12 @@ def summary_markdown(summary: dict) -> str:
     opts = summary.get("options", {})
     # the seeds the rows came from (a --summarize-only run's options hold only the default seeds)
     seeds = ", ".join(str(s) for s in summary.get("seeds") or opts.get("seeds", [])) or "see rows"
+    head = headline(summary)
     return "\n".join([
         "# cdmpp protocol summary", "",
         f"Command: `{summary.get('command', '')}` ({summary.get('created', '')}); protocol: docs/evaluation.md; "
         f"every row of every seed: {opts.get('runs', 'reports/protocol-runs.jsonl')}. Mean ± std over seeds {seeds}.", "",
-        "## Headline (MAPE)", "", headline(summary), "",
+        *(["## Headline (MAPE)", "", head, ""] if head else []),
         *(["## Leave-one-chip-out (each k: cdmpp beside the best peer on each metric)", "", chips_markdown(summary)]
           if "leave-one-chip-out" in summary else []),
         "## Every setting and method", "", markdown(summary)]) + "\n"
