@@ -78,6 +78,7 @@ def run_chip(opts, seed: int, ds, device_table: dict, chip: str, out, context, k
     base = splits.leave_one_chip_out_split(ds, chip, device_table, 0, seed=seed)
     common = dict(chip=chip, programs=len(base.test), n_train=len(base.train))
     made = context(base.target_pool)
+    pool = _chip_pool(ds, base)  # the chip's programs outside the test: the reference's data, the seen-programs row
 
     def fitted(name: str):
         method = made.one(name)
@@ -92,7 +93,6 @@ def run_chip(opts, seed: int, ds, device_table: dict, chip: str, out, context, k
         model, cdmpp_secs = fitted("cdmpp")
         cdmpp_base = _Memo(model.predict)
     if {"pooled-gbt", "chip-peers"} & set(opts.methods):  # the ceiling: a GBT of the chip's own programs
-        pool = _chip_pool(ds, base)
         val_, train_ = splits._split_by_key(pool, lambda p: p.features.program_hash, [0.1],
                                             splits._rng(seed, "chip-reference", chip))
         t = time.monotonic()
@@ -131,7 +131,7 @@ def run_chip(opts, seed: int, ds, device_table: dict, chip: str, out, context, k
                             train_seconds=cdmpp_secs, val_mape=model.model_.summary["val"]["mape"],
                             epochs=sum(len(r.get("history", [])) for r in model.model_.summary["members"]), **n)
                     kernels = kernel_hashes()
-                    seen = [p for p in _chip_pool(ds, base) if p.features.program_hash not in kernels]
+                    seen = [p for p in pool if p.features.program_hash not in kernels]
                     mean, lo, hi, order = model.predict_interval_and_order(seen)  # their twins were in training
                     out.row("leave-one-chip-out", opts.label + ", seen programs", ev.score(seen, mean, lo, hi, order),
                             train_seconds=cdmpp_secs, **dict(n, programs=len(seen)))
