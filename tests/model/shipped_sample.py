@@ -50,6 +50,7 @@ def main() -> None:
     from cdmpp.model.checkpoint import TrainedModel
     from cdmpp.records.dataset import FeatureCache, _featurize_records
     from cdmpp.records.labels import label
+    from cdmpp.records.record import Record
     from cdmpp.records.store import RecordStore
     from cdmpp.zoo.tasks import TaskTable
     from cdmpp.records.importers import with_imported_workloads
@@ -62,7 +63,8 @@ def main() -> None:
         chosen += [recs[i] for i in sorted(rng.choice(len(recs), PER_DEVICE, replace=False))]
     cache = FeatureCache(os.environ.get("CDMPP_CACHE", "/tmp/cdmpp-sample-cache"))
     table = with_imported_workloads(TaskTable.load(defaults.TASK_TABLE), defaults.DATASET)
-    _featurize_records([r for r in chosen if cache.get(r["program_hash"]) is None], table, cache, progress=False)
+    _featurize_records([Record.from_dict(r) for r in chosen if cache.get(r["program_hash"]) is None], table, cache,
+                       progress=False)
     feats = [cache.get(r["program_hash"]) for r in chosen]
     assert all(f is not None for f in feats), "a sampled program did not featurize"
     offsets = np.cumsum([0] + [f.n_leaves for f in feats])
