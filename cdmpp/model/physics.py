@@ -5,7 +5,8 @@ varies), so a device running a thread count it never trained on is predicted thr
 did train on (its *anchor*, ``anchor_device``) and moved there by this law (``TrainedModel.predict``); the
 seen-programs baseline ``TwinAmdahl`` moves a measured twin's label the same way. Only the program's
 features and the two thread counts enter, plus the fork/join cost of a parallel region on the anchor
-(``fork_join_seconds``).
+(``fork_join_seconds``). A GPU never trained on is reached the same way from the trained GPU closest in
+peak FLOP/s, moved by the two peaks' ratio alone.
 """
 
 from __future__ import annotations
@@ -107,17 +108,24 @@ def _parts(device: str) -> tuple[str, str, str]:
 
 def anchor_device(device: str, trained: Sequence[str], table: dict, cross_chip: bool = True) -> str | None:
     """The trained device a prediction for ``device`` is made on and moved from by ``move``: None
-    (predicted directly) when ``device`` was trained on or is not a CPU (``llvm``) device.
+    (predicted directly) when ``device`` was trained on or cannot be reached from a trained device.
 
     A chip the model trained on, at a thread count it never ran: the trained CPU device of the same ISA,
     then the same hardware, then the closest thread count (reports/study-issue19.md, round 25); at a
     thread count some trained device ran, directly. A chip it never trained on (``cross_chip``): the
     trained CPU device of the closest thread count, then the same ISA, moved by Amdahl's law and the
     two chips' reference levels or per-thread peaks (``move``), which a network cannot extrapolate from a
-    handful of training chips (issue 52; reports/leave-one-chip-out.md)."""
+    handful of training chips (issue 52; reports/leave-one-chip-out.md). A GPU never trained on: the
+    trained GPU closest in peak FLOP/s, moved by the two peaks' ratio (``chip_ratio``)."""
     if device in trained:
         return None
     hardware, kind, isa = _parts(device)
+    if kind == "cuda":
+        peak = table[device].get("peak_gflops")
+        gpus = [d for d in trained if _parts(d)[1] == "cuda" and table[d].get("peak_gflops")]
+        if not (cross_chip and peak and gpus):
+            return None
+        return min(gpus, key=lambda d: (abs(math.log(float(table[d]["peak_gflops"]) / float(peak))), d))
     cpus = [d for d in trained if _parts(d)[1] == "llvm"]
     cores = table[device].get("cores")
     if kind != "llvm" or not cpus or not cores:
@@ -140,7 +148,8 @@ def chip_ratio(src: str, dst: str, table: dict, reference: bool = True) -> float
     """How much longer a program takes per thread on ``dst``'s chip than on ``src``'s (1 between devices of
     one chip): the ratio of their reference kernels' latencies (``reference_s``, measured at 1 thread:
     ``cdmpp.devices.reference``) where both chips have it and ``reference``, else of their per-thread peak
-    FLOP/s (clock x SIMD width x FMA units, as probed). On twins, Zen 4 1-thread labels moved to Zen 5 / Zen 3 / a Xeon by the
+    FLOP/s (clock x SIMD width x FMA units, as probed); between GPUs, of their whole peaks (a kernel
+    spreads over every SM). On twins, Zen 4 1-thread labels moved to Zen 5 / Zen 3 / a Xeon by the
     kernels' ratio are 15 / 40 / 31 % MAPE, by the peak ratio 39 / 38 / 49 % (reports/leave-one-chip-out.md)."""
     if _parts(src)[0] == _parts(dst)[0]:
         return 1.0
@@ -149,12 +158,15 @@ def chip_ratio(src: str, dst: str, table: dict, reference: bool = True) -> float
         return float(d["reference_s"]) / float(s["reference_s"])
     if not all(x.get("peak_gflops") and x.get("cores") for x in (s, d)):
         return 1.0
+    if _parts(src)[1] == _parts(dst)[1] == "cuda":
+        return float(s["peak_gflops"]) / float(d["peak_gflops"])
     return (float(s["peak_gflops"]) / float(s["cores"])) / (float(d["peak_gflops"]) / float(d["cores"]))
 
 
 def fork_join_by_device(samples: Sequence, table: dict) -> dict[str, float]:
-    """Per CPU device of labelled ``samples``: its ``fork_join_seconds`` (0 on one thread, which forks nothing).
-    What ``TrainedModel.anchors`` keeps, so a device never trained on can be reached from these."""
+    """Per CPU device of labelled ``samples``: its ``fork_join_seconds`` (0 on one thread, which forks nothing);
+    per GPU, 0 (no CPU threads to fork). What ``TrainedModel.anchors`` keeps, so a device never trained on
+    can be reached from these."""
     samples = list(samples)
     return fork_join_of([s.device for s in samples], [s.seconds for s in samples],
                         parallel_share([s.features for s in samples])[:, 1], table)
@@ -166,6 +178,8 @@ def fork_join_of(devices: Sequence[str], seconds: Sequence[float], n_parallel: n
     devices, seconds, n_parallel = np.asarray(devices), np.asarray(seconds, dtype=np.float64), np.asarray(n_parallel)
     out = {}
     for d in sorted(set(devices.tolist())):
+        if _parts(d)[1] == "cuda":
+            out[d] = 0.0
         if _parts(d)[1] != "llvm":
             continue
         on = devices == d
@@ -176,14 +190,15 @@ def fork_join_of(devices: Sequence[str], seconds: Sequence[float], n_parallel: n
 def move(seconds: Sequence[float], features: Sequence, from_devices: Sequence[str], to_devices: Sequence[str],
          table: dict, fork_join: dict[str, float]) -> np.ndarray:
     """Each latency on its ``from_devices`` entry moved to its ``to_devices`` entry by ``amdahl_seconds``
-    and, between chips, ``chip_ratio`` (unchanged where the two are the same); the fork/join
+    (CPUs) and, between chips, ``chip_ratio`` (unchanged where the two are the same); the fork/join
     cost is the anchor's, whichever side it is on."""
     seconds = np.asarray(seconds, dtype=np.float64)
     out = seconds.copy()
     for src, dst in set(zip(from_devices, to_devices)) - {(d, d) for d in to_devices}:
         idx = np.flatnonzero([(a, b) == (src, dst) for a, b in zip(from_devices, to_devices)])
-        out[idx] = amdahl_seconds(seconds[idx], [features[i] for i in idx], int(table[src]["cores"]),
-                                  int(table[dst]["cores"]), fork_join.get(src, fork_join.get(dst, 0.0)))
+        if _parts(src)[1] == "llvm":  # a GPU's "cores" are SMs, which no thread count splits work over
+            out[idx] = amdahl_seconds(seconds[idx], [features[i] for i in idx], int(table[src]["cores"]),
+                                      int(table[dst]["cores"]), fork_join.get(src, fork_join.get(dst, 0.0)))
         out[idx] *= chip_ratio(src, dst, table)
     return out
 

@@ -68,6 +68,28 @@ def test_a_new_chip_is_moved_by_its_per_thread_peak():
                                4.0 * secs)
 
 
+def test_a_new_gpu_goes_through_the_trained_gpu_closest_in_peak_moved_by_the_peaks_ratio():
+    """No Amdahl between GPUs (their "cores" are SMs): the whole chips' peak FLOP/s set the ratio; the
+    anchor is the trained GPU of the closest peak, and a GPU with none trained is predicted directly."""
+    from cdmpp.model.physics import chip_ratio, fork_join_of, move
+
+    table = {**TABLE, "slow/cuda-sm37": {**SPEC, "cores": 13, "peak_gflops": 4000},
+             "mid/cuda-sm70": {**SPEC, "cores": 80, "peak_gflops": 16000},
+             "fast/cuda-sm90": {**SPEC, "cores": 132, "peak_gflops": 80000}}
+    trained = ["chip-2t/llvm-avx512", "slow/cuda-sm37", "fast/cuda-sm90"]
+    assert anchor_device("mid/cuda-sm70", trained, table) == "slow/cuda-sm37"  # 4x apart, not 5x
+    assert anchor_device("mid/cuda-sm70", trained, table, cross_chip=False) is None
+    assert anchor_device("mid/cuda-sm70", ["chip-2t/llvm-avx512"], table) is None
+    assert anchor_device("fast/cuda-sm90", trained, table) is None  # trained on
+    assert chip_ratio("slow/cuda-sm37", "mid/cuda-sm70", table) == pytest.approx(0.25)  # per SM it would be 0.66
+    rng = np.random.default_rng(0)
+    feats = [parallel_program(rng) for _ in range(5)]
+    secs = rng.uniform(1e-4, 1e-2, 5)
+    np.testing.assert_allclose(move(secs, feats, ["slow/cuda-sm37"] * 5, ["mid/cuda-sm70"] * 5, table, {}),
+                               0.25 * secs)
+    fork_join = fork_join_of(["slow/cuda-sm37", "chip-2t/llvm-avx512"], [1e-3, 1e-3], np.array([0, 1]), table)
+    assert fork_join["slow/cuda-sm37"] == 0.0  # kept, so that a new GPU can be anchored on it
+
 def test_between_chips_the_reference_kernels_level_comes_before_the_peak():
     """Where both chips have their reference kernels measured (``reference_s``) their ratio moves a program,
     else the per-thread peak ratio; devices of one chip stay at 1."""
