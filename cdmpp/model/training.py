@@ -45,11 +45,14 @@ from cdmpp.model.config import TrainConfig
 from cdmpp.model.distributed import Runner
 from cdmpp.model.feature_store import FeatureStore, TrainingColumns, check_store_recipe
 from cdmpp.model.network import CDMPPModel, PackedPrograms, bucketed_batches, length_sorted_batches
-from cdmpp.model.physics import fork_join_of
+from cdmpp.model.physics import fork_join_of, target_kind
 from cdmpp.model.transforms import DeviceSpecs, FeatureNormalizer, LogLatency
 
 if TYPE_CHECKING:
     from cdmpp.records.dataset import LabeledProgram
+
+
+MIN_DA_SOURCE = 8  # a batch with fewer training programs of the target's kind adds no alignment term
 
 
 def mape_loss(pred: torch.Tensor, target: torch.Tensor, sigma: float) -> torch.Tensor:
@@ -68,6 +71,7 @@ class _Split:
     z: np.ndarray | None = None
     seconds: np.ndarray | None = None
     extra: torch.Tensor | None = None
+    da_source: np.ndarray | None = None  # per program: whether domain adaptation aligns it with the target
 
     def inputs(self, idx) -> torch.Tensor | None:
         """The program-level input rows of the batch ``idx`` (None for a model without them)."""
@@ -98,7 +102,8 @@ def fit(config: TrainConfig, train_set: Sequence[LabeledProgram] | FeatureStore,
     all devices share a zero spec vector.
     ``target_pool`` (unlabeled) switches on domain adaptation unless ``config.da == "none"`` or every pool
     device has training labels (towards new networks on known devices it cost MAPE: reports/study-issue19.md,
-    round 12).
+    round 12). It aligns the pool with the training programs of its own kind (CPU or GPU code): a GPU held out
+    and aligned with mostly CPU programs sent the training's validation MAPE to 100 %.
 
     ``train_set`` may be a ``FeatureStore`` (read memory-mapped, batch by batch; the GBT blend's inputs and the
     Amdahl anchors' parallel leaves in chunks of programs; needs a ``val_set``, held in memory).
@@ -124,6 +129,8 @@ def fit(config: TrainConfig, train_set: Sequence[LabeledProgram] | FeatureStore,
     cols = TrainingColumns.of(train_set)
     if {s.device for s in target_pool} <= set(cols.devices):
         target_pool = []
+    trained_kinds = {target_kind(d) for d in set(cols.devices)}
+    target_pool = [s for s in target_pool if target_kind(s.device) in trained_kinds]  # nothing to align with
 
     all_devices = sorted(set(cols.devices) | {s.device for s in [*val_set, *target_pool]})
     specs = DeviceSpecs(device_table if device_table is not None else {d: {} for d in all_devices})
@@ -145,6 +152,12 @@ def fit(config: TrainConfig, train_set: Sequence[LabeledProgram] | FeatureStore,
     train.extra = trained.extra_inputs(train.pack)
     val = _prepare(val_set, trained, dev_index)
     target = _prepare(target_pool, trained, dev_index, labeled=False) if target_pool else None
+    if target is not None:
+        kinds = {target_kind(s.device) for s in target_pool}
+        same_kind = np.zeros(len(dev_matrix), bool)
+        for d, row in dev_index.items():
+            same_kind[row] = target_kind(d) in kinds
+        train.da_source = same_kind[train.dev_rows]
 
     # one run; the members are the best states of its best LR cycles
     run_state = None
@@ -330,7 +343,9 @@ def _train_run(config: TrainConfig, train: _Split, val: _Split, target: _Split |
             emb, pred, t_emb = step(*on(train.pack.batch(idx)), dev, on(train.inputs(idx)), t_inputs)
             loss = mape_loss(pred, z, sigma)
             if target is not None:
-                loss = loss + config.da_weight * disc(emb, t_emb)
+                source = on(torch.from_numpy(train.da_source[idx]))
+                if int(source.sum()) >= MIN_DA_SOURCE:
+                    loss = loss + config.da_weight * disc(emb[source], t_emb)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)

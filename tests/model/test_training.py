@@ -157,6 +157,29 @@ def test_domain_adaptation_adapts_to_a_new_device_only():
     assert not np.allclose(adapted.predict(feats, "cpu-a")[0], plain.predict(feats, "cpu-a")[0])
 
 
+
+def test_domain_adaptation_aligns_a_new_gpu_only_with_gpu_programs():
+    """A pool on a GPU never trained on is aligned with the training programs of GPU code, never with CPU
+    ones: with none among them the pool is dropped (the run trains exactly as without it); with some it adapts."""
+    import dataclasses
+
+    rng = np.random.default_rng(7)
+    train, val = synthetic_samples(200, rng), synthetic_samples(50, rng)
+    pool = [dataclasses.replace(s, device="gpu-new/cuda-sm70") for s in synthetic_samples(50, rng, "cpu-b")]
+    gpus = [dataclasses.replace(s, device="gpu-old/cuda-sm37") for s in synthetic_samples(200, rng, "cpu-b")]
+    table = {**DEVICES, "gpu-new/cuda-sm70": DEVICES["cpu-b"], "gpu-old/cuda-sm37": DEVICES["cpu-b"]}
+    cfg = quick_config(epochs=2, ensemble=1)
+    feats = [s.features for s in val]
+    cpu_only = fit(cfg, train, val, target_pool=pool, device_table=table)
+    plain = fit(cfg, train, val, device_table=table)
+    assert cpu_only.summary["n_target"] == 0
+    assert np.allclose(cpu_only.predict(feats, "cpu-a")[0], plain.predict(feats, "cpu-a")[0])
+    adapted = fit(cfg, train + gpus, val, target_pool=pool, device_table=table)
+    unweighted = fit(quick_config(epochs=2, ensemble=1, da_weight=0.0), train + gpus, val, target_pool=pool,
+                     device_table=table)  # the same draws of pool programs, no alignment term
+    assert adapted.summary["n_target"] == 50
+    assert not np.allclose(adapted.predict(feats, "cpu-a")[0], unweighted.predict(feats, "cpu-a")[0])
+
 def test_the_gbt_blend_ends_gbt_minutes_after_the_transformers_deadline(monkeypatch):
     """The GBT's budget ends max_minutes + gbt_minutes after the fit starts: what runs between the transformer's
     deadline and the GBT (the members' validation predictions, the interval calibration) comes out of its time."""
