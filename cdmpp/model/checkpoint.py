@@ -320,6 +320,10 @@ class TrainedModel:
                     LogLatency.from_dict(meta["label_transform"]), DeviceSpecs.from_dict(meta["device_specs"]),
                     meta["config"], meta["calibration"], meta["featurizer_version"], meta["summary"],
                     meta["program_inputs"], gbt, meta["anchors"])
+        if model.anchors is not None:  # saved before a trained GPU could anchor a new one (physics.anchor_device)
+            for device in model.summary.get("train_devices", []):
+                if physics.target_kind(device) == "cuda":
+                    model.anchors.setdefault(device, 0.0)
         if meta["shot_choices"]:
             from cdmpp.model.shots import ShotChoice
 
