@@ -32,7 +32,6 @@ Twins are grouped: no program of the chip's test set is in training on any devic
 from __future__ import annotations
 
 import copy
-import math
 import time
 from typing import Sequence
 
@@ -40,6 +39,7 @@ import numpy as np
 
 from cdmpp.evaluation import metrics as ev
 from cdmpp.evaluation import splits
+from cdmpp.evaluation.summary import OVER_CHIPS
 
 LOCO_KS = ("0", "1%", "5%", "16", "64")
 
@@ -76,7 +76,10 @@ def run_chip(opts, seed: int, ds, device_table: dict, chip: str, out, context, k
     from cdmpp.model.shots import ShotChoice
 
     base = splits.leave_one_chip_out_split(ds, chip, device_table, 0, seed=seed)
-    common = dict(chip=chip, programs=len(base.test), n_train=len(base.train))
+    from cdmpp.model.physics import target_kind
+
+    kinds = {target_kind(d) for d in base.info["target_device"].split("+")}
+    common = dict(chip=chip, kind="gpu" if kinds == {"cuda"} else "cpu", programs=len(base.test), n_train=len(base.train))
     made = context(base.target_pool)
     pool = _chip_pool(ds, base)  # the chip's programs outside the test: the reference's data, the seen-programs row
 
@@ -171,14 +174,6 @@ def held_out_chips(opts, ds, device_table: dict) -> list[str]:
     return sorted(eligible)
 
 
-def mean_over_chips(rows: Sequence[dict]) -> float:
-    """The issue's headline: MAPE averaged over held-out chips (each chip's mean over seeds first)."""
-    by_chip: dict = {}
-    for r in rows:
-        by_chip.setdefault(r["chip"], []).append(r["metrics"]["mape"])
-    return float(np.mean([np.mean(v) for v in by_chip.values()])) if by_chip else math.nan
-
-
 PEERS = ("pooled GBT", "pooled GBT, spec transfer", "shots-only GBT")
 
 
@@ -187,11 +182,12 @@ def chips_markdown(summary: dict, label: str = "cdmpp", sampler: str = "kmeans")
     best peer on each metric (``PEERS``, the best chosen per metric and row), the network fine-tune and
     the chip's own full-data GBT (a ceiling)."""
     rows = summary.get("leave-one-chip-out", {})
-    chips = sorted({m.rsplit(" @ ", 1)[1] for m in rows if " @ " in m} - {"every chip"})
+    over = list(OVER_CHIPS.values())
+    chips = sorted({m.rsplit(" @ ", 1)[1] for m in rows if " @ " in m} - set(over))
     ks = [*LOCO_KS, *sorted({m.split(" k=", 1)[1].split(" (", 1)[0] for m in rows if m.startswith(label + " k=")}
                             - set(LOCO_KS))]  # e.g. "100%": every pool program, the k-shot path's ceiling
     lines = []
-    for chip in ["every chip", *chips]:
+    for chip in [*over, *chips]:
         if not any(m.endswith(" @ " + chip) for m in rows):
             continue
         ref = rows.get(f"chip's own GBT (reference) @ {chip}")

@@ -70,26 +70,31 @@ def aggregate(runs_path: str, command: str, select: dict | None = None) -> dict:
     return out
 
 
+OVER_CHIPS = {"cpu": "every chip", "gpu": "every GPU chip"}  # a row's ``kind`` (no kind: a CPU chip's row)
+
+
 def _over_chips(by_method: dict) -> dict:
-    """``{"<method> @ every chip": entry}``: per seed the mean over held-out chips, then mean ± std over
-    seeds (the issue's headline), for each method scored on every held-out chip."""
-    chips = {r["chip"] for rs in by_method.values() for r in rs}
-    per: dict = {}
-    for rs in by_method.values():
-        for r in rs:
-            per.setdefault(r["method"], {}).setdefault(r["seed"], []).append(r)
+    """``{"<method> @ every chip": entry}``: per seed the mean over held-out CPU chips, then mean ± std over
+    seeds (the issue's headline), for each method scored on every held-out chip; the same over GPU chips as
+    ``"<method> @ every GPU chip"`` (a GPU's error is of another scale: averaged apart)."""
     out = {}
-    for method, by_seed in per.items():
-        seeds = [rs for rs in by_seed.values() if {r["chip"] for r in rs} == chips]
-        if len(chips) < 2 or not seeds:
-            continue
-        means = [{"metrics": {key: float(np.mean([r["metrics"][key] for r in rs]))
-                              for key in SUMMARY_KEYS if all(r["metrics"].get(key) is not None for r in rs)}}
-                 for rs in seeds]
-        entry = _mean_std(means)
-        entry.update(seeds=len(seeds), k=None, sampler=seeds[0][0].get("sampler"),
-                     programs=int(sum(r["programs"] for r in seeds[0])), train_seconds=None, chips=sorted(chips))
-        out[f"{method} @ every chip"] = entry
+    for kind, name in OVER_CHIPS.items():
+        rows = [r for rs in by_method.values() for r in rs if r.get("kind", "cpu") == kind]
+        chips = {r["chip"] for r in rows}
+        per: dict = {}
+        for r in rows:
+            per.setdefault(r["method"], {}).setdefault(r["seed"], []).append(r)
+        for method, by_seed in per.items():
+            seeds = [rs for rs in by_seed.values() if {r["chip"] for r in rs} == chips]
+            if len(chips) < 2 or not seeds:
+                continue
+            means = [{"metrics": {key: float(np.mean([r["metrics"][key] for r in rs]))
+                                  for key in SUMMARY_KEYS if all(r["metrics"].get(key) is not None for r in rs)}}
+                     for rs in seeds]
+            entry = _mean_std(means)
+            entry.update(seeds=len(seeds), k=None, sampler=seeds[0][0].get("sampler"),
+                         programs=int(sum(r["programs"] for r in seeds[0])), train_seconds=None, chips=sorted(chips))
+            out[f"{method} @ {name}"] = entry
     return out
 
 

@@ -57,6 +57,28 @@ def test_protocol_rows_and_the_mean_over_chips(three_devices, chip_table, tmp_pa
     assert sum(line.startswith("| 16 |") for line in table.splitlines()) == 3  # every chip + two chips
 
 
+def test_gpu_chips_are_averaged_apart_from_cpu_chips(tmp_path):
+    """A GPU's error is of another scale: "@ every chip" averages the CPU chips (rows without a kind are a CPU's,
+    as before GPUs were held out), "@ every GPU chip" the GPUs, and the markdown shows both."""
+    from cdmpp.evaluation.chips import chips_markdown
+    from cdmpp.evaluation.summary import aggregate
+
+    runs = tmp_path / "runs.jsonl"
+    mape = {"cpu-a": 0.4, "cpu-b": 0.5, "gpu-a": 1.2, "gpu-b": 0.8}
+    with runs.open("w") as f:
+        for seed in (0, 1):
+            for chip, m in mape.items():
+                kind = {"kind": "gpu"} if chip.startswith("gpu") else ({} if chip == "cpu-a" else {"kind": "cpu"})
+                for method in ("cdmpp", "pooled GBT"):
+                    f.write(json.dumps(dict(seed=seed, setting="leave-one-chip-out", method=method, chip=chip, k=0,
+                                            programs=10, **kind, metrics=dict(mape=m, spearman=0.5))) + "\n")
+    summary = aggregate(str(runs), "test")["leave-one-chip-out"]
+    assert summary["cdmpp @ every chip"]["mape"] == pytest.approx(0.45)
+    assert summary["cdmpp @ every GPU chip"]["mape"] == pytest.approx(1.0)
+    assert summary["cdmpp @ every GPU chip"]["chips"] == ["gpu-a", "gpu-b"]
+    table = chips_markdown({"leave-one-chip-out": summary})
+    assert "**every chip**" in table and "**every GPU chip**" in table
+
 def test_an_unknown_chip_is_a_clear_error(three_devices, chip_table):
     from cdmpp.evaluation.chips import held_out_chips
     from cdmpp.evaluation.protocol import ProtocolOptions
