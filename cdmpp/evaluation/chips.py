@@ -6,7 +6,8 @@ Rows (``protocol-runs.jsonl`` form, setting ``leave-one-chip-out``, ``chip`` nam
 
 * ``cdmpp``: the pretrained model's prediction (a new CPU chip through its anchor, moved by Amdahl's law
   and the two chips' reference-kernel levels, else per-thread peaks: ``cdmpp.model.physics.chip_ratio``; the
-  reference kernels are not test programs); with shots, ``ShotChoice`` on it (the shipped
+  reference kernels are not test programs; a new GPU through the trained GPU closest in peak FLOP/s, moved by
+  the peaks' ratio); with shots, ``ShotChoice`` on it (the shipped
   k-shot path: the prediction as is, × the shots' median ratio, × a GBT of the log ratio, a GBT of the
   shots alone, or a blend, whichever cross-validation on the shots prefers); ``cdmpp, direct`` (k = 0):
   the network asked for the new chip from its specs, without the transfer; ``cdmpp, seen programs`` (k = 0):
@@ -27,6 +28,7 @@ shots-only GBT and the reference: no model of the other devices is trained, so K
 model-free features).
 
 Twins are grouped: no program of the chip's test set is in training on any device (``programs="new"``).
+Each row names the chip's ``kind`` ("cpu" or "gpu"): the summary averages GPU chips apart.
 """
 
 from __future__ import annotations
@@ -72,12 +74,11 @@ def run_chip(opts, seed: int, ds, device_table: dict, chip: str, out, context, k
     on the other devices. ``resume``: the protocol's ``Resumable`` of this chip and seed (cdmpp's training is
     saved every epoch until the chip's rows are written)."""
     from cdmpp.devices.reference import kernel_hashes
+    from cdmpp.model.physics import target_kind
     from cdmpp.model.pooled_gbt import PooledGBT
     from cdmpp.model.shots import ShotChoice
 
     base = splits.leave_one_chip_out_split(ds, chip, device_table, 0, seed=seed)
-    from cdmpp.model.physics import target_kind
-
     kinds = {target_kind(d) for d in base.info["target_device"].split("+")}
     common = dict(chip=chip, kind="gpu" if kinds == {"cuda"} else "cpu", programs=len(base.test), n_train=len(base.train))
     made = context(base.target_pool)
