@@ -76,7 +76,7 @@ def run_chip(opts, seed: int, ds, device_table: dict, chip: str, out, context, k
     from cdmpp.devices.reference import kernel_hashes
     from cdmpp.model.physics import target_kind
     from cdmpp.model.pooled_gbt import PooledGBT
-    from cdmpp.model.shots import ShotChoice
+    from cdmpp.model.shots import MIN_SHOTS_FOR_MODELS, ShotChoice
 
     base = splits.leave_one_chip_out_split(ds, chip, device_table, 0, seed=seed)
     kinds = {target_kind(d) for d in base.info["target_device"].split("+")}
@@ -151,7 +151,7 @@ def run_chip(opts, seed: int, ds, device_table: dict, chip: str, out, context, k
                 moved = ShotChoice(transfer, seed=seed, nthread=opts.threads).fit(shots)
                 out.row("leave-one-chip-out", "pooled GBT, spec transfer" + suffix, ev.score(test, moved.predict(test)),
                         train_seconds=gbt_secs, choice=moved.describe(), **n)
-            if k:
+            if len(shots) >= MIN_SHOTS_FOR_MODELS:
                 alone = ShotChoice(None, seed=seed, nthread=opts.threads, only=("shots",)).fit(shots)
                 out.row("leave-one-chip-out", "shots-only GBT" + suffix, ev.score(test, alone.predict(test)),
                         train_seconds=0.0, choice=alone.describe(), **n)

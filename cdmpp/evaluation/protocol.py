@@ -11,7 +11,9 @@ GBT blend, TVM's XGBModel, the Tenset MLP) and the runner treats them alike, thr
   device without any program of the target's test half (so it serves both settings; in the seen
   setting the twin's source label is an *input* at prediction time, never a training label); then
   k = 0, 16, 64 and 5 % target shots, KMeans (on the model's embeddings) vs random; every method gets
-  the same shots.
+  the same shots: cdmpp and each peer through Amdahl's law use them through ``ShotChoice`` (the shipped
+  k-shot path, as in leave-one-chip-out), the others through their ``adapt``; beside them the shots-only
+  GBT and, with ``cdmpp-finetune``, the network fine-tuned on KMeans shots.
 
 In the seen setting more predictors use the twin's measured latency: ``twin-ratio`` (the twin's
 label × a small GBT of the log ratio on pooled features, fitted on the shots), ``twin-Amdahl``
@@ -268,9 +270,14 @@ def fit_methods(opts: ProtocolOptions, split, context, scope: str, resume=None) 
     return fitted
 
 
-def _adapt(method, shots, adapted: dict):
-    """``method`` adapted with ``shots``; one made of parts it can reuse (``on_parts``) on its parts as
+def _adapt(method, shots, adapted: dict, seed: int, threads: int):
+    """``method`` adapted with ``shots``: through ``ShotChoice`` where it reaches the target by transfer
+    (``shot_choice``: the shipped k-shot path); one made of parts it can reuse (``on_parts``) on its parts as
     already adapted, so a shared part is adapted once (an adapt draws on xgboost's process-wide random state)."""
+    if getattr(method, "shot_choice", False):
+        from cdmpp.evaluation.methods.derived import ShotChosen
+
+        return ShotChosen.for_shots(method, shots, seed, threads)
     reuse = getattr(method, "on_parts", None)
     if reuse is not None and all(id(p) in adapted for p in method.parts):
         return reuse([adapted[id(p)] for p in method.parts])
@@ -290,6 +297,7 @@ def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | Non
 
     from cdmpp.evaluation.methods import registry
     from cdmpp.evaluation.methods.twin_ratio import TwinAmdahl, TwinRatio
+    from cdmpp.model.shots import MIN_SHOTS_FOR_MODELS, ShotChoice
 
     registry.check(opts.methods)
     torch.set_num_threads(max(1, opts.threads))
@@ -338,6 +346,7 @@ def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | Non
     fitted.sort(key=lambda mf: hasattr(mf[0], "parts"))  # parts first (as fitted), then what is made of them
     embed = next((m.embed for m, _ in fitted if hasattr(m, "embed")), None)  # KMeans shots on its embeddings
     twins = bool({"pooled-gbt", "twins"} & set(opts.methods))
+    finetune = "cdmpp-finetune" in opts.methods  # the network fine-tuned on KMeans shots, a row beside ShotChoice's
     n_target = base.info["n_target"]
     for k_name in opts.ks:
         k = _k_value(k_name, n_target) if k_name != "0" else 0
@@ -356,12 +365,20 @@ def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | Non
                         continue
                     m = method
                     if k:
-                        m = adapted[id(method)] = _adapt(method, sp.shots, adapted)
+                        m = adapted[id(method)] = _adapt(method, sp.shots, adapted, seed, opts.threads)
                     out.row(setting, m.label + suffix, score(m, test), train_seconds=secs, **fit_info(m), **n)
-                    if programs == "seen" and hasattr(m, "embed"):  # the physics priors x a GBT of the log ratio
+                    if k and finetune and hasattr(method, "embed") and sampler == "kmeans":  # for comparison
+                        tuned = method.adapt(sp.shots)
+                        out.row(setting, m.label + ", fine-tune" + suffix, score(tuned, test), train_seconds=secs,
+                                **fit_info(tuned), **n)
+                    if programs == "seen" and hasattr(method, "embed"):  # the physics priors x a GBT of the log ratio
                         tr = TwinRatio(sp.twins, nthread=opts.threads, random_state=seed, prior=priors, inputs="both",
-                                       embed=lambda ps, m=m: m.embed([p.features for p in ps])).fit(sp.shots)
+                                       embed=lambda ps, e=method.embed: e([p.features for p in ps])).fit(sp.shots)
                         out.row(setting, m.label + " + twin" + suffix, score(tr, test), train_seconds=secs, **n)
+                if len(sp.shots) >= MIN_SHOTS_FOR_MODELS:  # the peer with no other device: XGBoost on the shots alone
+                    alone = ShotChoice(None, seed=seed, nthread=opts.threads, only=("shots",)).fit(sp.shots)
+                    out.row(setting, "shots-only GBT" + suffix, ev.score(test, alone.predict(test)), train_seconds=0.0,
+                            choice=alone.describe(), **n)
                 for physics in priors if twins else ():
                     extra = {"overhead_s": physics.overhead_} if isinstance(physics, TwinAmdahl) else {}
                     out.row(setting, physics.label + suffix, score(physics, test), train_seconds=0.0, **extra, **n)

@@ -89,8 +89,8 @@ class ShotChoice:
         return None if self.base is None else np.log(np.maximum(np.asarray(self.base(programs), np.float64), 1e-12))
 
     def fit(self, shots: Sequence) -> "ShotChoice":
-        if not shots and self.base is None:
-            raise ValueError("a shots-only model needs at least one shot")
+        if self.base is None and len(shots) < MIN_SHOTS_FOR_MODELS:
+            raise ValueError(f"a shots-only model needs at least {MIN_SHOTS_FOR_MODELS} shots, got {len(shots)}")
         self.n_shots_ = len(shots)
         y = np.log([p.seconds for p in shots])
         # the shots-only GBT learns log seconds itself (log FLOPs is one of its inputs): a time-per-FLOP

@@ -12,7 +12,8 @@ from tests.data import FAKE_DEVICE, ROOT
 @pytest.mark.slow
 def test_protocol_seed_writes_a_row_per_setting_and_method(two_devices, tiny_recipe, tmp_path):
     """MECHANICS ONLY (relabeled fake device): one seed of the protocol writes cdmpp, the pooled GBT
-    and the twin rows for every setting asked for."""
+    and the twin rows for every setting asked for; with shots, cdmpp's row is the shipped k-shot path
+    (``ShotChoice``, which the row names), beside the fine-tune and the shots-only GBT."""
     from cdmpp.devices.table import DeviceTable
     from cdmpp.evaluation.protocol import ProtocolOptions, run_seed
 
@@ -20,14 +21,18 @@ def test_protocol_seed_writes_a_row_per_setting_and_method(two_devices, tiny_rec
     real_dev = next(iter({p.device for p in two_devices.programs} - {FAKE_DEVICE}))
     table[FAKE_DEVICE] = {**table[real_dev], "cores": 1, "simd_width_bits": 256}
     runs = tmp_path / "runs.jsonl"
-    opts = ProtocolOptions(target_device=FAKE_DEVICE, settings=("random-new", "cross-device-seen"), ks=("0", "4"),
-                           samplers=("kmeans",), recipe=tiny_recipe, minutes=0.05, runs=str(runs))
+    opts = ProtocolOptions(target_device=FAKE_DEVICE, settings=("random-new", "cross-device-seen"), ks=("0", "8"),
+                           samplers=("kmeans",), methods=("cdmpp", "pooled-gbt", "cdmpp-finetune"),
+                           recipe=tiny_recipe, minutes=0.05, runs=str(runs))
     run_seed(opts, 0, ds=two_devices, device_table=table)
     assert not list((tmp_path / "runs.states").glob("*.pt"))  # cdmpp's saved runs went with their rows
-    rows = {(r["setting"], r["method"]) for r in map(json.loads, runs.read_text().splitlines())}
+    by = {(r["setting"], r["method"]): r for r in map(json.loads, runs.read_text().splitlines())}
     assert {("random-new", "cdmpp"), ("random-new", "pooled GBT"),
-            ("cross-device-seen", "cdmpp k=4 (kmeans)"), ("cross-device-seen", "twin-ratio k=4 (kmeans)"),
-            ("cross-device-seen", "cdmpp + twin k=4 (kmeans)"), ("cross-device-seen", "twin-Amdahl k=4 (kmeans)")} <= rows
+            ("cross-device-seen", "cdmpp k=8 (kmeans)"), ("cross-device-seen", "twin-ratio k=8 (kmeans)"),
+            ("cross-device-seen", "cdmpp + twin k=8 (kmeans)"), ("cross-device-seen", "twin-Amdahl k=8 (kmeans)"),
+            ("cross-device-seen", "cdmpp, fine-tune k=8 (kmeans)"), ("cross-device-seen", "shots-only GBT k=8 (kmeans)")} <= set(by)
+    assert by[("cross-device-seen", "cdmpp k=8 (kmeans)")]["choice"]  # what ShotChoice kept, and its cross-validation
+    assert "choice" not in by[("cross-device-seen", "cdmpp, fine-tune k=8 (kmeans)")]
 
 
 @pytest.mark.slow

@@ -61,8 +61,8 @@ def test_few_shots_only_scale_and_no_shots_keep_the_base(programs):
     assert few.choice_.kind in ("base", "scaled")
     none = ShotChoice(base).fit([])
     assert none.choice_.kind == "base" and np.allclose(none.predict(test), base(test))
-    with pytest.raises(ValueError, match="at least one shot"):
-        ShotChoice(None).fit([])
+    with pytest.raises(ValueError, match=f"at least {MIN_SHOTS_FOR_MODELS} shots, got {len(shots)}"):
+        ShotChoice(None).fit(shots)  # a shots-only model of fewer shots than its folds can judge
 
 
 def test_a_fitted_choice_round_trips_through_json(programs):

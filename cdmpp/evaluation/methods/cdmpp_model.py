@@ -19,6 +19,7 @@ class CDMPP:
 
     predicts = "seconds"
     budget_weight = 1.0
+    shot_choice = True  # cross-device shots go through ShotChoice (the shipped k-shot path); ``adapt`` fine-tunes
 
     def __init__(self, config: TrainConfig, device_table: dict, target_pool: Sequence | None = None,
                  label: str = "cdmpp"):

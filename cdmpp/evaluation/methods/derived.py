@@ -89,6 +89,7 @@ class ViaAmdahl(Peer):
     settings only."""
 
     scope = ("cross-device",)
+    shot_choice = True
 
     def __init__(self, part, device_table: dict):
         self.part, self.device_table = part, device_table
@@ -134,3 +135,28 @@ class TransformerAlone(Peer):
 
     def describe(self) -> str:
         return f"the transformer members of: {self.part.describe()}"
+
+
+class ShotChosen(Peer):
+    """``part``'s prediction with ``ShotChoice`` fitted on the shots of the target: the shipped k-shot path
+    (``cdmpp finetune --how choice``), so a cross-device row with shots scores what a user gets, as
+    leave-one-chip-out does. Made by ``for_shots``; ``part`` is a fitted method predicting seconds."""
+
+    def __init__(self, part, choice):
+        self.part, self.choice_ = part, choice
+        self.label = part.label
+
+    @classmethod
+    def for_shots(cls, part, shots: Sequence, seed: int, nthread: int = 1) -> "ShotChosen":
+        from cdmpp.model.shots import ShotChoice
+
+        return cls(part, ShotChoice(part.predict, seed=seed, nthread=nthread).fit(shots))
+
+    def predict(self, programs: Sequence) -> np.ndarray:
+        return self.choice_.predict(programs)
+
+    def row_info(self) -> dict:
+        return {"choice": self.choice_.describe()}
+
+    def describe(self) -> str:
+        return self.choice_.describe()

@@ -33,6 +33,9 @@ class Method(Protocol):
 
     # optional: ``predict_order(programs)``, seconds that order the programs of a task, where a method
     # answers that apart from the seconds themselves (cdmpp); the ranking metrics use it, else ``predict``'s
+    # optional: ``shot_choice = True``, a method that reaches the target by transfer (cdmpp, a peer through
+    # Amdahl's law): its cross-device rows with shots go through ``ShotChoice`` (``derived.ShotChosen``), the
+    # shipped k-shot path, instead of its ``adapt``
 
     def adapt(self, shots: Sequence) -> "Method":
         """A new method adapted with the measured target programs ``shots`` (k-shot transfer)."""
