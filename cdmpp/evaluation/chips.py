@@ -9,7 +9,8 @@ Rows (``protocol-runs.jsonl`` form, setting ``leave-one-chip-out``, ``chip`` nam
   reference kernels are not test programs; a new GPU through the trained GPU closest in peak FLOP/s, moved by
   the peaks' ratio); with shots, ``ShotChoice`` on it (the shipped
   k-shot path: the prediction as is, × the shots' median ratio, × a GBT of the log ratio, a GBT of the
-  shots alone, or a blend, whichever cross-validation on the shots prefers); ``cdmpp, direct`` (k = 0):
+  shots alone, or a blend, whichever cross-validation on the shots prefers; applied to its seconds and to
+  its order prediction, as a checkpoint with shots applies it); ``cdmpp, direct`` (k = 0):
   the network asked for the new chip from its specs, without the transfer; ``cdmpp, seen programs`` (k = 0):
   the same prediction on the chip's programs outside the test, whose twins were in training on other chips
   (the chip new, the programs not: what the shots' cross-validation sees);
@@ -47,18 +48,26 @@ LOCO_KS = ("0", "1%", "5%", "16", "64")
 
 
 class _Memo:
-    """A predictor's seconds per (device, program hash), so the test set is predicted once per model."""
+    """A method's (mean, lo90, hi90, order) per (device, program hash), so the test set is predicted once per
+    model; a method with only ``predict`` gives its seconds and None for the rest."""
 
-    def __init__(self, predict):
-        self.predict_, self.seen = predict, {}
+    def __init__(self, method):
+        self.method, self.seen = method, {}
 
-    def __call__(self, programs: Sequence) -> np.ndarray:
+    def predict_interval_and_order(self, programs: Sequence) -> tuple:
         keys = [(p.device, p.features.program_hash) for p in programs]
         new = [i for i, key in enumerate(keys) if key not in self.seen]
         if new:
-            for i, s in zip(new, self.predict_([programs[i] for i in new])):
-                self.seen[keys[i]] = float(s)
-        return np.array([self.seen[key] for key in keys])
+            both = getattr(self.method, "predict_interval_and_order", None)
+            part = [programs[i] for i in new]
+            got = both(part) if both is not None else (self.method.predict(part), None, None, None)
+            for j, i in enumerate(new):
+                self.seen[keys[i]] = tuple(None if a is None else float(a[j]) for a in got)
+        rows = [self.seen[key] for key in keys]
+        return tuple(None if rows and rows[0][c] is None else np.array([r[c] for r in rows]) for c in range(4))
+
+    def predict(self, programs: Sequence) -> np.ndarray:
+        return self.predict_interval_and_order(programs)[0]
 
 
 def _chip_pool(ds, split) -> list:
@@ -74,6 +83,7 @@ def run_chip(opts, seed: int, ds, device_table: dict, chip: str, out, context, k
     on the other devices. ``resume``: the protocol's ``Resumable`` of this chip and seed (cdmpp's training is
     saved every epoch until the chip's rows are written)."""
     from cdmpp.devices.reference import kernel_hashes
+    from cdmpp.evaluation.methods.derived import shot_chosen
     from cdmpp.model.physics import target_kind
     from cdmpp.model.pooled_gbt import PooledGBT
     from cdmpp.model.shots import MIN_SHOTS_FOR_MODELS, ShotChoice
@@ -95,7 +105,7 @@ def run_chip(opts, seed: int, ds, device_table: dict, chip: str, out, context, k
     model = cdmpp_secs = None
     if "cdmpp" in opts.methods:
         model, cdmpp_secs = fitted("cdmpp")
-        cdmpp_base = _Memo(model.predict)
+        cdmpp_base = _Memo(model)
     if {"pooled-gbt", "chip-peers"} & set(opts.methods):  # the ceiling: a GBT of the chip's own programs
         val_, train_ = splits._split_by_key(pool, lambda p: p.features.program_hash, [0.1],
                                             splits._rng(seed, "chip-reference", chip))
@@ -109,7 +119,7 @@ def run_chip(opts, seed: int, ds, device_table: dict, chip: str, out, context, k
         from cdmpp.model.physics import fork_join_by_device
 
         gbt, gbt_secs = fitted("pooled-gbt")
-        transfer = _Memo(AmdahlTransfer(gbt, fork_join_by_device(base.train, device_table), device_table).predict)
+        transfer = _Memo(AmdahlTransfer(gbt, fork_join_by_device(base.train, device_table), device_table))
     embed = model.embed if model is not None else None
     for k_name in opts.chip_ks:
         k = k_value(k_name, base.info["n_target"]) if k_name != "0" else 0
@@ -120,9 +130,9 @@ def run_chip(opts, seed: int, ds, device_table: dict, chip: str, out, context, k
             suffix = "" if not k else f" k={k_name} ({sampler})"
             if model is not None:
                 if k:
-                    choice = ShotChoice(cdmpp_base, seed=seed, nthread=opts.threads).fit(shots)
-                    pred = choice.predict(test)
-                    out.row("leave-one-chip-out", opts.label + suffix, ev.score(test, pred), train_seconds=cdmpp_secs,
+                    choice = ShotChoice(cdmpp_base.predict, seed=seed, nthread=opts.threads).fit(shots)
+                    out.row("leave-one-chip-out", opts.label + suffix,
+                            ev.score(test, *shot_chosen(choice, cdmpp_base, test)), train_seconds=cdmpp_secs,
                             choice=choice.describe(), **n)
                     if "cdmpp-finetune" in opts.methods and sampler == "kmeans":  # the comparison, at its cost
                         tuned = model.adapt(shots)
@@ -130,13 +140,13 @@ def run_chip(opts, seed: int, ds, device_table: dict, chip: str, out, context, k
                         out.row("leave-one-chip-out", opts.label + ", fine-tune" + suffix,
                                 ev.score(test, mean, lo, hi, order), train_seconds=cdmpp_secs, **n)
                 else:
-                    mean, lo, hi, order = model.predict_interval_and_order(test)
+                    mean, lo, hi, order = cdmpp_base.predict_interval_and_order(test)
                     out.row("leave-one-chip-out", opts.label, ev.score(test, mean, lo, hi, order),
                             train_seconds=cdmpp_secs, val_mape=model.model_.summary["val"]["mape"],
                             epochs=sum(len(r.get("history", [])) for r in model.model_.summary["members"]), **n)
                     kernels = kernel_hashes()
                     seen = [p for p in pool if p.features.program_hash not in kernels]
-                    mean, lo, hi, order = model.predict_interval_and_order(seen)  # their twins were in training
+                    mean, lo, hi, order = cdmpp_base.predict_interval_and_order(seen)  # their twins were in training
                     out.row("leave-one-chip-out", opts.label + ", seen programs", ev.score(seen, mean, lo, hi, order),
                             train_seconds=cdmpp_secs, **dict(n, programs=len(seen)))
                     direct = copy.copy(model.model_)
@@ -148,8 +158,9 @@ def run_chip(opts, seed: int, ds, device_table: dict, chip: str, out, context, k
                 g = gbt.adapt(shots) if k else gbt
                 out.row("leave-one-chip-out", "pooled GBT" + suffix, ev.score(test, g.predict(test)),
                         train_seconds=gbt_secs, **n)
-                moved = ShotChoice(transfer, seed=seed, nthread=opts.threads).fit(shots)
-                out.row("leave-one-chip-out", "pooled GBT, spec transfer" + suffix, ev.score(test, moved.predict(test)),
+                moved = ShotChoice(transfer.predict, seed=seed, nthread=opts.threads).fit(shots)
+                out.row("leave-one-chip-out", "pooled GBT, spec transfer" + suffix,
+                        ev.score(test, *shot_chosen(moved, transfer, test)),
                         train_seconds=gbt_secs, choice=moved.describe(), **n)
             if len(shots) >= MIN_SHOTS_FOR_MODELS:
                 alone = ShotChoice(None, seed=seed, nthread=opts.threads, only=("shots",)).fit(shots)

@@ -80,3 +80,32 @@ def test_a_fitted_choice_round_trips_through_json(programs):
         feats = [p.features for p in test]  # bare ProgramFeatures and the caller's base prediction
         assert np.allclose(again.predict(feats, base_seconds=base(test)), fitted.predict(test), rtol=1e-5)
         assert again.describe() == fitted.describe()
+
+
+def test_shot_chosen_moves_the_interval_and_the_order_as_a_checkpoint_with_shots_does(programs):
+    """``ShotChosen`` (the protocol's k-shot row) applies the choice to a part's seconds, moves its interval by
+    the same factor and puts its order prediction (cdmpp's order weight) through the same choice, so the row
+    ranks a task's programs as the shipped path does, not by the seconds."""
+    from cdmpp.evaluation.methods.derived import ShotChosen
+
+    truth = {p.features.program_hash: p.seconds for p in programs}
+
+    class Part:  # 5x too fast; the order prediction differs from the seconds, as cdmpp's does
+        label = "part"
+
+        def predict(self, ps):
+            return np.array([truth[p.features.program_hash] / 5 for p in ps])
+
+        def predict_interval_and_order(self, ps):
+            s = self.predict(ps)
+            return s, s / 2, s * 2, s[::-1].copy()
+
+    shots, test = _split(programs, 32)
+    row = ShotChosen.for_shots(Part(), shots, seed=0)
+    mean, lo, hi, order = row.predict_interval_and_order(test)
+    assert np.allclose(mean, row.predict(test)) and _mape(mean, test) < 0.05
+    assert np.allclose(lo, mean / 2) and np.allclose(hi, mean * 2)
+    s, _, _, part_order = Part().predict_interval_and_order(test)
+    assert np.allclose(order, row.choice_.predict(test, base_seconds=part_order))
+    assert not np.allclose(order, mean)
+    assert row.row_info()["choice"] == row.choice_.describe()

@@ -140,7 +140,9 @@ class TransformerAlone(Peer):
 class ShotChosen(Peer):
     """``part``'s prediction with ``ShotChoice`` fitted on the shots of the target: the shipped k-shot path
     (``cdmpp finetune --how choice``), so a cross-device row with shots scores what a user gets, as
-    leave-one-chip-out does. Made by ``for_shots``; ``part`` is a fitted method predicting seconds."""
+    leave-one-chip-out does. As in a checkpoint with shots (``TrainedModel.predict_orders``), the choice is
+    applied to the part's seconds, its interval moved with them, and to its order prediction (cdmpp's
+    order weight), which ranks a task's programs. Made by ``for_shots``; ``part`` is a fitted method."""
 
     def __init__(self, part, choice):
         self.part, self.choice_ = part, choice
@@ -155,8 +157,27 @@ class ShotChosen(Peer):
     def predict(self, programs: Sequence) -> np.ndarray:
         return self.choice_.predict(programs)
 
+    def predict_interval_and_order(self, programs: Sequence):
+        """(mean, lo, hi, order) of the part, each through the choice: one pass of the part for all four."""
+        return shot_chosen(self.choice_, self.part, programs)
+
     def row_info(self) -> dict:
         return {"choice": self.choice_.describe()}
 
     def describe(self) -> str:
         return self.choice_.describe()
+
+
+def shot_chosen(choice, part, programs: Sequence):
+    """``choice`` (a fitted ``ShotChoice``) on ``part``'s prediction of ``programs``: (mean, lo, hi, order),
+    the bounds moved by the mean's factor and ``order`` (None where ``part`` has no order prediction) through
+    the same choice, as ``TrainedModel.predict_orders`` applies a device's shots."""
+    both = getattr(part, "predict_interval_and_order", None)
+    if both is not None:
+        seconds, lo, hi, order = both(programs)
+    else:
+        (seconds, lo, hi), order = part.predict_interval(programs), None
+    mean = choice.predict(programs, base_seconds=seconds)
+    factor = mean / np.asarray(seconds, dtype=np.float64)
+    lo, hi = (None if b is None else b * factor for b in (lo, hi))
+    return mean, lo, hi, None if order is None else choice.predict(programs, base_seconds=order)
