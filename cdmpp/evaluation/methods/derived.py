@@ -83,6 +83,15 @@ class Blend(Peer):
         return f"{self.a.label} and {self.b.label} blended, weight {self.weight_:.2f} on validation"
 
 
+class TransferredBlend(Blend):
+    """``Blend`` of two peers that reach a new thread count through Amdahl's law (``ViaAmdahl``), the weight
+    chosen on the source devices' validation programs: the blend peer of the cross-device settings, with
+    shots through ``ShotChoice`` as the peers it blends."""
+
+    scope = ("cross-device",)
+    shot_choice = True
+
+
 class ViaAmdahl(Peer):
     """``part`` trained on the source devices, predicting a new CPU thread count through cdmpp's Amdahl
     transfer (``twin_ratio.AmdahlTransfer``, its fork-join times from the training programs). Cross-device

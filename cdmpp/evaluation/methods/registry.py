@@ -6,7 +6,7 @@ fits and scores what ``build`` returns and knows no method by name.
 Names: ``cdmpp``; ``transformer-alone`` (cdmpp's transformer without its GBT, from the same fit); ``pooled-gbt`` (the pooled GBT and its validation-scaled row); ``pooled-gbt-roofline``,
 ``pooled-gbt-latency``, ``pooled-gbt-mape`` (the GBT on log(latency / roofline bound), on log latency, on
 log latency with a MAPE loss; cross-device also through Amdahl's law); ``gbt-blend`` (the latency and
-MAPE-loss GBTs blended, the weight on validation); ``xgb`` (TVM's XGBModel, ranking only), ``mlp`` (the
+MAPE-loss GBTs blended, the weight on validation; cross-device their blend through Amdahl's law); ``xgb`` (TVM's XGBModel, ranking only), ``mlp`` (the
 Tenset MLP), ``xgb-regressor`` (XGBoost on TVM's features and device specs), under the peers' time budget. ``FLAGS`` are names of the ``--methods`` list that choose
 rows rather than methods (the twin predictors, leave-one-chip-out's peers and its fine-tune row).
 """
@@ -82,10 +82,11 @@ def _pooled_gbt(c: Context) -> list:
 
 
 def _gbt_blend(c: Context) -> list:
-    from cdmpp.evaluation.methods.derived import Blend
+    from cdmpp.evaluation.methods.derived import Blend, TransferredBlend
 
-    latency, mape = c.get("pooled-gbt-latency"), c.get("pooled-gbt-mape")
-    return [*latency, *mape, Blend(latency[0], mape[0], GBT_BLEND)]
+    latency, mape = c.get("pooled-gbt-latency"), c.get("pooled-gbt-mape")  # each [GBT, GBT through Amdahl]
+    return [*latency, *mape, Blend(latency[0], mape[0], GBT_BLEND),
+            TransferredBlend(latency[1], mape[1], GBT_BLEND + ", Amdahl transfer")]
 
 
 def _xgb(c: Context) -> list:
