@@ -295,8 +295,8 @@ def add_eval_commands(sub, bsub) -> None:
                             "(the GBT on log(latency / roofline bound), on log latency, on log latency with a MAPE "
                             "loss), gbt-blend (the latency and MAPE-loss GBTs blended, the weight chosen on "
                             "validation), chip-peers (leave-one-chip-out: only the shots-only GBT and the chip's own "
-                            "GBT), cdmpp-finetune (with shots: the network fine-tuned on KMeans shots, a row beside ShotChoice's), xgb "
-                            "(TVM's XGBModel), mlp (Tenset MLP), xgb-regressor (XGBoost on TVM features + device "
+                            "GBT), cdmpp-finetune (with shots: the network fine-tuned on KMeans shots, a row beside "
+                            "ShotChoice's), xgb (TVM's XGBModel), mlp (Tenset MLP), xgb-regressor (XGBoost on TVM features + device "
                             "specs); names: cdmpp/evaluation/methods/registry.py")
     proto.add_argument("--peer-minutes", type=float, default=2.0, help="cap on each xgb / mlp training run (default 2)")
     proto.add_argument("--recipe", default="default")
