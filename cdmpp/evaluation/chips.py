@@ -47,29 +47,6 @@ from cdmpp.evaluation.summary import OVER_CHIPS
 LOCO_KS = ("0", "1%", "5%", "16", "64")
 
 
-class _Memo:
-    """A method's (mean, lo90, hi90, order) per (device, program hash), so the test set is predicted once per
-    model; a method with only ``predict`` gives its seconds and None for the rest."""
-
-    def __init__(self, method):
-        self.method, self.seen = method, {}
-
-    def predict_interval_and_order(self, programs: Sequence) -> tuple:
-        keys = [(p.device, p.features.program_hash) for p in programs]
-        new = [i for i, key in enumerate(keys) if key not in self.seen]
-        if new:
-            both = getattr(self.method, "predict_interval_and_order", None)
-            part = [programs[i] for i in new]
-            got = both(part) if both is not None else (self.method.predict(part), None, None, None)
-            for j, i in enumerate(new):
-                self.seen[keys[i]] = tuple(None if a is None else float(a[j]) for a in got)
-        rows = [self.seen[key] for key in keys]
-        return tuple(None if rows and rows[0][c] is None else np.array([r[c] for r in rows]) for c in range(4))
-
-    def predict(self, programs: Sequence) -> np.ndarray:
-        return self.predict_interval_and_order(programs)[0]
-
-
 def _chip_pool(ds, split) -> list:
     """The chip's labelled programs outside the test set (what a full collection on it would give)."""
     targets = set(split.info["target_device"].split("+"))
@@ -83,7 +60,7 @@ def run_chip(opts, seed: int, ds, device_table: dict, chip: str, out, context, k
     on the other devices. ``resume``: the protocol's ``Resumable`` of this chip and seed (cdmpp's training is
     saved every epoch until the chip's rows are written)."""
     from cdmpp.devices.reference import kernel_hashes
-    from cdmpp.evaluation.methods.derived import shot_chosen
+    from cdmpp.evaluation.methods.derived import Memo, shot_chosen
     from cdmpp.model.physics import target_kind
     from cdmpp.model.pooled_gbt import PooledGBT
     from cdmpp.model.shots import MIN_SHOTS_FOR_MODELS, ShotChoice
@@ -105,7 +82,7 @@ def run_chip(opts, seed: int, ds, device_table: dict, chip: str, out, context, k
     model = cdmpp_secs = None
     if "cdmpp" in opts.methods:
         model, cdmpp_secs = fitted("cdmpp")
-        cdmpp_base = _Memo(model)
+        cdmpp_base = Memo(model)
     if {"pooled-gbt", "chip-peers"} & set(opts.methods):  # the ceiling: a GBT of the chip's own programs
         val_, train_ = splits._split_by_key(pool, lambda p: p.features.program_hash, [0.1],
                                             splits._rng(seed, "chip-reference", chip))
@@ -119,7 +96,7 @@ def run_chip(opts, seed: int, ds, device_table: dict, chip: str, out, context, k
         from cdmpp.model.physics import fork_join_by_device
 
         gbt, gbt_secs = fitted("pooled-gbt")
-        transfer = _Memo(AmdahlTransfer(gbt, fork_join_by_device(base.train, device_table), device_table))
+        transfer = Memo(AmdahlTransfer(gbt, fork_join_by_device(base.train, device_table), device_table))
     embed = model.embed if model is not None else None
     for k_name in opts.chip_ks:
         k = k_value(k_name, base.info["n_target"]) if k_name != "0" else 0
