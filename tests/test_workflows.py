@@ -87,3 +87,4 @@ def test_adapting_by_choice_changes_only_that_device_and_survives_a_save(predict
     again = TrainedModel.load(tmp_path / "m")
     assert np.allclose(again.predict(feats, slow)[0], new.predict(feats, slow)[0], rtol=1e-5)
     assert new.summary["finetune"]["how"] == "choice"
+    assert new.shot_choices[slow].base_bias == trained.calibration.get("val_log_bias", 0.0)  # the level it keeps

@@ -63,7 +63,7 @@ def run_chip(opts, seed: int, ds, device_table: dict, chip: str, out, context, k
     from cdmpp.evaluation.methods.derived import Memo, shot_chosen
     from cdmpp.model.physics import target_kind
     from cdmpp.model.pooled_gbt import PooledGBT
-    from cdmpp.model.shots import MIN_SHOTS_FOR_MODELS, ShotChoice
+    from cdmpp.model.shots import MIN_SHOTS_FOR_MODELS, ShotChoice, median_log_error
 
     base = splits.leave_one_chip_out_split(ds, chip, device_table, 0, seed=seed)
     kinds = {target_kind(d) for d in base.info["target_device"].split("+")}
@@ -83,6 +83,7 @@ def run_chip(opts, seed: int, ds, device_table: dict, chip: str, out, context, k
     if "cdmpp" in opts.methods:
         model, cdmpp_secs = fitted("cdmpp")
         cdmpp_base = Memo(model)
+        cdmpp_bias = median_log_error(cdmpp_base.predict(base.val), [p.seconds for p in base.val])
     if {"pooled-gbt", "chip-peers"} & set(opts.methods):  # the ceiling: a GBT of the chip's own programs
         val_, train_ = splits._split_by_key(pool, lambda p: p.features.program_hash, [0.1],
                                             splits._rng(seed, "chip-reference", chip))
@@ -97,6 +98,7 @@ def run_chip(opts, seed: int, ds, device_table: dict, chip: str, out, context, k
 
         gbt, gbt_secs = fitted("pooled-gbt")
         transfer = Memo(AmdahlTransfer(gbt, fork_join_by_device(base.train, device_table), device_table))
+        transfer_bias = median_log_error(transfer.predict(base.val), [p.seconds for p in base.val])
     embed = model.embed if model is not None else None
     for k_name in opts.chip_ks:
         k = k_value(k_name, base.info["n_target"]) if k_name != "0" else 0
@@ -107,7 +109,8 @@ def run_chip(opts, seed: int, ds, device_table: dict, chip: str, out, context, k
             suffix = "" if not k else f" k={k_name} ({sampler})"
             if model is not None:
                 if k:
-                    choice = ShotChoice(cdmpp_base.predict, seed=seed, nthread=opts.threads).fit(shots)
+                    choice = ShotChoice(cdmpp_base.predict, seed=seed, nthread=opts.threads,
+                                        base_bias=cdmpp_bias).fit(shots)
                     out.row("leave-one-chip-out", opts.label + suffix,
                             ev.score(test, *shot_chosen(choice, cdmpp_base, test)), train_seconds=cdmpp_secs,
                             choice=choice.describe(), **n)
@@ -135,7 +138,7 @@ def run_chip(opts, seed: int, ds, device_table: dict, chip: str, out, context, k
                 g = gbt.adapt(shots) if k else gbt
                 out.row("leave-one-chip-out", "pooled GBT" + suffix, ev.score(test, g.predict(test)),
                         train_seconds=gbt_secs, **n)
-                moved = ShotChoice(transfer.predict, seed=seed, nthread=opts.threads).fit(shots)
+                moved = ShotChoice(transfer.predict, seed=seed, nthread=opts.threads, base_bias=transfer_bias).fit(shots)
                 out.row("leave-one-chip-out", "pooled GBT, spec transfer" + suffix,
                         ev.score(test, *shot_chosen(moved, transfer, test)),
                         train_seconds=gbt_secs, choice=moved.describe(), **n)

@@ -270,15 +270,15 @@ def fit_methods(opts: ProtocolOptions, split, context, scope: str, resume=None) 
     return fitted
 
 
-def _adapt(method, shots, adapted: dict, seed: int, threads: int, memo=None):
+def _adapt(method, shots, adapted: dict, seed: int, threads: int, memo=None, base_bias: float = 0.0):
     """``method`` adapted with ``shots``: through ``ShotChoice`` where it reaches the target by transfer
     (``shot_choice``: the shipped k-shot path; ``memo``: its predictions kept across shot counts, a
-    ``derived.Memo``); one made of parts it can reuse (``on_parts``) on its parts as
+    ``derived.Memo``; ``base_bias``: its median log error on validation); one made of parts it can reuse (``on_parts``) on its parts as
     already adapted, so a shared part is adapted once (an adapt draws on xgboost's process-wide random state)."""
     if getattr(method, "shot_choice", False):
         from cdmpp.evaluation.methods.derived import ShotChosen
 
-        return ShotChosen.for_shots(memo or method, shots, seed, threads)
+        return ShotChosen.for_shots(memo or method, shots, seed, threads, base_bias)
     reuse = getattr(method, "on_parts", None)
     if reuse is not None and all(id(p) in adapted for p in method.parts):
         return reuse([adapted[id(p)] for p in method.parts])
@@ -299,7 +299,7 @@ def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | Non
     from cdmpp.evaluation.methods import registry
     from cdmpp.evaluation.methods.derived import Memo
     from cdmpp.evaluation.methods.twin_ratio import TwinAmdahl, TwinRatio
-    from cdmpp.model.shots import MIN_SHOTS_FOR_MODELS, ShotChoice
+    from cdmpp.model.shots import MIN_SHOTS_FOR_MODELS, ShotChoice, median_log_error
 
     registry.check(opts.methods)
     torch.set_num_threads(max(1, opts.threads))
@@ -349,6 +349,7 @@ def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | Non
     embed = next((m.embed for m, _ in fitted if hasattr(m, "embed")), None)  # KMeans shots on its embeddings
     twins = bool({"pooled-gbt", "twins"} & set(opts.methods))
     memos = {id(m): Memo(m) for m, _ in fitted if getattr(m, "shot_choice", False)}  # each program predicted once
+    biases = {key: median_log_error(memo.predict(base.val), _seconds(base.val)) for key, memo in memos.items()}
     finetune = "cdmpp-finetune" in opts.methods  # the network fine-tuned on KMeans shots, a row beside ShotChoice's
     n_target = base.info["n_target"]
     for k_name in opts.ks:
@@ -369,7 +370,7 @@ def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | Non
                     m = method
                     if k:
                         m = adapted[id(method)] = _adapt(method, sp.shots, adapted, seed, opts.threads,
-                                                         memos.get(id(method)))
+                                                         memos.get(id(method)), biases.get(id(method), 0.0))
                     out.row(setting, m.label + suffix, score(m, test), train_seconds=secs, **fit_info(m), **n)
                     if k and finetune and hasattr(method, "embed") and sampler == "kmeans":  # for comparison
                         tuned = method.adapt(sp.shots)

@@ -46,6 +46,7 @@ from cdmpp.model.distributed import Runner
 from cdmpp.model.feature_store import FeatureStore, TrainingColumns, check_store_recipe
 from cdmpp.model.network import CDMPPModel, PackedPrograms, bucketed_batches, length_sorted_batches
 from cdmpp.model.physics import fork_join_of, target_kind
+from cdmpp.model.shots import median_log_error
 from cdmpp.model.transforms import DeviceSpecs, FeatureNormalizer, LogLatency
 
 if TYPE_CHECKING:
@@ -186,6 +187,9 @@ def fit(config: TrainConfig, train_set: Sequence[LabeledProgram] | FeatureStore,
                                 config.gbt_max_trees, run_state)
         pred, lo_s, hi_s = pred * factor, lo_s * factor, hi_s * factor
     rel = np.abs(pred - val.seconds) / val.seconds
+    # where a prediction trained for MAPE sits against the median on programs new to it: the level a device's
+    # shots are fitted back to (ShotChoice's base_bias)
+    trained.calibration["val_log_bias"] = median_log_error(pred, val.seconds)
     trained.summary = dict(
         n_train=len(cols), n_val=len(val_set), n_target=len(target_pool), devices=all_devices,
         train_devices=sorted(set(cols.devices)), n_features=int(raw.leaves.shape[1]),

@@ -39,6 +39,27 @@ def test_a_base_off_by_a_constant_is_corrected_from_the_shots(programs):
     assert "cross-validated MAPE" in choice.describe()
 
 
+def test_a_correction_keeps_the_level_a_mape_trained_base_has_on_new_programs(programs):
+    """A base 5x too fast that also sits below the median as a MAPE-trained model does (``base_bias``, its
+    median log error on its validation programs): the shots fix the 5x, not that margin; the fitted choice
+    and its stored state keep it, and the shots-only model has no base whose margin it could keep."""
+    import json
+
+    from cdmpp.model.shots import ShotChoice, median_log_error
+
+    truth = {p.features.program_hash: p.seconds for p in programs}
+    base = lambda ps: np.array([truth[p.features.program_hash] / 5 for p in ps])  # noqa: E731
+    shots, test = _split(programs, 32)
+    y = [p.seconds for p in test]
+    assert abs(median_log_error(ShotChoice(base, seed=0).fit(shots).predict(test), y)) < 0.02
+    for only in (("scaled",), ("ratio",)):
+        kept = ShotChoice(base, seed=0, only=only, base_bias=-0.2).fit(shots)
+        assert median_log_error(kept.predict(test), y) == pytest.approx(-0.2, abs=0.02)
+        again = ShotChoice.from_state(json.loads(json.dumps(kept.to_state())), base)
+        assert np.allclose(again.predict(test), kept.predict(test), rtol=1e-5)
+    assert ShotChoice(None, only=("shots",), base_bias=-0.2).base_bias == 0.0
+
+
 def test_a_useless_base_loses_to_the_shots_alone(programs):
     """A base that knows nothing (one constant) must not hold back what the shots themselves teach."""
     from cdmpp.model.shots import ShotChoice

@@ -240,6 +240,7 @@ def test_the_gbt_blend_weights_for_seconds_and_order_are_chosen_on_val_and_survi
     assert np.all(lo <= mean) and np.all(mean <= hi)
     mape = lambda p: float(np.mean(np.abs(p - y) / y))  # noqa: E731
     assert model.summary["val"]["mape"] == pytest.approx(mape(mean), rel=1e-5)
+    assert model.calibration["val_log_bias"] == pytest.approx(float(np.median(np.log(mean / y))), abs=1e-5)
     assert mape(mean) <= min(mape(alone), mape(gbt)) + 1e-9
     again = TrainedModel.load(model.save(tmp_path / "ckpt"))
     assert again.calibration["gbt_weight"] == w and again.calibration["gbt_order_weight"] == w_order
