@@ -3,12 +3,14 @@ model trained on elsewhere (their twins on the source device) and the test progr
 development seeds of the cross-device settings (2 -> 1 thread), every candidate's cross-validated MAPE on
 the shots beside its MAPE on the test, and the choice of each rule tried.
 
-    .venv/bin/python experiments/shot_choice_seen.py train 0      # -> runs/shot-choice/cd-0.pkl (~15 min)
-    .venv/bin/python experiments/shot_choice_seen.py study runs/shot-choice/cd-*.pkl
+    .venv/bin/python experiments/shot_choice_seen.py train 0      # -> runs/shot-choice/cd-0.pkl (~4 min)
+    .venv/bin/python experiments/shot_choice_seen.py study runs/shot-choice/cd-*.pkl   # -> study.pkl (~6 min)
+    .venv/bin/python experiments/shot_choice_seen.py table        # the table of reports/shot-choice-level.md
 
 ``train`` fits cdmpp on the seed's source split as ``cdmpp protocol --settings cross-device-new`` does and
 keeps its (seconds, lo90, hi90, order) of every target program and the shots of each k and sampler;
-``study`` refits ``ShotChoice`` on those shots with each rule and scores it on the test, no retraining.
+``study`` refits ``ShotChoice`` on those shots without and with ``base_bias`` (the base's median log error on
+the source's validation programs) and scores each choice on the test, no retraining.
 """
 
 import os
@@ -121,17 +123,42 @@ def study(paths) -> None:
                                         float(np.median(np.log(pred / y_test))))
                         rows.append(dict(seed=seed, programs=programs, k=k_name, sampler=sampler, rule=rule, bias=bias,
                                          chosen=choice.choice_, every=every))
-                        r = rows[-1]
+                        chosen = every[choice.choice_]
                         print(f"{seed} {programs:4s} {k_name:>3s} {sampler:6s} {rule:9s} bias {bias:+.3f}: "
-                              f"{str(tuple(choice.choice_)):22s} test {100 * every[choice.choice_][1]:5.1f} "
-                              f"(base {100 * every[min(every, key=lambda c: c.kind != 'base')][1]:5.1f}, "
-                              f"cv {100 * every[choice.choice_][0]:5.1f}, log bias {every[choice.choice_][3]:+.3f})", flush=True)
+                              f"{str(tuple(choice.choice_)):22s} test {100 * chosen[1]:5.1f} "
+                              f"(base {100 * every[Candidate('base')][1]:5.1f}, cv {100 * chosen[0]:5.1f}, "
+                              f"log bias {chosen[3]:+.3f})", flush=True)
     with open("runs/shot-choice/study.pkl", "wb") as f:
         pickle.dump(rows, f)
+
+
+def table(path: str = "runs/shot-choice/study.pkl") -> None:
+    """The report's table: mean test MAPE over seeds per setting, k and sampler, each rule's choice."""
+    from collections import defaultdict
+
+    with open(path, "rb") as f:
+        rows = pickle.load(f)
+    mape, taken = defaultdict(list), defaultdict(list)
+    for r in rows:
+        key = (r["programs"], r["k"], r["sampler"])
+        mape[(r["rule"],) + key].append(r["every"][r["chosen"]][1])
+        taken[(r["rule"],) + key].append(r["chosen"].kind != "base")
+        if r["rule"] == "as is":
+            mape[("base",) + key].append([v for c, v in r["every"].items() if c.kind == "base"][0][1])
+    print("| setting | k | shots | base (no shots) | `ShotChoice` before | corrections taken | with `base_bias` "
+          "| corrections taken |\n|---|---:|---|---:|---:|---:|---:|---:|")
+    for key in sorted({k[1:] for k in mape}, key=lambda k: (k[0], KS.index(k[1]), k[2])):
+        cells = [f"{100 * np.mean(mape[('base',) + key]):.1f} %"]
+        for rule in ("as is", "base bias"):
+            v = mape[(rule,) + key]
+            cells += [f"{100 * np.mean(v):.1f} ± {100 * np.std(v):.1f} %", f"{sum(taken[(rule,) + key])}/{len(v)}"]
+        print(f"| cross-device-{key[0]} | {key[1]} | {key[2]} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":
     if sys.argv[1] == "train":
         print(train(int(sys.argv[2])))
-    else:
+    elif sys.argv[1] == "study":
         study(sys.argv[2:])
+    else:
+        table(*sys.argv[2:])

@@ -138,7 +138,8 @@ def run_chip(opts, seed: int, ds, device_table: dict, chip: str, out, context, k
                 g = gbt.adapt(shots) if k else gbt
                 out.row("leave-one-chip-out", "pooled GBT" + suffix, ev.score(test, g.predict(test)),
                         train_seconds=gbt_secs, **n)
-                moved = ShotChoice(transfer.predict, seed=seed, nthread=opts.threads, base_bias=transfer_bias).fit(shots)
+                moved = ShotChoice(transfer.predict, seed=seed, nthread=opts.threads,
+                                   base_bias=transfer_bias).fit(shots)
                 out.row("leave-one-chip-out", "pooled GBT, spec transfer" + suffix,
                         ev.score(test, *shot_chosen(moved, transfer, test)),
                         train_seconds=gbt_secs, choice=moved.describe(), **n)

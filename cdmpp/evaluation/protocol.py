@@ -273,8 +273,9 @@ def fit_methods(opts: ProtocolOptions, split, context, scope: str, resume=None) 
 def _adapt(method, shots, adapted: dict, seed: int, threads: int, memo=None, base_bias: float = 0.0):
     """``method`` adapted with ``shots``: through ``ShotChoice`` where it reaches the target by transfer
     (``shot_choice``: the shipped k-shot path; ``memo``: its predictions kept across shot counts, a
-    ``derived.Memo``; ``base_bias``: its median log error on validation); one made of parts it can reuse (``on_parts``) on its parts as
-    already adapted, so a shared part is adapted once (an adapt draws on xgboost's process-wide random state)."""
+    ``derived.Memo``; ``base_bias``: its median log error on validation); one made of parts it can reuse
+    (``on_parts``) on its parts as already adapted, so a shared part is adapted once (an adapt draws on
+    xgboost's process-wide random state)."""
     if getattr(method, "shot_choice", False):
         from cdmpp.evaluation.methods.derived import ShotChosen
 

@@ -75,7 +75,7 @@ class ShotChoice:
     ``base_bias``: the base's median log(predicted / measured) on programs new to it (its validation
     programs). A prediction trained for MAPE sits below the median where it errs much (about -sigma^2 of
     its log error: 0.2 for cdmpp), and the shots, programs the base trained on elsewhere, are predicted
-    closer than new ones; a candidate fitted to the shots' level lands on the median and lost that margin
+    closer than new ones; a candidate fitted to the shots' level lands on the median and loses that margin
     (cross-device development seeds: median APE down, MAPE 48 -> 55-58 %). Every such candidate is put
     back at ``base_bias``.
     """
