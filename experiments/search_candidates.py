@@ -1,0 +1,105 @@
+"""Do a search's candidates teach the model the fast path a tuner explores? (issue 54 item 5, issue 55's fast-10 %)
+
+On one device (``intel-xeon-rocketlake-2t/llvm-avx512``: its random schedules and the candidates of
+``cdmpp collect --from-search``), per seed two arms trained alike (the shipped recipe, 60 epochs; the GBT peers):
+
+* ``random``: the random programs' train share (by program hash, as random-new draws it);
+* ``random+search``: the same plus the search candidates of the training tasks.
+
+Both choose (early stopping, blend weights) on the same validation programs: the random programs' validation share
+and the candidates of a sixth of the search tasks. Scored on two test sets no arm trained on: the candidates of a
+third of the search tasks (whole tasks held out: a tuner searching a task whose candidates the model never saw),
+and the random programs' test share (random-new on this device), each with MAPE on each task's fastest tenth.
+
+    .venv/bin/python experiments/search_candidates.py run 0 1 2   # -> runs/search-study/rows.jsonl (~10 min a seed)
+    .venv/bin/python experiments/search_candidates.py table       # the report's table (reports/search-candidates.md)
+
+Development seeds only (0-2): a choice made here is then run once on the locked seeds.
+"""
+
+import json
+import os
+import sys
+
+import numpy as np
+
+DEVICE = "intel-xeon-rocketlake-2t/llvm-avx512"
+METHODS = ("cdmpp", "pooled-gbt-latency", "pooled-gbt-mape", "gbt-blend")
+ROWS = "runs/search-study/rows.jsonl"
+
+
+def _split(ds, random_ids: set, seed: int):
+    """(train random, train search, val, {test name: programs}): random programs by hash as random-new; search
+    candidates by task (a third test, a sixth validation, the rest training); a hash in a test set is in no
+    other part."""
+    from cdmpp.evaluation import splits
+    from cdmpp.records.splits import _rng, _split_by_key
+
+    programs = splits._programs(ds)
+    searched = [p for p in programs if p.record_id not in random_ids]
+    rand = splits.random_split([p for p in programs if p.record_id in random_ids], seed)
+    s_test, s_val, s_train = _split_by_key(searched, lambda p: p.task, [1 / 3, 1 / 6], _rng(seed, "search-tasks"))
+    tests = {"search candidates, new tasks": s_test, "random programs (random-new)": rand.test}
+    held = {p.features.program_hash for t in tests.values() for p in t}
+    keep = lambda ps: [p for p in ps if p.features.program_hash not in held]  # noqa: E731
+    return keep(rand.train), keep(s_train), keep(rand.val) + keep(s_val), tests
+
+
+def run(seed: int) -> None:
+    import torch
+
+    from cdmpp import defaults
+    from cdmpp.devices.table import DeviceTable
+    from cdmpp.evaluation.methods import registry
+    from cdmpp.evaluation.protocol import recipe_config, score
+    from cdmpp.records.dataset import load_dataset
+    from cdmpp.zoo.tasks import TaskTable
+
+    torch.set_num_threads(2)
+    tasks = TaskTable.load(defaults.TASK_TABLE)
+    ds = load_dataset(defaults.DATASET, tasks, devices=[DEVICE], progress=True)
+    random_ids = {p.record_id for p in load_dataset(defaults.DATASET, tasks, devices=[DEVICE], searched=False).programs}
+    table = DeviceTable(defaults.DEVICES).spec_table()
+    train_random, train_search, val, tests = _split(ds, random_ids, seed)
+    os.makedirs(os.path.dirname(ROWS), exist_ok=True)
+    for arm, train in (("random", train_random), ("random+search", train_random + train_search)):
+        context = registry.Context(seed, table, 2, recipe_config("default", seed=seed, progress=True))
+        for method, _ in registry.build(list(METHODS), context):
+            method.fit(train, val, None)
+            if "Amdahl transfer" in method.label:  # one device: the transfer is the identity
+                continue
+            for test_name, test in tests.items():
+                m = score(method, test)
+                row = dict(seed=seed, arm=arm, method=method.label, test=test_name, n_train=len(train),
+                           n_search_train=len(train_search) if arm != "random" else 0, n_test=len(test),
+                           metrics={k: m[k] for k in ("mape", "mape_fast10", "spearman", "top1", "mape_median")
+                                    if k in m})
+                with open(ROWS, "a") as f:
+                    f.write(json.dumps(row) + "\n")
+                print(f"seed {seed} {arm:13s} {method.label:28s} {test_name:30s} MAPE {100 * m['mape']:5.1f} % "
+                      f"fast-10 {100 * m['mape_fast10']:5.1f} % Spearman {m['spearman']:.3f}", flush=True)
+
+
+def table(path: str = ROWS) -> None:
+    """Mean ± std over seeds of each (test, method, arm): MAPE, fast-10 % MAPE, within-task Spearman."""
+    from collections import defaultdict
+
+    cells = defaultdict(list)
+    for line in open(path):
+        r = json.loads(line)
+        cells[(r["test"], r["method"], r["arm"])].append(r["metrics"])
+    print("| test programs | method | trained on | seeds | MAPE | fast-10 % MAPE | Spearman |\n|---|---|---|---:|---:|---:|---:|")
+    for (test, method, arm), ms in sorted(cells.items()):
+        def stat(key, pct=True):
+            v = np.array([m[key] for m in ms], dtype=float)
+            return f"{100 * v.mean():.1f} ± {100 * v.std():.1f} %" if pct else f"{v.mean():.3f} ± {v.std():.3f}"
+        print(f"| {test} | {method} | {arm} | {len(ms)} | {stat('mape')} | {stat('mape_fast10')} | "
+              f"{stat('spearman', False)} |")
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "run":
+        for s in sys.argv[2:]:
+            run(int(s))
+    else:
+        table(*sys.argv[2:])
