@@ -44,6 +44,16 @@ from tvm.ir.utils import derived_object  # noqa: E402
 from tvm.s_tir.meta_schedule.cost_model import PyCostModel  # noqa: E402
 
 
+def fit_task_correction(features: list, log_ratio: np.ndarray, base_score: float = 0.0):
+    """The boosted trees of a task's ``log_ratio`` (log measured / predicted) on its programs' summed per-store
+    features: shallow, shrunk and regularized, so a few dozen programs do not turn into a memorized table."""
+    import xgboost as xgb
+
+    params = {"max_depth": 4, "eta": 0.1, "lambda": 5.0, "min_child_weight": 2, "subsample": 1.0,
+              "base_score": base_score, "nthread": 1, "verbosity": 0}
+    return xgb.train(params, xgb.DMatrix(summed_rows(features), np.asarray(log_ratio)), num_boost_round=60)
+
+
 @derived_object
 class CDMPPCostModel(PyCostModel):
     """MetaSchedule cost model backed by a cdmpp ``Predictor`` (in process) or a cdmpp server (``url``).
@@ -142,8 +152,6 @@ class CDMPPCostModel(PyCostModel):
 
     def _fit_correction(self, task: str, device: str) -> None:
         """Refit the task's correction on all its buffered measurements, against the current model."""
-        import xgboost as xgb
-
         mine = [b for b in self.buffer_ if b.task == task]
         if len(mine) < self.min_correct:
             return
@@ -155,11 +163,7 @@ class CDMPPCostModel(PyCostModel):
             self.predicted_.update(((b.features.program_hash, device), float(s)) for b, s in zip(new, seconds))
         predicted = np.array([self.predicted_[(b.features.program_hash, device)] for b in mine])
         residual = np.log([b.seconds for b in mine]) - np.log(predicted)
-        # shallow, shrunk and regularized: a few dozen programs must not turn into a memorized table
-        params = {"max_depth": 4, "eta": 0.1, "lambda": 5.0, "min_child_weight": 2, "subsample": 1.0,
-                  "base_score": 0.0, "nthread": 1, "verbosity": 0}
-        self.corrections_[task] = xgb.train(params, xgb.DMatrix(summed_rows([b.features for b in mine]), residual),
-                                            num_boost_round=60)
+        self.corrections_[task] = fit_task_correction([b.features for b in mine], residual)
 
     def _corrected(self, seconds: np.ndarray, feats: list, task: str) -> np.ndarray:
         """``seconds`` times the task's correction, where it has one."""
