@@ -1,17 +1,19 @@
 """Do a search's candidates teach the model the fast path a tuner explores? (issue 54 item 5, issue 55's fast-10 %)
 
 On one device (``intel-xeon-rocketlake-2t/llvm-avx512``: its random schedules and the candidates of
-``cdmpp collect --from-search``), per seed two arms trained alike (the shipped recipe, 60 epochs; the GBT peers):
+``cdmpp collect --from-search``), per seed arms trained alike (the shipped recipe, 60 epochs; the GBT peers):
 
 * ``random``: the random programs' train share (by program hash, as random-new draws it);
-* ``random+search``: the same plus the search candidates of the training tasks.
+* ``random+search``: the same plus the search candidates of the training tasks;
+* ``random+search x4``: the same with each candidate four times (their weight, not their number; an epoch is longer).
 
-Both choose (early stopping, blend weights) on the same validation programs: the random programs' validation share
-and the candidates of a sixth of the search tasks. Scored on two test sets no arm trained on: the candidates of a
-third of the search tasks (whole tasks held out: a tuner searching a task whose candidates the model never saw),
-and the random programs' test share (random-new on this device), each with MAPE on each task's fastest tenth.
+Every arm chooses (early stopping, blend weights) on the same validation programs: the random programs' validation
+share and the candidates of a sixth of the search tasks. Scored on two test sets no arm trained on: the candidates
+of a third of the search tasks (whole tasks held out: a tuner searching a task whose candidates the model never
+saw), and the random programs' test share (random-new on this device), each with MAPE on each task's fastest tenth.
 
     .venv/bin/python experiments/search_candidates.py run 0 1 2   # -> runs/search-study/rows.jsonl (~10 min a seed)
+    .venv/bin/python experiments/search_candidates.py run 0 1 2 --arms "random+search x4"   # one arm more
     .venv/bin/python experiments/search_candidates.py table       # the report's table (reports/search-candidates.md)
 
 Development seeds only (0-2): a choice made here is then run once on the locked seeds.
@@ -26,6 +28,7 @@ import numpy as np
 DEVICE = "intel-xeon-rocketlake-2t/llvm-avx512"
 METHODS = ("cdmpp", "pooled-gbt-latency", "pooled-gbt-mape", "gbt-blend")
 ROWS = "runs/search-study/rows.jsonl"
+SEARCHED_BEFORE = "2026-12-03T22:00:00+00:00"  # the candidates of the first run (3,338 of 54 tasks): every arm on one split
 
 
 def _split(ds, random_ids: set, seed: int):
@@ -45,24 +48,34 @@ def _split(ds, random_ids: set, seed: int):
     return keep(rand.train), keep(s_train), keep(rand.val) + keep(s_val), tests
 
 
-def run(seed: int) -> None:
+ARMS = ("random", "random+search", "random+search x4")
+
+
+def run(seed: int, arms=ARMS[:2]) -> None:
+    import datetime as dt
+
     import torch
 
     from cdmpp import defaults
     from cdmpp.devices.table import DeviceTable
     from cdmpp.evaluation.methods import registry
     from cdmpp.evaluation.protocol import recipe_config, score
-    from cdmpp.records.dataset import load_dataset
+    from cdmpp.records.dataset import LoadReport, load_dataset
+    from cdmpp.records.store import RecordStore
     from cdmpp.zoo.tasks import TaskTable
 
     torch.set_num_threads(2)
     tasks = TaskTable.load(defaults.TASK_TABLE)
     ds = load_dataset(defaults.DATASET, tasks, devices=[DEVICE], progress=True)
     random_ids = {p.record_id for p in load_dataset(defaults.DATASET, tasks, devices=[DEVICE], searched=False).programs}
+    cutoff = dt.datetime.fromisoformat(SEARCHED_BEFORE).timestamp()
+    later = {r.id for r in RecordStore(defaults.DATASET).records(DEVICE, LoadReport(), False) if r.measured_at >= cutoff}
+    ds.programs = [p for p in ds.programs if p.record_id in random_ids or p.record_id not in later]
     table = DeviceTable(defaults.DEVICES).spec_table()
     train_random, train_search, val, tests = _split(ds, random_ids, seed)
     os.makedirs(os.path.dirname(ROWS), exist_ok=True)
-    for arm, train in (("random", train_random), ("random+search", train_random + train_search)):
+    for arm in arms:
+        train = train_random + train_search * {"random": 0, "random+search": 1, "random+search x4": 4}[arm]
         context = registry.Context(seed, table, 2, recipe_config("default", seed=seed, progress=True))
         for method, _ in registry.build(list(METHODS), context):
             method.fit(train, val, None)
@@ -71,7 +84,7 @@ def run(seed: int) -> None:
             for test_name, test in tests.items():
                 m = score(method, test)
                 row = dict(seed=seed, arm=arm, method=method.label, test=test_name, n_train=len(train),
-                           n_search_train=len(train_search) if arm != "random" else 0, n_test=len(test),
+                           n_search_train=len(train) - len(train_random), n_test=len(test),
                            metrics={k: m[k] for k in ("mape", "mape_fast10", "spearman", "top1", "mape_median")
                                     if k in m})
                 with open(ROWS, "a") as f:
@@ -99,7 +112,9 @@ def table(path: str = ROWS) -> None:
 
 if __name__ == "__main__":
     if sys.argv[1] == "run":
-        for s in sys.argv[2:]:
-            run(int(s))
+        args = sys.argv[2:]
+        arms = tuple(args.pop(args.index("--arms") + 1).split(",")) if "--arms" in args else ARMS[:2]
+        for s in [a for a in args if a != "--arms"]:
+            run(int(s), arms)
     else:
         table(*sys.argv[2:])
