@@ -25,7 +25,8 @@ from cdmpp.zoo.tasks import TaskTable
 
 def model_hash(model) -> str:
     """Short SHA-256 of what a model's answers depend on: every member's weights, the calibration (interval,
-    blend weights) and the blended GBT's trees, so the model version changes whenever an answer can."""
+    blend weights), the blended GBT's trees, the devices it knows with their anchors, and each device's shots
+    correction (``cdmpp finetune``), so the model version changes whenever an answer can."""
     import hashlib
 
     h = hashlib.sha256()
@@ -36,6 +37,12 @@ def model_hash(model) -> str:
     h.update(json.dumps(model.calibration, sort_keys=True, default=str).encode())
     if model.gbt is not None:
         h.update(bytes(model.gbt.booster_.save_raw("ubj")))
+    h.update(json.dumps([model.device_specs.table, model.anchors], sort_keys=True, default=str).encode())
+    for device, choice in sorted(model.shot_choices.items()):
+        for part, shift, trees in choice.parts_:
+            h.update(json.dumps([device, part._asdict(), shift]).encode())
+            if trees is not None:
+                h.update(bytes(trees.get_booster().save_raw("ubj")))
     return h.hexdigest()[:10]
 
 

@@ -69,7 +69,7 @@ def test_adapting_by_choice_changes_only_that_device_and_survives_a_save(predict
     import numpy as np
 
     from cdmpp.model.checkpoint import TrainedModel
-    from cdmpp.workflows import adapt_by_choice
+    from cdmpp.workflows import adapt_by_choice, model_hash
 
     trained = predictor.model
     device = sorted(trained.device_specs.table)[0]
@@ -88,3 +88,4 @@ def test_adapting_by_choice_changes_only_that_device_and_survives_a_save(predict
     assert np.allclose(again.predict(feats, slow)[0], new.predict(feats, slow)[0], rtol=1e-5)
     assert new.summary["finetune"]["how"] == "choice"
     assert new.shot_choices[slow].base_bias == trained.calibration.get("val_log_bias", 0.0)  # the level it keeps
+    assert model_hash(new) != model_hash(trained) and model_hash(again) == model_hash(new)  # a new version, kept
