@@ -216,7 +216,7 @@ def finetune_checkpoint(model_path: str, dataset: str, device: str, ids: Sequenc
     if how not in ("choice", "network"):
         raise ValueError(f"how = {how!r}: expected choice or network")
     keys = {tuple(i.strip().split("|")[-2:]) for i in ids if i.strip()}
-    ds = load_dataset(dataset, TaskTable.load(task_table), progress=False)
+    ds = load_dataset(dataset, TaskTable.load(task_table), devices=[device], progress=False)  # its measurements only
     shots = [p for p in ds.programs if p.device == device and (p.task, p.features.program_hash) in keys]
     found = {(p.task, p.features.program_hash) for p in shots}
     if len(found) < len(keys):
