@@ -16,6 +16,11 @@ saw), and the random programs' test share (random-new on this device), each with
     .venv/bin/python experiments/search_candidates.py run 0 1 2 --arms "random+search x4"   # one arm more
     .venv/bin/python experiments/search_candidates.py table       # the report's table (reports/search-candidates.md)
 
+``--before ISO`` takes the candidates measured before another time (default: the first study's cutoff), ``--rows
+FILE`` writes and reads another rows file, so a later, larger run sits beside the first (the report's second table):
+
+    .venv/bin/python experiments/search_candidates.py run 0 1 2 --before 2026-12-04T04:25:00+00:00 --rows runs/search-study/rows-9k.jsonl
+
 Development seeds only (0-2): a choice made here is then run once on the locked seeds.
 """
 
@@ -51,7 +56,7 @@ def _split(ds, random_ids: set, seed: int):
 ARMS = ("random", "random+search", "random+search x4")
 
 
-def run(seed: int, arms=ARMS[:2]) -> None:
+def run(seed: int, arms=ARMS[:2], before: str = SEARCHED_BEFORE, rows: str = ROWS) -> None:
     import datetime as dt
 
     import torch
@@ -68,12 +73,14 @@ def run(seed: int, arms=ARMS[:2]) -> None:
     tasks = TaskTable.load(defaults.TASK_TABLE)
     ds = load_dataset(defaults.DATASET, tasks, devices=[DEVICE], progress=True)
     random_ids = {p.record_id for p in load_dataset(defaults.DATASET, tasks, devices=[DEVICE], searched=False).programs}
-    cutoff = dt.datetime.fromisoformat(SEARCHED_BEFORE).timestamp()
+    cutoff = dt.datetime.fromisoformat(before).timestamp()
     later = {r.id for r in RecordStore(defaults.DATASET).records(DEVICE, LoadReport(), False) if r.measured_at >= cutoff}
     ds.programs = [p for p in ds.programs if p.record_id in random_ids or p.record_id not in later]
     table = DeviceTable(defaults.DEVICES).spec_table()
     train_random, train_search, val, tests = _split(ds, random_ids, seed)
-    os.makedirs(os.path.dirname(ROWS), exist_ok=True)
+    print(f"seed {seed}: {len(train_search)} training candidates, {len(tests['search candidates, new tasks'])} test "
+          f"candidates, {len(train_random)} random training programs", flush=True)
+    os.makedirs(os.path.dirname(rows), exist_ok=True)
     for arm in arms:
         train = train_random + train_search * {"random": 0, "random+search": 1, "random+search x4": 4}[arm]
         context = registry.Context(seed, table, 2, recipe_config("default", seed=seed, progress=True))
@@ -87,7 +94,7 @@ def run(seed: int, arms=ARMS[:2]) -> None:
                            n_search_train=len(train) - len(train_random), n_test=len(test),
                            metrics={k: m[k] for k in ("mape", "mape_fast10", "spearman", "top1", "mape_median")
                                     if k in m})
-                with open(ROWS, "a") as f:
+                with open(rows, "a") as f:
                     f.write(json.dumps(row) + "\n")
                 print(f"seed {seed} {arm:13s} {method.label:28s} {test_name:30s} MAPE {100 * m['mape']:5.1f} % "
                       f"fast-10 {100 * m['mape_fast10']:5.1f} % Spearman {m['spearman']:.3f}", flush=True)
@@ -111,10 +118,15 @@ def table(path: str = ROWS) -> None:
 
 
 if __name__ == "__main__":
+    args = sys.argv[2:]
+
+    def option(name, default):
+        return args.pop(args.index(name) + 1) if name in args else default
+
+    arms = tuple(option("--arms", ",".join(ARMS[:2])).split(","))
+    before, rows = option("--before", SEARCHED_BEFORE), option("--rows", ROWS)
     if sys.argv[1] == "run":
-        args = sys.argv[2:]
-        arms = tuple(args.pop(args.index("--arms") + 1).split(",")) if "--arms" in args else ARMS[:2]
-        for s in [a for a in args if a != "--arms"]:
-            run(int(s), arms)
+        for s in [a for a in args if not a.startswith("--")]:
+            run(int(s), arms, before, rows)
     else:
-        table(*sys.argv[2:])
+        table(rows)

@@ -9,11 +9,15 @@ label goes back to the search as a ``RunnerResult``.
 
 Resumable: a task's searched records already stored are given to a restarted search as its database (its
 initial population draws on them) and count towards its trials; a candidate already stored on the device
-(a twin, a random schedule) is not measured again, its stored label is the search's answer.
+(a twin, a random schedule) is not measured again, its stored label is the search's answer. Such a candidate
+leaves no searched record, so a task whose search ran to the end is listed in ``searched-<device>.jsonl``
+beside the records: a restart skips it instead of searching it again for the trials its records lack.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import sys
 import time
 
@@ -21,7 +25,7 @@ from cdmpp.measure.campaigns import built_record, task_seed
 from cdmpp.measure.results import run_provenance
 from cdmpp.records.labels import label
 from cdmpp.records.record import Record
-from cdmpp.records.store import RecordStore
+from cdmpp.records.store import RecordStore, slug
 
 COST_MODELS = ("cdmpp", "xgb", "random")
 POPULATION = 512  # candidates the evolutionary search scores per generation: MetaSchedule's own default
@@ -47,6 +51,22 @@ def _stored(store: RecordStore, device_id: str, keys: set) -> dict[str, dict[str
     for r in store.records(device_id):
         if r.task in keys and r.program_hash:
             out.setdefault(r.task, {})[r.program_hash] = r
+    return out
+
+
+def searched_tasks_path(dataset_dir: str, device_id: str) -> str:
+    """Where the tasks whose search ran to the end on a device are listed (one JSON line each, with its trials)."""
+    return os.path.join(dataset_dir, f"searched-{slug(device_id)}.jsonl")
+
+
+def _searched_tasks(path: str) -> dict[str, int]:
+    """Task key -> the most trials a search of it ran to the end with, from ``path``."""
+    if not os.path.exists(path):
+        return {}
+    out: dict[str, int] = {}
+    with open(path) as f:
+        for j in map(json.loads, filter(str.strip, f)):
+            out[j["task"]] = max(out.get(j["task"], 0), int(j["trials"]))
     return out
 
 
@@ -82,6 +102,8 @@ def collect_from_search(tasks, dataset_dir: str, device, target, trials: int, cf
     store = RecordStore(dataset_dir)
     task_list = sorted(tasks, key=lambda t: t.key)
     stored = _stored(store, device.id, {t.key for t in task_list})
+    finished_path = searched_tasks_path(dataset_dir, device.id)
+    finished = _searched_tasks(finished_path)
     tag = {"strategy": "evolutionary", "cost_model": cost_model, "trials": trials, "per_iter": per_iter, "seed": seed}
     run_id = store.add_run(run_provenance(device, target, cfg, None, per_task=trials, seed=seed,
                                           measurer="fast", overlap=False, search=tag))
@@ -96,7 +118,8 @@ def collect_from_search(tasks, dataset_dir: str, device, target, trials: int, cf
             for task in task_list:
                 have = stored.get(task.key, {})
                 searched = [r for r in have.values() if r.extra.get("search") and label(r) is not None]
-                left = trials - sum(1 for r in have.values() if r.extra.get("search"))
+                left = 0 if finished.get(task.key, 0) >= trials else \
+                    trials - sum(1 for r in have.values() if r.extra.get("search"))
                 bar.update(trials - max(left, 0))
                 if left <= 0:
                     continue
@@ -158,6 +181,8 @@ def collect_from_search(tasks, dataset_dir: str, device, target, trials: int, cf
                     if spent.is_set():
                         raise KeyboardInterrupt
                 ctx.post_tuning()
+                with open(finished_path, "a") as f:  # ran to the end: a restart leaves this task alone
+                    f.write(json.dumps({"task": task.key, "trials": trials, "run": run_id}) + "\n")
         except KeyboardInterrupt:
             if not spent.is_set():
                 raise

@@ -1,5 +1,6 @@
 """``cdmpp collect --from-search``: every candidate of an evolutionary search measured, stored and tagged."""
 
+import json
 from types import SimpleNamespace
 
 import pytest
@@ -46,6 +47,14 @@ def test_every_searched_candidate_is_a_tagged_labelled_record_and_a_resumed_sear
     assert more["tasks_searched"] == 1 and 8 < len(recs) <= 12 and len(recs) == len({r["program_hash"] for r in recs})
     trials = sorted(r["search"]["trial"] for r in recs)
     assert trials[:8] == list(range(8)) and all(8 <= t < 12 for t in trials[8:])  # the new ones are the rest
+    # every search ran to the end and is listed, so a restart does not search the task again for the trials
+    # its records lack (a candidate stored before leaves none)
+    from cdmpp.measure.search import searched_tasks_path
+
+    with open(searched_tasks_path(ds, "test-cpu-1t/llvm")) as f:
+        assert [(j["task"], j["trials"]) for j in map(json.loads, f)] == [(task.key, 8), (task.key, 12)]
+    done, _ = _search(ds, 12)
+    assert done["tasks_searched"] == done["measured"] == 0 and len(list(RecordStore(ds).iter_records())) == len(recs)
 
 
 def test_an_unknown_cost_model_or_trial_count_is_refused_before_any_work(tmp_path):
