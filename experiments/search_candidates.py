@@ -16,7 +16,9 @@ saw), and the random programs' test share (random-new on this device), each with
     .venv/bin/python experiments/search_candidates.py run 0 1 2 --arms "random+search x4"   # one arm more
     .venv/bin/python experiments/search_candidates.py table       # the report's table (reports/search-candidates.md)
 
-``--before ISO`` takes the candidates measured before another time (default: the first study's cutoff), ``--rows
+``--methods`` names the methods (default: cdmpp and the GBT peers); ``--replay`` adds, for cdmpp, the held-out
+tasks' searches replayed as ``search_replay.py`` does (its order prediction as the cost model's base, with and
+without the per-task correction after 0, 16 and 32 measured candidates). ``--before ISO`` takes the candidates measured before another time (default: the first study's cutoff), ``--rows
 FILE`` writes and reads another rows file, so a later, larger run sits beside the first (the report's second table):
 
     .venv/bin/python experiments/search_candidates.py run 0 1 2 --before 2026-12-04T04:25:00+00:00 --rows runs/search-study/rows-9k.jsonl
@@ -56,7 +58,26 @@ def _split(ds, random_ids: set, seed: int):
 ARMS = ("random", "random+search", "random+search x4")
 
 
-def run(seed: int, arms=ARMS[:2], before: str = SEARCHED_BEFORE, rows: str = ROWS) -> None:
+def _replay_rows(method, candidates, trial: dict, row: dict, rows: str) -> None:
+    """Rows of the held-out tasks' searches replayed with ``method``'s order prediction as the cost model's base:
+    the candidates after the first n of each task (n = 0, 16, 32), scored alone and with the per-task correction."""
+    from search_replay import replay, searches
+
+    tasks = searches(candidates, trial)
+    every = [p for ps in tasks.values() for p in ps]
+    base = dict(zip((p.record_id for p in every), method.predict_order(every)))
+    for (n, scorer), v in replay(tasks, base, "cdmpp", ns=(0, 16, 32)).items():
+        v = np.array(v)
+        out = dict(row, method=scorer, test=f"replayed searches, after {n} measured", n_test=len(every), tasks=len(tasks),
+                   metrics={"spearman": v[:, 0].mean(), "top1": v[:, 1].mean(), "mape": v[:, 2].mean()})
+        with open(rows, "a") as f:
+            f.write(json.dumps(out) + "\n")
+        print(f"seed {row['seed']} {row['arm']:13s} {scorer:20s} after {n:2d}: Spearman {out['metrics']['spearman']:.3f} "
+              f"top-1 {out['metrics']['top1']:.3f} MAPE {100 * out['metrics']['mape']:.1f} %", flush=True)
+
+
+def run(seed: int, arms=ARMS[:2], before: str = SEARCHED_BEFORE, rows: str = ROWS, methods=METHODS,
+        replayed: bool = False) -> None:
     import datetime as dt
 
     import torch
@@ -78,16 +99,22 @@ def run(seed: int, arms=ARMS[:2], before: str = SEARCHED_BEFORE, rows: str = ROW
     ds.programs = [p for p in ds.programs if p.record_id in random_ids or p.record_id not in later]
     table = DeviceTable(defaults.DEVICES).spec_table()
     train_random, train_search, val, tests = _split(ds, random_ids, seed)
+    if replayed:
+        from search_replay import search_trials
+
+        trial = search_trials(DEVICE)
     print(f"seed {seed}: {len(train_search)} training candidates, {len(tests['search candidates, new tasks'])} test "
           f"candidates, {len(train_random)} random training programs", flush=True)
     os.makedirs(os.path.dirname(rows), exist_ok=True)
     for arm in arms:
         train = train_random + train_search * {"random": 0, "random+search": 1, "random+search x4": 4}[arm]
         context = registry.Context(seed, table, 2, recipe_config("default", seed=seed, progress=True))
-        for method, _ in registry.build(list(METHODS), context):
+        for method, _ in registry.build(list(methods), context):
             method.fit(train, val, None)
             if "Amdahl transfer" in method.label:  # one device: the transfer is the identity
                 continue
+            if method.label == "cdmpp" and replayed:  # the held-out tasks' searches replayed (search_replay.py)
+                _replay_rows(method, tests["search candidates, new tasks"], trial, dict(seed=seed, arm=arm), rows)
             for test_name, test in tests.items():
                 m = score(method, test)
                 row = dict(seed=seed, arm=arm, method=method.label, test=test_name, n_train=len(train),
@@ -111,6 +138,8 @@ def table(path: str = ROWS) -> None:
     print("| test programs | method | trained on | seeds | MAPE | fast-10 % MAPE | Spearman |\n|---|---|---|---:|---:|---:|---:|")
     for (test, method, arm), ms in sorted(cells.items()):
         def stat(key, pct=True):
+            if any(key not in m for m in ms):  # a replayed search's rows have no fast-10 %
+                return "–"
             v = np.array([m[key] for m in ms], dtype=float)
             return f"{100 * v.mean():.1f} ± {100 * v.std():.1f} %" if pct else f"{v.mean():.3f} ± {v.std():.3f}"
         print(f"| {test} | {method} | {arm} | {len(ms)} | {stat('mape')} | {stat('mape_fast10')} | "
@@ -125,8 +154,10 @@ if __name__ == "__main__":
 
     arms = tuple(option("--arms", ",".join(ARMS[:2])).split(","))
     before, rows = option("--before", SEARCHED_BEFORE), option("--rows", ROWS)
+    methods = tuple(option("--methods", ",".join(METHODS)).split(","))
+    replayed = "--replay" in args
     if sys.argv[1] == "run":
         for s in [a for a in args if not a.startswith("--")]:
-            run(int(s), arms, before, rows)
+            run(int(s), arms, before, rows, methods, replayed)
     else:
         table(rows)

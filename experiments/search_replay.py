@@ -22,46 +22,68 @@ import numpy as np
 DEVICE = "intel-xeon-rocketlake-2t/llvm-avx512"
 
 
-def main() -> None:
-    from scipy import stats
-
+def search_trials(device: str = DEVICE) -> dict:
+    """Record id -> its trial index in its task's search, for every searched record of ``device``."""
     from cdmpp import defaults
-    from cdmpp.model.checkpoint import TrainedModel
-    from cdmpp.predict.cost_model import fit_task_correction
-    from cdmpp.model.pooled_gbt import summed_rows
-    from cdmpp.records.dataset import LoadReport, load_dataset
+    from cdmpp.records.dataset import LoadReport
     from cdmpp.records.store import RecordStore
-    from cdmpp.zoo.tasks import TaskTable
 
-    trial = {r.id: r.extra["search"]["trial"] for r in RecordStore(defaults.DATASET).records(DEVICE, LoadReport(), False)
-             if r.extra.get("search")}
-    ds = load_dataset(defaults.DATASET, TaskTable.load(defaults.TASK_TABLE), devices=[DEVICE], progress=False)
+    return {r.id: r.extra["search"]["trial"] for r in RecordStore(defaults.DATASET).records(device, LoadReport(), False)
+            if r.extra.get("search")}
+
+
+def searches(programs, trial: dict, min_candidates: int = 48) -> dict:
+    """Task -> its candidates among ``programs`` in trial order, for tasks with >= ``min_candidates`` of them."""
     by_task: dict = {}
-    for p in ds.programs:
+    for p in programs:
         if p.record_id in trial:
             by_task.setdefault(p.task, []).append(p)
-    tasks = {t: sorted(ps, key=lambda p: trial[p.record_id]) for t, ps in by_task.items() if len(ps) >= 48}
+    return {t: sorted(ps, key=lambda p: trial[p.record_id]) for t, ps in by_task.items() if len(ps) >= min_candidates}
+
+
+def replay(tasks: dict, base: dict, name: str = "shipped", ns=(16, 32)) -> dict:
+    """(n, scorer) -> per task (Spearman, top-1, MAPE) on the candidates after the first n: ``name`` (``base``:
+    record id -> predicted seconds), ``name + correction`` and ``task alone`` (see the module's docstring)."""
+    import xgboost as xgb
+    from scipy import stats
+
+    from cdmpp.model.pooled_gbt import summed_rows
+    from cdmpp.predict.cost_model import fit_task_correction
+
+    rows: dict = {}
+    for n in ns:
+        for programs in tasks.values():
+            seen, rest = programs[:n], programs[n:]
+            y = np.array([p.seconds for p in rest])
+            b_rest = np.array([base[p.record_id] for p in rest])
+            scorers = [(name, b_rest)]
+            if n:
+                y_seen = np.log([p.seconds for p in seen])
+                b_seen = np.log([base[p.record_id] for p in seen])
+                rest_rows = xgb.DMatrix(summed_rows([p.features for p in rest]))
+                correction = fit_task_correction([p.features for p in seen], y_seen - b_seen)
+                alone = fit_task_correction([p.features for p in seen], y_seen, base_score=float(y_seen.mean()))
+                scorers += [(f"{name} + correction", b_rest * np.exp(correction.predict(rest_rows))),
+                            ("task alone", np.exp(alone.predict(rest_rows)))]
+            for scorer, pred in scorers:
+                rho = stats.spearmanr(pred, y).statistic
+                rows.setdefault((n, scorer), []).append((0.0 if not np.isfinite(rho) else rho,
+                                                         y[np.argmin(pred)] / y.min(), float(np.mean(np.abs(pred / y - 1)))))
+    return rows
+
+
+def main() -> None:
+    from cdmpp import defaults
+    from cdmpp.model.checkpoint import TrainedModel
+    from cdmpp.records.dataset import load_dataset
+    from cdmpp.zoo.tasks import TaskTable
+
+    ds = load_dataset(defaults.DATASET, TaskTable.load(defaults.TASK_TABLE), devices=[DEVICE], progress=False)
+    tasks = searches(ds.programs, search_trials())
     model = TrainedModel.load(defaults.MODEL)
     every = [p for ps in tasks.values() for p in ps]
     base = dict(zip((p.record_id for p in every), model.predict([p.features for p in every], DEVICE, order=True)[0]))
-    import xgboost as xgb
-
-    rows: dict = {}
-    for n in (16, 32):
-        for programs in tasks.values():
-            seen, rest = programs[:n], programs[n:]
-            y_seen = np.log([p.seconds for p in seen])
-            y = np.array([p.seconds for p in rest])
-            b_seen = np.log([base[p.record_id] for p in seen])
-            b_rest = np.array([base[p.record_id] for p in rest])
-            rest_rows = xgb.DMatrix(summed_rows([p.features for p in rest]))
-            correction = fit_task_correction([p.features for p in seen], y_seen - b_seen)
-            alone = fit_task_correction([p.features for p in seen], y_seen, base_score=float(y_seen.mean()))
-            for name, pred in (("shipped", b_rest), ("shipped + correction", b_rest * np.exp(correction.predict(rest_rows))),
-                               ("task alone", np.exp(alone.predict(rest_rows)))):
-                rho = stats.spearmanr(pred, y).statistic
-                rows.setdefault((n, name), []).append((0.0 if not np.isfinite(rho) else rho, y[np.argmin(pred)] / y.min(),
-                                                       float(np.mean(np.abs(pred / y - 1)))))
+    rows = replay(tasks, base)
     print(f"{len(tasks)} tasks, {len(every)} candidates\n")
     print("| measured first | scorer | within-task Spearman (rest) | top-1 | MAPE |\n|---:|---|---:|---:|---:|")
     for (n, name), v in rows.items():
