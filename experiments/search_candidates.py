@@ -16,12 +16,15 @@ saw), and the random programs' test share (random-new on this device), each with
     .venv/bin/python experiments/search_candidates.py run 0 1 2 --arms "random+search x4"   # one arm more
     .venv/bin/python experiments/search_candidates.py table       # the report's table (reports/search-candidates.md)
 
-``--methods`` names the methods (default: cdmpp and the GBT peers); ``--replay`` adds, for cdmpp, the held-out
-tasks' searches replayed as ``search_replay.py`` does (its order prediction as the cost model's base, with and
-without the per-task correction after 0, 16 and 32 measured candidates). ``--before ISO`` takes the candidates measured before another time (default: the first study's cutoff), ``--rows
-FILE`` writes and reads another rows file, so a later, larger run sits beside the first (the report's second table):
+``--before ISO`` takes the candidates measured before another time (default: the first study's cutoff), ``--rows
+FILE`` writes and reads another rows file, so a later, larger run sits beside the first; ``--methods`` names the
+methods (default: cdmpp and the GBT peers); ``--replay`` adds, for cdmpp, the held-out tasks' searches replayed as
+``search_replay.py`` does (its order prediction as the cost model's base, alone and with the per-task correction,
+after 0, 16 and 32 measured candidates). The report's 4 Dec tables:
 
     .venv/bin/python experiments/search_candidates.py run 0 1 2 --before 2026-12-04T04:25:00+00:00 --rows runs/search-study/rows-9k.jsonl
+    .venv/bin/python experiments/search_candidates.py run 0 1 2 --before 2026-12-04T04:25:00+00:00 --methods cdmpp \
+        --replay --rows runs/search-study/replay.jsonl
 
 Development seeds only (0-2): a choice made here is then run once on the locked seeds.
 """
