@@ -11,10 +11,11 @@ measurements (~40 MB, neither needed there) part 1 does not fit, so move ``cdmpp
 ``datasets/measurements`` out of the tree for the two calls (and stop a running collector first). Then
 two device calls, the second at once (the machine keeps /root/stash only while it stays warm, ~30 s):
     run(carry=["build/gpu-transfer/1"], command="bash scripts/gpu_env.sh")
-    run(carry=["build/gpu-transfer/2"], command="source scripts/gpu_env.sh && python -m cdmpp.cli collect "
-        "--target cuda --dataset $OUT/ds --devices $OUT/devices.json --per-task 8 --budget-minutes 7 "
-        "--artifacts none --seed N; tar czf $OUT/ds.tgz -C $OUT ds && rm -rf $OUT/ds")
-and back here: unpack ``ds.tgz`` and ``python -m cdmpp.records.importers <folder>/ds``.
+    run(carry=["build/gpu-transfer/2", "build/gpu-ds", "build/pyspy"],
+        command="bash scripts/gpu_collect.sh 7.5 SEED nvidia-h100/cuda-sm90")
+(``build/gpu-ds``: record parts of a device whose programs to twin first; ``build/pyspy``: a py-spy binary;
+both optional) and back here: unpack ``ds.tgz``, ``cdmpp devices add`` the probed spec from
+``devices-gpu.json`` if the device is new, and ``python -m cdmpp.records.importers <folder>/ds``.
 """
 
 from __future__ import annotations
