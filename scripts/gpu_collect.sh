@@ -5,7 +5,8 @@
 # record parts the call carries in build/gpu-ds), notes where the time goes in $OUT/diag.txt (nvidia-smi, lscpu,
 # then top and py-spy stacks of the collector and three of its workers at 1, 2.5, 4 and 5.5 minutes, py-spy when
 # build/pyspy/py-spy is carried) and packs $OUT/ds.tgz: four files, as a call brings back at most eight.
-# Back here: unpack it and `python -m cdmpp.records.importers <folder>/ds`.
+# Back here: unpack it, `cdmpp devices add` the probed spec from devices-gpu.json if the device is new, and
+# `python -m cdmpp.records.importers <folder>/ds`.
 source scripts/gpu_env.sh || exit 1
 minutes=${1:-6} seed=${2:-1} src=$3
 mkdir -p "$OUT/ds"
@@ -32,5 +33,5 @@ for at in 60 150 240 330; do
 done
 wait $pid; echo "collector exit $?" >> "$OUT/collect.log"
 for f in build/gpu-ds/*; do rm -f "$OUT/ds/${f##*/}"; done  # only what this call measured goes back
-(cd "$OUT" && tar czf ds.tgz ds $(ls devices-gpu.json 2>/dev/null)) && rm -rf "$OUT/ds"
+tar czf "$OUT/ds.tgz" -C "$OUT" ds devices-gpu.json && rm -rf "$OUT/ds"
 tail -c 3000 "$OUT/collect.log"
