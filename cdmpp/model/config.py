@@ -39,6 +39,9 @@ class TrainConfig:
     batch_size: int = 256
     grad_clip: float = 1.0
     patience: int = 60  # epochs without validation improvement before stopping
+    # a program's weight in the loss and in the validation MAPE that picks the snapshots, by how many training
+    # programs its device has: n_device ** -device_balance (0: every program alike; 1: every device alike)
+    device_balance: float = 0.0
     # domain adaptation: only when fit gets a target pool holding a device without training labels
     da: str = "cmd"  # "cmd" | "mmd" | "none"
     da_weight: float = 0.5

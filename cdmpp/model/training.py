@@ -56,10 +56,24 @@ if TYPE_CHECKING:
 MIN_DA_SOURCE = 8  # a batch with fewer training programs of the target's kind adds no alignment term
 
 
-def mape_loss(pred: torch.Tensor, target: torch.Tensor, sigma: float) -> torch.Tensor:
+def mape_loss(pred: torch.Tensor, target: torch.Tensor, sigma: float, weight: torch.Tensor | None = None) -> torch.Tensor:
     """MAPE on seconds, |predicted / measured - 1|, through the log label (``sigma``: its standard deviation);
-    the log ratio is clamped at e^3 so one wild start cannot blow up a batch."""
-    return torch.expm1(((pred - target) * sigma).clamp(max=3.0)).abs().mean()
+    the log ratio is clamped at e^3 so one wild start cannot blow up a batch. ``weight``: per program (mean 1)."""
+    ape = torch.expm1(((pred - target) * sigma).clamp(max=3.0)).abs()
+    return ape.mean() if weight is None else (ape * weight).sum() / weight.sum()
+
+
+def device_weights(train_devices: Sequence[str], devices: Sequence[str], balance: float) -> np.ndarray | None:
+    """Per program of ``devices``: n_device ** -balance, n counted in ``train_devices``, scaled to mean 1 over the
+    training programs (None for balance 0). A device with few programs (a GPU beside 150,000 CPU programs)
+    otherwise barely moves the loss (reports/leave-one-chip-out.md: the model did not fit its GPU programs)."""
+    if not balance:
+        return None
+    names, counts = np.unique(np.asarray(train_devices), return_counts=True)
+    per_device = dict(zip(names.tolist(), counts.astype(np.float64) ** -balance))
+    scale = len(train_devices) / float(np.dot(counts, counts.astype(np.float64) ** -balance))
+    fallback = float(np.mean(list(per_device.values())))  # a device without training programs
+    return np.array([per_device.get(d, fallback) * scale for d in devices], dtype=np.float32)
 
 
 @dataclass
@@ -73,6 +87,7 @@ class _Split:
     seconds: np.ndarray | None = None
     extra: torch.Tensor | None = None
     da_source: np.ndarray | None = None  # per program: whether domain adaptation aligns it with the target
+    weight: np.ndarray | None = None  # per program: its weight in the loss / validation MAPE (device_balance)
 
     def inputs(self, idx) -> torch.Tensor | None:
         """The program-level input rows of the batch ``idx`` (None for a model without them)."""
@@ -153,6 +168,8 @@ def fit(config: TrainConfig, train_set: Sequence[LabeledProgram] | FeatureStore,
     train.extra = trained.extra_inputs(train.pack)
     val = _prepare(val_set, trained, dev_index)
     target = _prepare(target_pool, trained, dev_index, labeled=False) if target_pool else None
+    train.weight = device_weights(cols.devices, cols.devices, config.device_balance)
+    val.weight = device_weights(cols.devices, [s.device for s in val_set], config.device_balance)
     if target is not None:
         kinds = {target_kind(s.device) for s in target_pool}
         same_kind = np.zeros(len(dev_matrix), bool)
@@ -345,7 +362,7 @@ def _train_run(config: TrainConfig, train: _Split, val: _Split, target: _Split |
                 t_idx = matcher.sample(train.pack.lengths[idx], da_rng)
                 t_inputs = on((*target.pack.batch(t_idx), target.inputs(t_idx)))
             emb, pred, t_emb = step(*on(train.pack.batch(idx)), dev, on(train.inputs(idx)), t_inputs)
-            loss = mape_loss(pred, z, sigma)
+            loss = mape_loss(pred, z, sigma, None if train.weight is None else on(torch.from_numpy(train.weight[idx])))
             if target is not None:
                 source = on(torch.from_numpy(train.da_source[idx]))
                 if int(source.sum()) >= MIN_DA_SOURCE:
@@ -420,7 +437,7 @@ def _val_mape(model: CDMPPModel, val: _Split, dev_matrix: torch.Tensor, trained:
     for idx in length_sorted_batches(val.pack.lengths, 256):
         z[idx] = model(*on(val.pack.batch(idx)), on(dev_matrix[val.dev_rows[idx]]), on(val.inputs(idx))).cpu().numpy()
     pred = trained.label_transform.inverse_transform(z)
-    return float(np.mean(np.abs(pred - val.seconds) / val.seconds))
+    return float(np.average(np.abs(pred - val.seconds) / val.seconds, weights=val.weight))
 
 
 def finetune(trained: TrainedModel, labeled_set: Sequence[LabeledProgram], config: TrainConfig | None = None,
