@@ -92,6 +92,31 @@ def test_target_batches_match_source_leaf_counts():
     assert target_lengths[picks[4]] in (8, 12) and target_lengths[picks[5]] in (1, 3) and target_lengths[picks[6]] == 12
 
 
+def test_device_balance_weights_a_small_device_up_in_the_loss():
+    import torch
+
+    from cdmpp.model.training import device_weights, mape_loss
+
+    train = ["cpu-a"] * 90 + ["gpu"] * 10
+    assert device_weights(train, train, 0.0) is None  # every program alike: the plain mean
+    w = device_weights(train, train, 1.0)  # every device alike
+    assert w.mean() == pytest.approx(1.0) and w[:90].sum() == pytest.approx(w[90:].sum())
+    half = device_weights(train, ["cpu-a", "gpu", "never-trained"], 0.5)
+    assert half[1] / half[0] == pytest.approx(3.0) and half[0] < half[2] < half[1]
+    pred, label = torch.tensor([0.0, 1.0]), torch.tensor([0.0, 0.0])  # APE 0 and e - 1
+    assert mape_loss(pred, label, 1.0, torch.tensor([1.0, 3.0])).item() == pytest.approx(0.75 * (np.e - 1))
+    rng = np.random.default_rng(5)
+    samples = synthetic_samples(120, rng) + synthetic_samples(12, rng, "cpu-b")
+    val = synthetic_samples(40, rng) + synthetic_samples(40, rng, "cpu-b")
+    model = fit(quick_config(epochs=3, ensemble=1, device_balance=1.0), samples, val, device_table=DEVICES)
+    devices = [s.device for s in val]  # the snapshot was picked on the validation MAPE weighted the same way
+    seconds = model.label_transform.inverse_transform(model.predict_z([s.features for s in val], devices)[0])
+    y = np.array([s.seconds for s in val])
+    weighted = np.average(np.abs(seconds - y) / y, weights=device_weights([s.device for s in samples], devices, 1.0))
+    assert model.summary["members"][0]["best_val_mape"] == pytest.approx(weighted, rel=1e-4)
+    assert weighted != pytest.approx(np.mean(np.abs(seconds - y) / y), rel=1e-3)
+
+
 def test_snapshot_ensemble_takes_members_from_distinct_cycles():
     rng = np.random.default_rng(3)
     train, val = synthetic_samples(300, rng), synthetic_samples(100, rng)
