@@ -57,7 +57,10 @@ def test_a_task_whose_programs_time_out_is_skipped_for_the_batch(measurer):
     out = m.measure([slow, slow, slow, fast], groups=["big", "big", "big", "small"])
     errors = [err for _, err, _, _ in out]
     assert all("Timeout" in e for e in errors[:SKIP_AFTER_TIMEOUTS])
-    assert errors[2].startswith("run: skipped") and errors[3] is None
+    assert errors[2].startswith("run: skipped")
+    # the other task is run, not skipped; on a loaded machine the fresh runner worker it needs after the kills
+    # can outlast the grace itself (CI 4 Dec: "killed after 10.5 s" for a 16x16x16 matmul), so a timeout may stand
+    assert errors[3] is None or errors[3].startswith("run: Timeout"), errors[3]
 
 
 @pytest.mark.slow
