@@ -49,6 +49,7 @@ def _protocol_options(args, default_settings=None, **more):
                            methods=_csv(args.methods), recipe=args.recipe, overrides=overrides, label=args.label,
                            minutes=args.minutes, runs=args.runs, peer_minutes=args.peer_minutes, limit=args.limit,
                            threads=args.threads, chips=_csv(args.chips) if args.chips else (),
+                           chip_train=getattr(args, "chip_train", "all"),
                            progress=args.progress, states=args.states, **more)
 
 
@@ -282,6 +283,9 @@ def add_eval_commands(sub, bsub) -> None:
     proto.add_argument("--settings", help="settings to run, comma-separated: random-new, cross-model, "
                                           "leave-one-chip-out, cross-device-new, cross-device-seen, paper, "
                                           "paper-5-leaf (default: all; learning-curve: random-new,cross-model)")
+    proto.add_argument("--chip-train", choices=("all", "same-kind"), default="all",
+                       help="leave-one-chip-out trains on every other device (all) or only those whose code is of "
+                            "the held-out chip's kind, CPU or GPU (same-kind)")
     proto.add_argument("--chips", help="leave-one-chip-out: chips to hold out, by their devices' hardware name "
                                        "(default: every chip with >= 2,000 programs and under half of the data)")
     proto.add_argument("--seeds", default="0,1,2", help="split and model seeds (default 0,1,2: the development seeds)")

@@ -54,6 +54,17 @@ def _chip_pool(ds, split) -> list:
     return [p for p in getattr(ds, "programs", ds) if p.device in targets and p.features.program_hash not in test]
 
 
+def of_chips_kind(ds, chip: str, device_table: dict) -> list:
+    """The programs of ``ds`` whose code is of the held-out chip's kind (CPU or GPU): leave-one-chip-out
+    trained on that kind alone (``--chip-train same-kind``). Its test programs are the same: no program is
+    a twin across kinds."""
+    from cdmpp.model.physics import target_kind
+
+    programs = getattr(ds, "programs", ds)
+    kinds = {target_kind(d) for d in {p.device for p in programs} if splits.chip_of(d, device_table) == chip}
+    return [p for p in programs if target_kind(p.device) in kinds]
+
+
 def run_chip(opts, seed: int, ds, device_table: dict, chip: str, out, context, k_value, resume=None) -> None:
     """Every k and sampler of one held-out ``chip`` for one seed: rows to ``out`` (a protocol ``_Writer``).
     ``context(pool)``: the registry's ``Context`` of this seed, whose ``cdmpp`` and ``pooled-gbt`` are trained
@@ -68,6 +79,8 @@ def run_chip(opts, seed: int, ds, device_table: dict, chip: str, out, context, k
     base = splits.leave_one_chip_out_split(ds, chip, device_table, 0, seed=seed)
     kinds = {target_kind(d) for d in base.info["target_device"].split("+")}
     common = dict(chip=chip, kind="gpu" if kinds == {"cuda"} else "cpu", programs=len(base.test), n_train=len(base.train))
+    if opts.chip_train != "all":
+        common["chip_train"] = opts.chip_train
     made = context(base.target_pool)
     pool = _chip_pool(ds, base)  # the chip's programs outside the test: the reference's data, the seen-programs row
 

@@ -90,6 +90,7 @@ class ProtocolOptions:
     train_fractions: Sequence[float] = ()  # a learning curve: random-new / cross-model on these shares of training
     limit: int | None = None  # only the first N records (smoke runs)
     chips: Sequence[str] = ()  # leave-one-chip-out: chips to hold out (default: every chip with enough data)
+    chip_train: str = "all"  # leave-one-chip-out trains on every other device ("all") or those of the chip's kind
     held_out: Sequence[str] = splits.HELD_OUT_NETWORKS  # cross-model's test networks (locked: LOCKED_HELD_OUT_NETWORKS)
     chip_ks: Sequence[str] = ("0", "1%", "5%", "16", "64")  # leave-one-chip-out's shot counts
     progress: bool = False  # a bar (steps, rate, ETA) while cdmpp trains: a seed's training runs for an hour
@@ -332,11 +333,12 @@ def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | Non
             resume.forget()
 
     if "leave-one-chip-out" in opts.settings:
-        from cdmpp.evaluation.chips import held_out_chips, run_chip
+        from cdmpp.evaluation.chips import held_out_chips, of_chips_kind, run_chip
 
         every = every if every is not None else given if given is not None else load_pinned(opts, every_device=True)
         for chip in held_out_chips(opts, every, device_table):
-            run_chip(opts, seed, every, device_table, chip, out, context, _k_value, Resumable(opts, seed, "chip", chip))
+            data = of_chips_kind(every, chip, device_table) if opts.chip_train == "same-kind" else every
+            run_chip(opts, seed, data, device_table, chip, out, context, _k_value, Resumable(opts, seed, "chip", chip))
         del every
 
     device_settings = [s for s in opts.settings if s.startswith("cross-device")]

@@ -79,6 +79,20 @@ def test_gpu_chips_are_averaged_apart_from_cpu_chips(tmp_path):
     table = chips_markdown({"leave-one-chip-out": summary})
     assert "**every chip**" in table and "**every GPU chip**" in table
 
+def test_a_chip_can_be_trained_on_its_own_kind_of_code_alone():
+    from types import SimpleNamespace
+
+    from cdmpp.evaluation.chips import of_chips_kind
+
+    devices = ["nvidia-h100/cuda-sm90", "nvidia-h200/cuda-sm90", "amd-epyc-znver4-1t/llvm-avx512",
+               "amd-epyc-znver3-1t/llvm-avx2"]
+    programs = [SimpleNamespace(device=d, i=i) for i in range(3) for d in devices]
+    gpu = of_chips_kind(SimpleNamespace(programs=programs), "nvidia-h200", {})
+    assert {p.device for p in gpu} == set(devices[:2]) and len(gpu) == 6
+    cpu = of_chips_kind(programs, "amd-epyc-znver3", {})
+    assert {p.device for p in cpu} == set(devices[2:])
+
+
 def test_an_unknown_chip_is_a_clear_error(three_devices, chip_table):
     from cdmpp.evaluation.chips import held_out_chips
     from cdmpp.evaluation.protocol import ProtocolOptions
