@@ -1,7 +1,7 @@
 """Can cdmpp's transformer rank GPU programs at all? Trained on the GPUs alone (no CPU program), without the GBT,
 then asked on the H200 through the H100 (the protocol's zero-shot route for a new GPU: the trained GPU closest in
 peak FLOP/s). Beside it, leave-one-chip-out's transformer trained on every device ranks the H200's programs at
-within-task Spearman ~0 (reports/device-balance.md). Usage:
+within-task Spearman ~0 (reports/gpu-transformer.md). Usage:
 .venv/bin/python experiments/gpu_alone.py [--epochs 60] [--seeds 0,1,2] [--held-out nvidia-h200/cuda-sm90]"""
 
 import argparse

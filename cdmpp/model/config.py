@@ -40,7 +40,8 @@ class TrainConfig:
     grad_clip: float = 1.0
     patience: int = 60  # epochs without validation improvement before stopping
     # a program's weight in the loss and in the validation MAPE that picks the snapshots, by how many training
-    # programs its device has: n_device ** -device_balance (0: every program alike; 1: every device alike)
+    # programs its device has: n_device ** -device_balance (0: every program alike; 1: every device alike; the study
+    # that tried it for the GPUs: reports/gpu-transformer.md)
     device_balance: float = 0.0
     # domain adaptation: only when fit gets a target pool holding a device without training labels
     da: str = "cmd"  # "cmd" | "mmd" | "none"

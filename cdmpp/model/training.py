@@ -66,7 +66,8 @@ def mape_loss(pred: torch.Tensor, target: torch.Tensor, sigma: float, weight: to
 def device_weights(train_devices: Sequence[str], devices: Sequence[str], balance: float) -> np.ndarray | None:
     """Per program of ``devices``: n_device ** -balance, n counted in ``train_devices``, scaled to mean 1 over the
     training programs (None for balance 0). A device with few programs (a GPU beside 150,000 CPU programs)
-    otherwise barely moves the loss (reports/leave-one-chip-out.md: the model did not fit its GPU programs)."""
+    otherwise barely moves the loss. Tried for the GPUs and left at 0: the transformer still did not rank them
+    (reports/gpu-transformer.md)."""
     if not balance:
         return None
     names, counts = np.unique(np.asarray(train_devices), return_counts=True)

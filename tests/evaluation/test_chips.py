@@ -79,6 +79,7 @@ def test_gpu_chips_are_averaged_apart_from_cpu_chips(tmp_path):
     table = chips_markdown({"leave-one-chip-out": summary})
     assert "**every chip**" in table and "**every GPU chip**" in table
 
+
 def test_a_chip_can_be_trained_on_its_own_kind_of_code_alone():
     from types import SimpleNamespace
 
