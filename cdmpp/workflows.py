@@ -14,8 +14,10 @@ from typing import Sequence
 from cdmpp import defaults
 from cdmpp.devices.table import DeviceTable
 from cdmpp.model import distributed
-from cdmpp.model.checkpoint import TrainedModel
+from cdmpp.model import physics
+from cdmpp.model.kinds import KindModels, load_model
 from cdmpp.model.sampling import choose_shots, model_free_embedding
+from cdmpp.predict.devices import target_kind
 from cdmpp.model.training import TrainConfig, checked_finetune, fit
 from cdmpp.provenance import git_commit
 from cdmpp.records.dataset import load_dataset, per_device_counts
@@ -29,6 +31,8 @@ def model_hash(model) -> str:
     correction (``cdmpp finetune``), so the model version changes whenever an answer can."""
     import hashlib
 
+    if isinstance(model, KindModels):
+        return hashlib.sha256("".join(f"{k}:{model_hash(p)}" for k, p in sorted(model.parts.items())).encode()).hexdigest()[:10]
     h = hashlib.sha256()
     for m in model.members:
         for key, value in sorted(m.state_dict().items()):
@@ -64,7 +68,9 @@ def train_checkpoint(recipe: str, dataset: str, out: str, task_table: str = defa
     under torchrun every process loads the data and trains its share of each batch (DistributedDataParallel),
     and rank 0 alone saves (``cdmpp.model.distributed``).
     ``store``: train from a folder ``write_split_store`` wrote instead (the training programs read memory-mapped,
-    the validation programs in memory; the dataset options were applied when it was written)."""
+    the validation programs in memory; the dataset options were applied when it was written).
+    CPU and GPU programs together (``TrainConfig.per_kind``): one model per kind of code, each fitted on its
+    kind's programs alone, saved as one ``cdmpp.model.kinds.KindModels`` checkpoint."""
     device = distributed.setup(device)
     progress = progress and distributed.is_main()
     if store:
@@ -79,17 +85,35 @@ def train_checkpoint(recipe: str, dataset: str, out: str, task_table: str = defa
         raise ValueError(f"devices {missing} have no spec in {devices}")
     over = {"max_minutes": max_minutes} if max_minutes else {}
     config = dataclasses.replace(TrainConfig.recipe(recipe), seed=seed, progress=progress, **over)
+    specs = table.spec_table()
+    kind_of = {d: target_kind(table.get(d).target) for d in specs}
+    kinds = sorted({kind_of[d] for d in data["per_device"]})
+    if config.per_kind and len(kinds) > 1:  # each part knows the devices of its kind alone
+        if store:
+            raise ValueError(f"{store} holds {' and '.join(kinds)} programs and the recipe trains one model per kind: "
+                             "write one store per kind (--device-ids) and train from each")
+        jobs = {k: ([p for p in train if kind_of[p.device] == k], [p for p in val_set if kind_of[p.device] == k],
+                    {d: s for d, s in specs.items() if kind_of[d] == k}) for k in kinds}
+    else:
+        jobs = {"": (train, val_set, specs)}
     # a stopped `cdmpp train` started again goes on from its last epoch (one process only; torchrun restarts)
-    state = None if distributed.world()[1] > 1 else os.path.join(out, "train-state.pt")
-    model = fit(config, train, val_set, device_table=table.spec_table(), device=device, resume=state)
+    states = {k: None if distributed.world()[1] > 1 else os.path.join(out, f"train-state-{k}.pt" if k else "train-state.pt")
+              for k in jobs}
+    parts = {k: fit(config, t, v, device_table=d, device=device, resume=states[k]) for k, (t, v, d) in jobs.items()}
+    model = parts[""] if "" in parts else KindModels(parts)
     if not distributed.is_main():
         return model
-    model.summary.update(model_version=_version(model), recipe=recipe, dataset=data.pop("dataset", dataset),
-                         trained_at=_dt.datetime.now().isoformat(timespec="seconds"), git_commit=git_commit(),
-                         data=data, devices={s.id: s.to_dict() for s in table})
+    shared = dict(recipe=recipe, dataset=data.pop("dataset", dataset), git_commit=git_commit(), data=data,
+                  trained_at=_dt.datetime.now().isoformat(timespec="seconds"), devices={s.id: s.to_dict() for s in table})
+    for part in parts.values():
+        part.summary.update(model_version=_version(part), **shared)
+    if isinstance(model, KindModels):
+        model.summary = model.merged_summary()
+        model.summary["model_version"] = _version(model)
     model.save(out)
-    if state:
-        os.remove(state)
+    for state in states.values():
+        if state:
+            os.remove(state)
     return model
 
 
@@ -175,23 +199,23 @@ def sample_ids(k: int, pool: str, device: str, model_path: str | None = None, sa
     if not cands:
         return []
     if model_path:
-        emb = TrainedModel.load(model_path).embed([p.features for p in cands])
+        emb = _part(load_model(model_path), device).embed([p.features for p in cands])
     else:
         emb = model_free_embedding(cands, cands)
     return [cands[i].record_id for i in choose_shots(cands, k, sampler, seed, emb)]
 
 
 def sample_features(k: int, features: Sequence, model_path: str | None = None, sampler: str = "kmeans",
-                    seed: int = 0) -> list[int]:
+                    seed: int = 0, kind: str = "llvm") -> list[int]:
     """Indices of the ``k`` of ``features`` (``ProgramFeatures`` of any programs: TVMScript files, a
-    MetaSchedule database, ...) worth measuring: KMeans on the model's embeddings, else on mean-pooled
-    normalized features, the program nearest each centroid."""
+    MetaSchedule database, ...) worth measuring: KMeans on the embeddings of the model of their ``kind`` of
+    code ("llvm" or "cuda"), else on mean-pooled normalized features, the program nearest each centroid."""
     from types import SimpleNamespace
 
     if not features:
         return []
     if model_path:
-        emb = TrainedModel.load(model_path).embed(list(features))
+        emb = load_model(model_path).part(kind).embed(list(features))
     else:
         wrapped = [SimpleNamespace(features=f) for f in features]
         emb = model_free_embedding(wrapped, wrapped)
@@ -224,8 +248,9 @@ def finetune_checkpoint(model_path: str, dataset: str, device: str, ids: Sequenc
               file=sys.stderr)
     if not shots:
         raise ValueError(f"none of the {len(keys)} ids is measured on {device} in {dataset}")
-    trained = TrainedModel.load(model_path)
     table = DeviceTable(devices)
+    whole = load_model(model_path)
+    trained = _part(whole, device, table)
     extra = {} if device in trained.device_specs.table else {device: table.get(device).specs()}
     if how == "choice":
         new = adapt_by_choice(trained, shots, device, extra)
@@ -242,10 +267,22 @@ def finetune_checkpoint(model_path: str, dataset: str, device: str, ids: Sequenc
     known = dict(new.summary.get("devices", {}))
     if device in table:
         known[device] = table.get(device).to_dict()
-    new.summary.update(model_version=_version(new), base_model_version=trained.summary.get("model_version"),
-                       devices=known)
+    if isinstance(whole, KindModels):  # the other kind's part as it was
+        kind = next(k for k, p in whole.parts.items() if p is trained)
+        new = KindModels({**whole.parts, kind: new}, {**whole.summary, "finetune": new.summary["finetune"]})
+    new.summary.update(model_version=_version(new), base_model_version=whole.summary.get("model_version"),
+                       devices={**whole.summary.get("devices", {}), **known})
     new.save(out)
     return new
+
+
+def _part(model, device: str, table: DeviceTable | None = None):
+    """The part of ``model`` (a ``TrainedModel`` or ``KindModels``) that predicts ``device``: the one that knows
+    it, else the one of its kind of code (its target in the device table, else its id)."""
+    if device in model.device_ids():
+        return model.part_for(device)
+    table = table if table is not None else DeviceTable()
+    return model.part(target_kind(table.get(device).target) if device in table else physics.target_kind(device))
 
 
 def adapt_by_choice(trained, shots: Sequence, device: str, new_devices: dict | None = None):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from tests.data import ROOT, TASKS
@@ -27,6 +28,44 @@ def test_train_and_sample_workflow(real, tiny_recipe, tmp_path):
 
 
 @pytest.mark.slow
+def test_cpu_and_gpu_programs_train_one_model_per_kind(tiny_recipe, tmp_path):
+    """Real measurements of a CPU and of a GPU: `cdmpp train` fits a part per kind of code on that kind's
+    programs alone, saved as one checkpoint that the predictor answers from, each device by its kind's part."""
+    import shutil
+
+    from cdmpp.model.kinds import KindModels, load_model
+    from cdmpp.predict.predictor import Predictor
+    from cdmpp.records.dataset import load_dataset
+    from cdmpp.workflows import train_checkpoint
+    from cdmpp.zoo.tasks import TaskTable
+
+    parts = [ROOT / "datasets" / "measurements" / f for f in ("amd-epyc-znver4-1t_llvm-avx512.part-0004.jsonl.gz",
+                                                               "nvidia-h100_cuda-sm90.part-0002.jsonl.gz")]
+    if not all(p.exists() for p in parts):
+        pytest.skip("the CPU and GPU parts this test reads are not in the checkout")
+    folder = tmp_path / "data"
+    folder.mkdir()
+    for p in parts:
+        shutil.copy(p, folder)
+    out = tmp_path / "model"
+    train_checkpoint(tiny_recipe, str(folder), str(out), str(TASKS), str(ROOT / "datasets" / "devices.json"),
+                     max_minutes=0.1, progress=False)
+    model = load_model(out)
+    assert isinstance(model, KindModels) and sorted(model.parts) == ["cuda", "llvm"]
+    assert model.parts["cuda"].summary["train_devices"] == ["nvidia-h100/cuda-sm90"]
+    assert model.parts["llvm"].summary["train_devices"] == ["amd-epyc-znver4-1t/llvm-avx512"]
+    assert model.summary["model_version"].startswith("cdmpp-") and model.summary["data"]["programs"] > 200
+    assert set(model.parts["cuda"].device_ids()).isdisjoint(model.parts["llvm"].device_ids())
+    assert not list(out.glob("train-state*.pt"))
+    ds = load_dataset(str(folder), TaskTable.load(str(TASKS)), progress=False)
+    p = Predictor.load(out)
+    for kind, part in model.parts.items():
+        programs = [x for x in ds.programs if x.device in part.summary["train_devices"]][:20]
+        got = [x.seconds for x in p.predict_features([x.features for x in programs], programs[0].device, kind)]
+        assert np.allclose(got, part.predict([x.features for x in programs], programs[0].device)[0])
+
+
+@pytest.mark.slow
 def test_train_checkpoint_leaves_out_excluded_networks(real, tiny_recipe, tmp_path):
     """A checkpoint for benchmarks on unseen networks never trains on a task of those networks."""
     from cdmpp.model.checkpoint import TrainedModel
@@ -45,22 +84,26 @@ def test_train_checkpoint_leaves_out_excluded_networks(real, tiny_recipe, tmp_pa
     assert s["data"]["programs"] == len(kept)
 
 
-def test_model_version_changes_with_anything_an_answer_depends_on(predictor):
+def test_model_version_changes_with_anything_an_answer_depends_on(predictor, device):
     """The version hash covers the members' weights, the calibration (blend weights, interval) and the GBT's
-    trees: equal for an equal model, different when only a blend weight differs."""
+    trees: equal for an equal model, different when only a blend weight differs, also in one part of a model
+    of one part per kind of code."""
     import copy
 
+    from cdmpp.model.kinds import KindModels
     from cdmpp.workflows import model_hash
 
-    model = predictor.model
+    model = predictor.model_for(device)
     same = copy.copy(model)
     same.calibration = dict(model.calibration)
     assert model_hash(same) == model_hash(model)
+    assert model_hash(KindModels({"llvm": same, "cuda": model})) == model_hash(KindModels({"llvm": model, "cuda": model}))
     same.calibration["gbt_weight"] = 1.0 - model.calibration.get("gbt_weight", 0.0)
     assert model_hash(same) != model_hash(model)
+    assert model_hash(KindModels({"llvm": same, "cuda": model})) != model_hash(KindModels({"llvm": model, "cuda": model}))
 
 
-def test_adapting_by_choice_changes_only_that_device_and_survives_a_save(predictor, real, tmp_path):
+def test_adapting_by_choice_changes_only_that_device_and_survives_a_save(predictor, device, real, tmp_path):
     """MECHANICS (labels of a real device, moved to a made-up one 5x slower): `cdmpp finetune`'s default
     stores a ShotChoice for the device; its predictions move towards the shots, other devices' stay, and
     the saved checkpoint predicts the same."""
@@ -71,8 +114,7 @@ def test_adapting_by_choice_changes_only_that_device_and_survives_a_save(predict
     from cdmpp.model.checkpoint import TrainedModel
     from cdmpp.workflows import adapt_by_choice, model_hash
 
-    trained = predictor.model
-    device = sorted(trained.device_specs.table)[0]
+    trained = predictor.model_for(device)
     slow = "made-up-slow-chip-1t/llvm-avx2"
     programs = [dataclasses.replace(p, device=slow, seconds=5 * p.seconds) for p in real[1].programs]
     shots, test = programs[:60], programs[60:120]

@@ -203,7 +203,7 @@ def run(tasks: list[str], n: int, threads_list: list[int], model: str | None, de
         print(f"bench costmodel: {threads} thread(s): cdmpp {r['cdmpp_per_s']} programs/s, "
               f"XGBModel {r['xgb_per_s']} programs/s, ratio {r['ratio']}; TVM's extractor alone "
               f"{r['extract_per_s']} programs/s", file=sys.stderr)
-    out["breakdown_1_thread"] = b = breakdown(work, predictor.model, device, target)
+    out["breakdown_1_thread"] = b = breakdown(work, predictor.model_for(device), device, target)
     print(f"bench costmodel: ms per new program on 1 thread: TVM's extractor {b['extract_ms']}, hash "
           f"{b['hash_ms']}, compact-AST walk {b['walk_ms']}, model {b['model_ms']}", file=sys.stderr)
     if search_trials > 0:

@@ -237,11 +237,9 @@ def _write(out: str, result: dict) -> None:
 
 def _networks_seen(model: str | None) -> set[str]:
     """Networks whose programs trained the checkpoint (from its summary), to mark unseen tasks."""
-    import json as _json
-    from pathlib import Path
+    from cdmpp.model.kinds import read_summary
 
-
-    summary = _json.loads((Path(model or defaults.MODEL) / "predictor.json").read_text()).get("summary", {})
+    summary = read_summary(model or defaults.MODEL)
     per = (summary.get("data") or {}).get("per_device", {}) if isinstance(summary.get("data"), dict) else {}
     return {n for d in per.values() for n in d.get("networks", {})}
 

@@ -12,14 +12,11 @@ from cdmpp import defaults
 
 
 def trained_devices(model: str | os.PathLike | None = None) -> tuple[str, set[str] | None]:
-    """(model version, ids the checkpoint trained on or None if it does not say), read from its
-    ``predictor.json`` alone: listing devices needs no torch."""
-    path = os.path.join(model or defaults.MODEL, "predictor.json")
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"no cdmpp checkpoint at {os.path.dirname(path)} (expected predictor.json)")
-    with open(path) as f:
-        meta = json.load(f)
-    summary = meta.get("summary") or {}
+    """(model version, ids the checkpoint trained on or None if it does not say), read from its JSON alone:
+    listing devices needs no torch."""
+    from cdmpp.model.kinds import read_summary
+
+    summary = read_summary(model or defaults.MODEL)
     train = summary.get("train_devices")
     return str(summary.get("model_version") or "unversioned"), set(train) if train is not None else None
 

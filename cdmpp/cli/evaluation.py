@@ -49,7 +49,7 @@ def _protocol_options(args, default_settings=None, **more):
                            methods=_csv(args.methods), recipe=args.recipe, overrides=overrides, label=args.label,
                            minutes=args.minutes, runs=args.runs, peer_minutes=args.peer_minutes, limit=args.limit,
                            threads=args.threads, chips=_csv(args.chips) if args.chips else (),
-                           chip_train=getattr(args, "chip_train", "all"),
+                           chip_train=getattr(args, "chip_train", "same-kind"),
                            progress=args.progress, states=args.states, **more)
 
 
@@ -126,7 +126,9 @@ def cmd_learning_curve(args) -> int:
 
 def _refuse_overwrite(out: str, force: bool, command: str) -> bool:
     """A trained checkpoint is never replaced by accident: the caller must pass --force."""
-    if os.path.exists(os.path.join(out, "predictor.json")) and not force:
+    from cdmpp.model.kinds import is_checkpoint
+
+    if is_checkpoint(out) and not force:
         print(f"cdmpp {command}: {out} already holds a checkpoint; pass --force to replace it", file=sys.stderr)
         return True
     return False
@@ -150,9 +152,11 @@ def cmd_train(args) -> int:
         return 2
     if "rank" in model.summary:  # a torchrun rank other than 0: rank 0 saves and reports
         return 0
-    s = model.summary
-    print(f"saved {s['model_version']} to {args.out}: {s['n_train']} train / {s['n_val']} val programs, "
-          f"val MAPE {100 * s['val']['mape']:.1f} %, {s['train_seconds']} s")
+    print(f"saved {model.summary['model_version']} to {args.out}")
+    for kind, part in getattr(model, "parts", {"": model}).items():
+        s = part.summary
+        print(f"  {kind + ' code: ' if kind else ''}{s['n_train']} train / {s['n_val']} val programs, "
+              f"val MAPE {100 * s['val']['mape']:.1f} %, {s['train_seconds']} s")
     return 0
 
 
@@ -224,7 +228,7 @@ def _sample_programs(args) -> int:
     for i, reason in sorted(errors.items()):
         print(f"cdmpp sample: {named[i][0]}: {reason} (skipped)", file=sys.stderr)
     ok = [i for i, f in enumerate(feats) if f is not None]
-    chosen = sample_features(args.k, [feats[i] for i in ok], args.model, args.sampler, args.seed)
+    chosen = sample_features(args.k, [feats[i] for i in ok], args.model, args.sampler, args.seed, args.target)
     return _write_chosen([named[ok[i]][0] for i in chosen], args.out, "program names")
 
 
@@ -283,9 +287,10 @@ def add_eval_commands(sub, bsub) -> None:
     proto.add_argument("--settings", help="settings to run, comma-separated: random-new, cross-model, "
                                           "leave-one-chip-out, cross-device-new, cross-device-seen, paper, "
                                           "paper-5-leaf (default: all; learning-curve: random-new,cross-model)")
-    proto.add_argument("--chip-train", choices=("all", "same-kind"), default="all",
-                       help="leave-one-chip-out trains on every other device (all) or only those whose code is of "
-                            "the held-out chip's kind, CPU or GPU (same-kind)")
+    proto.add_argument("--chip-train", choices=("all", "same-kind"), default="same-kind",
+                       help="leave-one-chip-out trains on the other devices whose code is of the held-out chip's "
+                            "kind, CPU or GPU, as the shipped recipe trains one model per kind (same-kind, default), "
+                            "or on every other device (all)")
     proto.add_argument("--chips", help="leave-one-chip-out: chips to hold out, by their devices' hardware name "
                                        "(default: every chip with >= 2,000 programs and under half of the data)")
     proto.add_argument("--seeds", default="0,1,2", help="split and model seeds (default 0,1,2: the development seeds)")

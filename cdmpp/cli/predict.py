@@ -14,13 +14,13 @@ DB_FILES = ("database_workload.json", "database_tuning_record.json")
 
 
 def model_version(model: str | os.PathLike | None = None) -> str:
-    """The checkpoint's version from its ``predictor.json`` alone (no torch): cheap enough for ``--version``."""
-    path = os.path.join(model or defaults.MODEL, "predictor.json")
+    """The checkpoint's version from its JSON alone (no torch): cheap enough for ``--version``."""
+    from cdmpp.model.kinds import read_summary
+
     try:
-        with open(path) as f:
-            summary = json.load(f).get("summary") or {}
+        summary = read_summary(model or defaults.MODEL)
     except (OSError, ValueError):
-        return f"none at {os.path.dirname(path)}"
+        return f"none at {model or defaults.MODEL}"
     return str(summary.get("model_version") or "unversioned")
 
 

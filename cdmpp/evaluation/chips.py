@@ -79,8 +79,7 @@ def run_chip(opts, seed: int, ds, device_table: dict, chip: str, out, context, k
     base = splits.leave_one_chip_out_split(ds, chip, device_table, 0, seed=seed)
     kinds = {target_kind(d) for d in base.info["target_device"].split("+")}
     common = dict(chip=chip, kind="gpu" if kinds == {"cuda"} else "cpu", programs=len(base.test), n_train=len(base.train))
-    if opts.chip_train != "all":
-        common["chip_train"] = opts.chip_train
+    common["chip_train"] = opts.chip_train
     made = context(base.target_pool)
     pool = _chip_pool(ds, base)  # the chip's programs outside the test: the reference's data, the seen-programs row
 

@@ -90,7 +90,9 @@ class ProtocolOptions:
     train_fractions: Sequence[float] = ()  # a learning curve: random-new / cross-model on these shares of training
     limit: int | None = None  # only the first N records (smoke runs)
     chips: Sequence[str] = ()  # leave-one-chip-out: chips to hold out (default: every chip with enough data)
-    chip_train: str = "all"  # leave-one-chip-out trains on every other device ("all") or those of the chip's kind
+    # leave-one-chip-out trains on the other devices of the chip's kind of code, as the shipped recipe trains one model
+    # per kind (TrainConfig.per_kind), or on every other device ("all")
+    chip_train: str = "same-kind"
     held_out: Sequence[str] = splits.HELD_OUT_NETWORKS  # cross-model's test networks (locked: LOCKED_HELD_OUT_NETWORKS)
     chip_ks: Sequence[str] = ("0", "1%", "5%", "16", "64")  # leave-one-chip-out's shot counts
     progress: bool = False  # a bar (steps, rate, ETA) while cdmpp trains: a seed's training runs for an hour

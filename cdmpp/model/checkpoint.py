@@ -100,6 +100,16 @@ class TrainedModel:
         """Make a new device predictable (zero-shot) from its spec; normalization stays as trained."""
         self.device_specs.add(name, spec)
 
+    def part(self, kind: str) -> "TrainedModel":
+        """The model that predicts devices of ``kind``: this one (``cdmpp.model.kinds.KindModels`` holds one per kind)."""
+        return self
+
+    def part_for(self, device: str) -> "TrainedModel":
+        return self
+
+    def device_ids(self) -> list[str]:
+        return sorted(self.device_specs.table)
+
     def add_reference_levels(self, table: dict[str, dict]) -> None:
         """Copy each chip's reference-kernel level (``reference_s``: a measurement of the chip, not a model
         input) from a spec table into this model's entries that lack it, so a model saved before its devices'

@@ -31,6 +31,9 @@ class TrainConfig:
     # a CPU device running a thread count without training labels is predicted on the nearest trained CPU
     # device and moved there by Amdahl's law (cdmpp.model.physics; TrainedModel.anchors), not by its spec vector
     amdahl_transfer: bool = True
+    # `cdmpp train` on CPU and GPU programs fits one model per kind of code, each on its kind's programs alone
+    # (cdmpp.model.kinds: beside the CPUs' programs the transformer did not rank a GPU's)
+    per_kind: bool = True
     # optimization: Adam, a triangular cyclic LR between lr and max_lr, grad-norm clipping
     lr: float = 1e-4
     max_lr: float = 1e-3

@@ -145,7 +145,8 @@ class CDMPPCostModel(PyCostModel):
 
         if not self.buffer_:
             return
-        self.model_ = finetune(self.model_ or self.predictor.model, self.buffer_, steps=self.finetune_steps)
+        base = self.model_ or self.predictor.model_for(self.buffer_[-1].device)
+        self.model_ = finetune(base, self.buffer_, steps=self.finetune_steps)
         self.predicted_.clear()
         self.since_finetune_ = 0
         self.n_finetunes += 1
@@ -155,7 +156,7 @@ class CDMPPCostModel(PyCostModel):
         mine = [b for b in self.buffer_ if b.task == task]
         if len(mine) < self.min_correct:
             return
-        model = self.model_ if self.model_ is not None else self.predictor.model
+        model = self.model_ if self.model_ is not None else self.predictor.model_for(device)
         new = [b for b in mine if (b.features.program_hash, device) not in self.predicted_]
         if new:  # each measured program is predicted once per model, not on every refit
             with _torch_threads(1):
@@ -200,7 +201,7 @@ class CDMPPCostModel(PyCostModel):
         n = len(candidates)
         seconds = np.full(n, np.nan)
         self.predictor.device(device)  # UnknownDeviceError; a device of the table joins the model, once
-        model = self.model_ if self.model_ is not None else self.predictor.model
+        model = self.model_ if self.model_ is not None else self.predictor.model_for(device)
         featurize = self.predictor.featurize_candidates
         threads = max(1, min(int(context.num_threads), n // 8))
         with _torch_threads(1):

@@ -67,7 +67,7 @@ class Devices:
 
     def ids(self) -> list[str]:
         table = self.table()
-        return sorted(set(self.model.device_specs.table) | set(table.ids() if table else ()))
+        return sorted(set(self.model.device_ids()) | set(table.ids() if table else ()))
 
     def get(self, device: "str | Device") -> Device:
         """``device`` resolved (a ``Device`` passes through); raises ``UnknownDeviceError``."""
@@ -82,19 +82,20 @@ class Devices:
         with self._lock:
             if device in self._resolved:
                 return self._resolved[device]
-            if device not in self.model.device_specs.table:
-                if not in_table:
-                    raise UnknownDeviceError(device, self.ids())
-                self.model.add_device(device, table.get(device).specs())  # predicted from its specs alone
-                self.model.add_reference_levels(table.spec_table())
             summary = self.model.summary
             known = summary.get("devices")
             info = dict(known.get(device, {})) if isinstance(known, dict) else {}  # fit() stores a plain list
             spec_target = table.get(device).target if in_table else None
             if spec_target is not None:
                 info.setdefault("target", spec_target)
-            info.setdefault("specs", self.model.device_specs.table[device])
             target = spec_target if spec_target is not None else info.get("target") or {}
+            if device not in self.model.device_ids():
+                if not in_table:
+                    raise UnknownDeviceError(device, self.ids())
+                # predicted from its specs alone, by the model of its kind of code
+                self.model.part(target_kind(target)).add_device(device, table.get(device).specs())
+                self.model.add_reference_levels(table.spec_table())
+            info.setdefault("specs", self.model.part_for(device).device_specs.table[device])
             train = summary.get("train_devices")
             resolved = Device(device, target_kind(target), dict(target) if isinstance(target, dict) else {},
                               dict(info["specs"]), True if train is None else device in train, info)

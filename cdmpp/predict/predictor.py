@@ -88,12 +88,10 @@ class Predictor:
             from cdmpp.predict.client import Client
 
             return Client(path, **kwargs)
-        from cdmpp.model.checkpoint import TrainedModel
+        from cdmpp.model.kinds import load_model
 
         path = Path(path) if path else defaults.MODEL
-        if not (path / "predictor.json").exists():
-            raise FileNotFoundError(f"no cdmpp checkpoint at {path} (expected predictor.json + weights.safetensors)")
-        return cls(TrainedModel.load(path), path, **kwargs)
+        return cls(load_model(path), path, **kwargs)
 
     # ---- what the model knows -------------------------------------------------------------------
     @property
@@ -116,6 +114,10 @@ class Predictor:
 
     def device_info(self, device: str) -> dict:
         return dict(self.device(device).info)
+
+    def model_for(self, device: str | Device):
+        """The ``TrainedModel`` that predicts ``device`` (a checkpoint of one model per kind of code holds two)."""
+        return self.model.part_for(self.device(device).id)  # resolving it put a new device in its kind's part
 
     def target_kind(self, device: str | Device) -> str:
         """The target kind ``device`` runs ("llvm" or "cuda"), from its target in the device table."""
@@ -141,7 +143,7 @@ class Predictor:
         common = []
         if not device.trained:
             common.append(DEVICE_UNTRAINED)
-        norm = self.model.feature_normalizer
+        norm = self.model_for(device).feature_normalizer
         lo, hi = getattr(norm, "min_", None), getattr(norm, "max_", None)
         if lo is None or hi is None:  # the column's one training value, where it had only one
             const = norm.inv_scale_ == 0
@@ -166,7 +168,8 @@ class Predictor:
         size of 0, as Ansor-lowered programs have) is no reason to distrust the answer."""
         import copy
 
-        norm = self.model.feature_normalizer
+        model = self.model_for(device)
+        norm = model.feature_normalizer
         lo, hi = getattr(norm, "min_", None), getattr(norm, "max_", None)
         if lo is None or hi is None or not features:
             return [True] * len(features)
@@ -175,7 +178,7 @@ class Predictor:
             g = copy.copy(f)
             g.leaf_features = np.clip(np.nan_to_num(np.asarray(f.leaf_features, np.float64)), lo, hi).astype(np.float32)
             clipped.append(g)
-        held = self.model.predict(clipped, device.id)[0]
+        held = model.predict(clipped, device.id)[0]
         ratio = np.abs(np.log(np.maximum(held, 1e-30) / np.maximum(seconds, 1e-30)))
         return list(ratio > np.log(RISK_FACTOR))
 
@@ -237,7 +240,7 @@ class Predictor:
             err = ProgramError(f"program {errors[0][0]}: {errors[0][1]}")
             err.errors = [{"index": i, "reason": r} for i, r in errors]
             raise err
-        mean, lo, hi = self.model.predict(list(features), dev.id, order=order)
+        mean, lo, hi = self.model_for(dev).predict(list(features), dev.id, order=order)
         found = self._ood(features, dev)
         far = [i for i, (flags, _) in enumerate(found) if FEATURES_OUT_OF_RANGE in flags]
         risky = dict(zip(far, self._at_risk([features[i] for i in far], dev, mean[far])))

@@ -343,7 +343,7 @@ def create_app(settings: Settings | None = None, predictor: Predictor | None = N
         return ModelsResponse(models=[ModelResponse(  # never the path: it tells a caller about the host
             model_version=predictor.version, shipped=shipped, featurizer_version=str(m.featurizer_version),
             runtime_featurizer_version=FEATURIZER_VERSION, devices=predictor.devices(),
-            trained_devices=sorted(m.summary.get("train_devices") or m.device_specs.table),
+            trained_devices=sorted(m.summary.get("train_devices") or m.device_ids()),
             ensemble_members=len(m.members), calibration=m.calibration, training=training)])
 
     def health(request: Request) -> HealthResponse:

@@ -50,7 +50,7 @@ def test_ood_flags_in_prediction(predictor, device, sampled):
     from cdmpp.program.features import featurize
 
     feats = [featurize(s.mod) for s in sampled["matmul"][:3]]
-    model = copy.copy(predictor.model)
+    model = copy.copy(predictor.model_for(device))
     norm = FeatureNormalizer().fit(np.concatenate([f.leaf_features for f in feats[:2]]))
     model.feature_normalizer = norm  # a model "trained" on two programs, on one device only
     others = [d for d in predictor.devices() if d != device]
@@ -134,7 +134,7 @@ def test_a_new_chip_is_moved_by_its_reference_kernels_level(predictor, sampled, 
                peak_gflops=4 * zen4["peak_gflops"], reference_s=3 * zen4["reference_s"])
     path = tmp_path / "devices.json"
     path.write_text(json.dumps([zen4, new]))
-    model = copy.deepcopy(predictor.model)
+    model = copy.deepcopy(predictor.model_for("amd-epyc-znver4-1t/llvm-avx512"))
     for spec in model.device_specs.table.values():
         spec.pop("reference_s", None)
     p = Predictor(model, devices=path)
@@ -153,7 +153,7 @@ def test_out_of_range_names_the_inputs_and_fires_only_where_the_prediction_moves
     from cdmpp.program.features import FEATURE_NAMES
 
     f = featurize(sampled["matmul"][0].mod)
-    norm = predictor.model.feature_normalizer
+    norm = predictor.model_for(device).feature_normalizer
     base = predictor.predict_features([f], device)[0].seconds
     moved = []
     for col in range(N_FEATURES):
