@@ -13,12 +13,11 @@ from typing import Sequence
 
 from cdmpp import defaults
 from cdmpp.devices.table import DeviceTable
-from cdmpp.model import distributed
-from cdmpp.model import physics
+from cdmpp.model import distributed, physics
 from cdmpp.model.kinds import KindModels, load_model
 from cdmpp.model.sampling import choose_shots, model_free_embedding
-from cdmpp.predict.devices import target_kind
 from cdmpp.model.training import TrainConfig, checked_finetune, fit
+from cdmpp.predict.devices import target_kind
 from cdmpp.provenance import git_commit
 from cdmpp.records.dataset import load_dataset, per_device_counts
 from cdmpp.records.splits import random_split

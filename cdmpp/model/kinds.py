@@ -17,6 +17,8 @@ import json
 from pathlib import Path
 from typing import Sequence
 
+import numpy as np
+
 KINDS_FILE = "kinds.json"
 # what the merged summary takes from the first part that has it (they are the same run's)
 _SHARED = ("recipe", "dataset", "trained_at", "git_commit", "data", "rank")
@@ -59,10 +61,28 @@ class KindModels:
                        "(KindModels.part(kind).add_device(name, spec))")
 
     def predict(self, programs, devices: str | Sequence[str], batch_size: int = 256, order: bool = False):
-        parts = {id(p): p for p in map(self.part_for, [devices] if isinstance(devices, str) else set(devices))}
-        if len(parts) != 1:
-            raise ValueError("one call predicts one kind of code; these devices are in different parts")
-        return parts.popitem()[1].predict(programs, devices, batch_size, order=order)
+        """``TrainedModel.predict``, each program by the part that knows its device."""
+        return self.predict_orders(programs, devices, batch_size, (order,))[0]
+
+    def predict_orders(self, programs, devices: str | Sequence[str], batch_size: int = 256,
+                       orders: Sequence[bool] = (False, True)) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """``TrainedModel.predict_orders``, each program by the part that knows its device."""
+        if isinstance(devices, str):
+            return self.part_for(devices).predict_orders(programs, devices, batch_size, orders)
+        programs, devices = list(programs), list(devices)
+        if len(devices) != len(programs):
+            raise ValueError(f"{len(devices)} devices for {len(programs)} programs: pass one device name or one per program")
+        groups: dict[int, list[int]] = {}
+        for i, d in enumerate(devices):
+            groups.setdefault(id(self.part_for(d)), []).append(i)
+        out = [tuple(np.empty(len(programs)) for _ in range(3)) for _ in orders]
+        for rows in groups.values():
+            part = self.part_for(devices[rows[0]])
+            got = part.predict_orders([programs[i] for i in rows], [devices[i] for i in rows], batch_size, orders)
+            for whole, answer in zip(out, got):
+                for array, values in zip(whole, answer):
+                    array[rows] = values
+        return out
 
     def add_reference_levels(self, table: dict[str, dict]) -> None:
         for p in self.parts.values():

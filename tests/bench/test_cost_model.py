@@ -3,8 +3,9 @@
 import pytest
 
 from cdmpp.defaults import MODEL as DEFAULT_MODEL
+from cdmpp.model.kinds import is_checkpoint
 
-pytestmark = pytest.mark.skipif(not (DEFAULT_MODEL / "predictor.json").exists(),
+pytestmark = pytest.mark.skipif(not is_checkpoint(DEFAULT_MODEL),
                                 reason=f"no shipped model at {DEFAULT_MODEL} yet")
 
 

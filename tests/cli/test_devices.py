@@ -9,10 +9,11 @@ from pathlib import Path
 import pytest
 
 from cdmpp.defaults import MODEL
+from cdmpp.model.kinds import is_checkpoint, read_summary
 
 ROOT = Path(__file__).resolve().parents[2]
 TABLE = ROOT / "datasets" / "devices.json"
-needs_table = pytest.mark.skipif(not TABLE.exists() or not (MODEL / "predictor.json").exists(),
+needs_table = pytest.mark.skipif(not TABLE.exists() or not is_checkpoint(MODEL),
                                  reason="no device table or shipped model")
 
 
@@ -34,7 +35,7 @@ def _spec(**kw):
 def test_devices_lists_the_table_with_what_the_model_trained_on_from_any_folder(tmp_path):
     out = subprocess.run([sys.executable, "-m", "cdmpp.cli", "devices"], cwd=tmp_path, check=True,
                          capture_output=True, text=True).stdout
-    trained = set(json.loads((MODEL / "predictor.json").read_text())["summary"]["train_devices"])
+    trained = set(read_summary(MODEL)["train_devices"])
     rows = {line.split()[0]: line for line in out.splitlines()[1:] if line.strip() and "/" in line.split()[0]}
     assert set(rows) == {d["id"] for d in json.loads(TABLE.read_text())}
     assert all((" yes" in rows[d]) == (d in trained) for d in rows)

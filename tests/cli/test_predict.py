@@ -9,10 +9,11 @@ from pathlib import Path
 import pytest
 
 from cdmpp.defaults import MODEL
+from cdmpp.model.kinds import is_checkpoint, read_summary
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = ROOT / "cdmpp" / "samples" / "conv2d.tvmscript"
-needs_model = pytest.mark.skipif(not (MODEL / "predictor.json").exists(), reason="no shipped model")
+needs_model = pytest.mark.skipif(not is_checkpoint(MODEL), reason="no shipped model")
 
 
 def test_version_names_the_package_and_the_model(capsys):
@@ -25,8 +26,8 @@ def test_version_names_the_package_and_the_model(capsys):
     assert e.value.code == 0
     out = capsys.readouterr().out
     assert out.startswith(f"cdmpp {cdmpp.__version__} (model ")
-    if (MODEL / "predictor.json").exists():
-        assert json.loads((MODEL / "predictor.json").read_text())["summary"]["model_version"] in out
+    if is_checkpoint(MODEL):
+        assert read_summary(MODEL)["model_version"] in out
 
 
 def test_the_public_api_comes_from_cdmpp_without_loading_torch_or_tvm():

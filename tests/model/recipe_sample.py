@@ -24,14 +24,14 @@ SMALL = dict(d_model=16, n_heads=2, n_layers=1, d_ff=32, epochs=6, batch_size=16
 
 def run() -> dict:
     from cdmpp import defaults
-    from cdmpp.model.checkpoint import TrainedModel
+    from cdmpp.model.kinds import load_model
     from cdmpp.model.training import TrainConfig, checked_finetune, fit
     from cdmpp.records.dataset import LabeledProgram
     from tests.model.shipped_sample import ANCHORED, load_sample
 
     torch.set_num_threads(1)
-    shipped = TrainedModel.load(defaults.MODEL)
-    table = shipped.device_specs.table
+    shipped = load_model(defaults.MODEL)
+    table = {d: shipped.part_for(d).device_specs.table[d] for d in shipped.device_ids()}
     programs, devices = load_sample()
     seconds = shipped.predict(programs, devices)[0]
     rng = np.random.default_rng(0)

@@ -47,7 +47,7 @@ def answers(model, programs, devices) -> dict:
 
 def main() -> None:
     from cdmpp import defaults
-    from cdmpp.model.checkpoint import TrainedModel
+    from cdmpp.model.kinds import load_model
     from cdmpp.records.dataset import FeatureCache, _featurize_records
     from cdmpp.records.labels import label
     from cdmpp.records.record import Record
@@ -73,7 +73,7 @@ def main() -> None:
                         flops=np.array([f.flops for f in feats]), hashes=np.array([f.program_hash for f in feats]),
                         devices=np.array([r["device"] for r in chosen]))
     programs, devices = load_sample()
-    model = TrainedModel.load(defaults.MODEL)
+    model = load_model(defaults.MODEL)
     from tests.machine import cpu_vendor
 
     EXPECTED.write_text(json.dumps(dict(model=str(defaults.MODEL.relative_to(defaults.PACKAGE.parent)),

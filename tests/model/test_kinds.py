@@ -36,8 +36,8 @@ def test_each_device_is_answered_by_the_part_of_its_kind(two_kinds, trained):
     assert np.array_equal(on_gpu, gpu.predict(programs, GPU)[0])
     assert np.array_equal(on_cpu, cpu.predict(programs, "cpu-a")[0])
     assert not np.allclose(on_gpu, on_cpu)  # the GPU's spec is cpu-a's: the CPU part would answer the same
-    with pytest.raises(ValueError, match="different parts"):
-        two_kinds.predict(programs[:2], ["cpu-a", GPU])
+    mixed = two_kinds.predict(programs[:4], ["cpu-a", GPU, GPU, "cpu-a"])[0]  # each by its device's part
+    np.testing.assert_allclose(mixed, [on_cpu[0], on_gpu[1], on_gpu[2], on_cpu[3]], rtol=1e-5)  # other batches
     assert set(two_kinds.summary["train_devices"]) == set(cpu.summary["train_devices"]) | {GPU}
     assert GPU in two_kinds.device_ids() and "cpu-a" in two_kinds.device_ids()
     with pytest.raises(KeyError, match="in no part"):

@@ -30,7 +30,7 @@ def _compare(got, expected, where="", rtol=1e-5):
         assert got == expected, where
 
 
-@pytest.mark.skipif(not (defaults.MODEL / "predictor.json").exists(), reason="no shipped checkpoint")
+@pytest.mark.skipif(not is_checkpoint(defaults.MODEL), reason="no shipped checkpoint")
 def test_recipe_trains_the_same_model():
     got, expected = json.loads(json.dumps(run())), json.loads(EXPECTED.read_text())
     if same_vendor(expected):

@@ -12,28 +12,29 @@ import numpy as np
 import pytest
 
 from cdmpp import defaults
-from cdmpp.model.checkpoint import TrainedModel
+from cdmpp.model.kinds import is_checkpoint, load_model
 from tests.machine import same_vendor
 from tests.model.shipped_sample import EXPECTED, answers, load_sample
 
 
-@pytest.mark.skipif(not (defaults.MODEL / "predictor.json").exists(), reason="no shipped checkpoint")
+@pytest.mark.skipif(not is_checkpoint(defaults.MODEL), reason="no shipped checkpoint")
 def test_shipped_model_answers_unchanged():
     record = json.loads(EXPECTED.read_text())
     expected, rtol = record["answers"], 1e-6 if same_vendor(record) else 2e-5
     programs, devices = load_sample()
-    got = answers(TrainedModel.load(defaults.MODEL), programs, devices)
+    got = answers(load_model(defaults.MODEL), programs, devices)
     assert set(got) == set(expected)
     for key, parts in expected.items():
         for part, values in parts.items():
             np.testing.assert_allclose(got[key][part], values, rtol=rtol, atol=0, err_msg=f"{key} {part}")
 
 
-@pytest.mark.skipif(not (defaults.MODEL / "predictor.json").exists(), reason="no shipped checkpoint")
+@pytest.mark.skipif(not is_checkpoint(defaults.MODEL), reason="no shipped checkpoint")
 def test_the_shipped_model_was_trained_with_the_default_config():
-    """TrainConfig's defaults are the shipped recipe: the shipped checkpoint's config, the dropped options set
-    aside at their shipped values, is TrainConfig() and train/default.toml."""
+    """TrainConfig's defaults are the shipped recipe: the shipped checkpoint's config (each part's, one per kind of
+    code) is TrainConfig() and train/default.toml."""
     from cdmpp.model.config import TrainConfig
 
-    config = TrainConfig.from_dict(TrainedModel.load(defaults.MODEL).config)
-    assert config == TrainConfig() == TrainConfig.recipe("default")
+    model = load_model(defaults.MODEL)
+    for part in getattr(model, "parts", {"": model}).values():
+        assert TrainConfig.from_dict(part.config) == TrainConfig() == TrainConfig.recipe("default")

@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from cdmpp.defaults import MODEL as DEFAULT_MODEL
+from cdmpp.model.kinds import is_checkpoint
 
-pytestmark = pytest.mark.skipif(not (DEFAULT_MODEL / "predictor.json").exists(), reason="no shipped model")
+pytestmark = pytest.mark.skipif(not is_checkpoint(DEFAULT_MODEL), reason="no shipped model")
 
 GOLDEN = Path(__file__).with_name("golden.json")
 DEVICES = ("amd-epyc-znver4-2t/llvm-avx512", "amd-ryzen7-3700x-8t/llvm-sse2")  # trained; from its specs only

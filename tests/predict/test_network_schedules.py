@@ -8,6 +8,7 @@ import pytest
 
 from cdmpp.defaults import MODEL
 from cdmpp.predict.network import TaskProgram, check_schedules, schedule_counts
+from cdmpp.model.kinds import is_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -35,7 +36,7 @@ def test_a_total_that_mixes_in_default_code_is_refused_unless_allowed():
     check_schedules("net@1", "dev", _programs("best-measured", "database"), "best-measured")
 
 
-@pytest.mark.skipif(not (MODEL / "predictor.json").exists() or not (ROOT / "datasets" / "tasks-llvm.json.gz").exists(),
+@pytest.mark.skipif(not is_checkpoint(MODEL) or not (ROOT / "datasets" / "tasks-llvm.json.gz").exists(),
                     reason="no shipped model or task table")
 def test_the_network_command_works_from_any_folder_and_states_its_schedules(tmp_path, monkeypatch, capsys):
     from cdmpp.cli import main

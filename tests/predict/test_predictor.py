@@ -8,10 +8,11 @@ import pytest
 from cdmpp.defaults import MODEL as DEFAULT_MODEL
 from cdmpp.program.features import N_FEATURES, featurize
 from cdmpp.program.inputs import ProgramError
+from cdmpp.model.kinds import is_checkpoint
 from tests.attacks import IMP, SAMPLE, TMP, marker_path, tvmscript_with
 from tests.programs import concat_and_empty
 
-pytestmark = pytest.mark.skipif(not (DEFAULT_MODEL / "predictor.json").exists(),
+pytestmark = pytest.mark.skipif(not is_checkpoint(DEFAULT_MODEL),
                                 reason=f"no shipped model at {DEFAULT_MODEL} yet")
 
 

@@ -11,6 +11,7 @@ import textwrap
 import pytest
 
 from cdmpp.defaults import MODEL
+from cdmpp.model.kinds import is_checkpoint
 
 SCRIPT = textwrap.dedent("""
     from pathlib import Path
@@ -48,7 +49,7 @@ def test_a_pool_whose_workers_cannot_start_raises_instead_of_waiting(monkeypatch
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not (MODEL / "predictor.json").exists(), reason="no shipped model")
+@pytest.mark.skipif(not is_checkpoint(MODEL), reason="no shipped model")
 def test_a_script_without_the_main_guard_predicts_or_says_why(tmp_path):
     script = tmp_path / "predict_it.py"
     script.write_text(SCRIPT)

@@ -7,6 +7,7 @@ import shutil
 
 import pytest
 
+from cdmpp.model.kinds import is_checkpoint
 from tests.data import DEVICES_JSON, TASKS
 
 DEVICE = "amd-epyc-znver4-2t/llvm-avx512"  # in the device table and the shipped model
@@ -142,7 +143,7 @@ def test_cli_and_finetune_from_the_imported_ids(tuned, tmp_path, monkeypatch, ca
     from cdmpp.cli import main
     from cdmpp.defaults import MODEL
 
-    if not (MODEL / "predictor.json").exists():
+    if not is_checkpoint(MODEL):
         pytest.skip("no shipped model")
     monkeypatch.setenv("CDMPP_CACHE", str(tmp_path / "cache"))
     ds, ids = str(tmp_path / "ds"), str(tmp_path / "ids.txt")

@@ -15,10 +15,11 @@ from pathlib import Path
 import pytest
 
 from cdmpp.defaults import MODEL as DEFAULT_MODEL
+from cdmpp.model.kinds import is_checkpoint
 from tests.attacks import IMP, MARKERS, SAMPLE, TMP, marker_path, tvmscript_with
 from tests.processes import descendants, free_port, running
 
-pytestmark = [pytest.mark.skipif(not (DEFAULT_MODEL / "predictor.json").exists(), reason="no shipped model"),
+pytestmark = [pytest.mark.skipif(not is_checkpoint(DEFAULT_MODEL), reason="no shipped model"),
               pytest.mark.skipif(not os.path.isdir("/proc"), reason="needs /proc")]
 
 

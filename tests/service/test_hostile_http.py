@@ -10,9 +10,10 @@ import time
 import pytest
 
 from cdmpp.defaults import MODEL as DEFAULT_MODEL
+from cdmpp.model.kinds import is_checkpoint
 from tests.processes import app_server
 
-pytestmark = pytest.mark.skipif(not (DEFAULT_MODEL / "predictor.json").exists(), reason="no shipped model")
+pytestmark = pytest.mark.skipif(not is_checkpoint(DEFAULT_MODEL), reason="no shipped model")
 
 httpx = pytest.importorskip("httpx")
 

@@ -8,9 +8,10 @@ import math
 import pytest
 
 from cdmpp.defaults import MODEL as DEFAULT_MODEL
+from cdmpp.model.kinds import is_checkpoint
 from tests.attacks import SAMPLE
 
-pytestmark = pytest.mark.skipif(not (DEFAULT_MODEL / "predictor.json").exists(), reason="no shipped model")
+pytestmark = pytest.mark.skipif(not is_checkpoint(DEFAULT_MODEL), reason="no shipped model")
 
 
 @pytest.fixture(scope="module")
