@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from cdmpp import defaults
+from cdmpp.model.kinds import is_checkpoint
 from tests.machine import same_vendor
 from tests.model.recipe_sample import EXPECTED, run
 
