@@ -72,12 +72,12 @@ class KindModels:
         programs, devices = list(programs), list(devices)
         if len(devices) != len(programs):
             raise ValueError(f"{len(devices)} devices for {len(programs)} programs: pass one device name or one per program")
-        groups: dict[int, list[int]] = {}
+        part_of = {d: self.part_for(d) for d in set(devices)}
+        groups: dict[int, tuple] = {}  # id(part) -> (part, rows)
         for i, d in enumerate(devices):
-            groups.setdefault(id(self.part_for(d)), []).append(i)
+            groups.setdefault(id(part_of[d]), (part_of[d], []))[1].append(i)
         out = [tuple(np.empty(len(programs)) for _ in range(3)) for _ in orders]
-        for rows in groups.values():
-            part = self.part_for(devices[rows[0]])
+        for part, rows in groups.values():
             got = part.predict_orders([programs[i] for i in rows], [devices[i] for i in rows], batch_size, orders)
             for whole, answer in zip(out, got):
                 for array, values in zip(whole, answer):
