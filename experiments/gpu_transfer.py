@@ -4,13 +4,17 @@ trains it), development seeds: one model per held-out GPU and seed, then its zer
 test programs through each transfer below, so every variant is scored on the same trained model:
 
 * ``nearest, peaks``: the trained GPU closest in peak FLOP/s, moved by the peaks' ratio (the route of 4 Dec);
+* ``nearest, levels``: the same GPU, moved by the ratio of the two GPUs' measured levels (``level_gflops``, the
+  FLOP/s their tuned programs reach) where both have one, else of the peaks (the route since 5 Dec);
 * ``nearest, roofline``: the same GPU, moved per program by the ratio of the two roofline bounds
   (max(FLOPs / peak, unique bytes / bandwidth): ``pooled_gbt.roofline_seconds``);
 * ``every GPU, peaks`` / ``every GPU, roofline``: the geometric mean over every trained GPU of its prediction
   moved by the same ratio, so no one GPU's view of foreign schedules decides the level;
 * ``direct``: the network asked with the new GPU's specs (no transfer).
 
-Usage: .venv/bin/python experiments/gpu_transfer.py [--epochs 20] [--seeds 0,1,2] [--out FILE.jsonl]"""
+The chip's test programs leave out its level programs where its spec has a level (as the protocol's do).
+Usage: .venv/bin/python experiments/gpu_transfer.py [--epochs 20] [--seeds 0,1,2] [--out FILE.jsonl]
+(each model's predictions also go to FILE.jsonl.<device>.<seed>.npz, for experiments/gpu_levels.py)"""
 
 import argparse
 import copy
@@ -42,7 +46,8 @@ def variants(model, test, device: str, table: dict) -> dict[str, np.ndarray]:
     def roof(d):
         return roofline_seconds(features, table[d]["peak_gflops"], table[d]["mem_bw_gbs"], work)
 
-    peaks = {g: on[g] * physics.chip_ratio(g, device, table) for g in trained}
+    peaks = {g: on[g] * physics.chip_ratio(g, device, table, reference=False) for g in trained}
+    levels = {g: on[g] * physics.chip_ratio(g, device, table) for g in trained}  # measured levels where both have one
     roofs = {g: on[g] * roof(device) / roof(g) for g in trained}
     near = physics.anchor_device(device, trained, table)
     direct = copy.copy(model)
@@ -51,7 +56,8 @@ def variants(model, test, device: str, table: dict) -> dict[str, np.ndarray]:
     def geo(d):
         return np.exp(np.mean([np.log(v) for v in d.values()], axis=0))
 
-    return {"nearest, peaks": peaks[near], "nearest, roofline": roofs[near], "every GPU, peaks": geo(peaks),
+    return {"nearest, peaks": peaks[near], "nearest, levels": levels[near], "nearest, roofline": roofs[near],
+            "every GPU, peaks": geo(peaks),
             "every GPU, roofline": geo(roofs), "direct": direct.predict(features, device)[0]}
 
 

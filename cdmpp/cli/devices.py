@@ -113,7 +113,7 @@ def cmd_probe(args) -> int:
 
 
 def cmd_reference(args) -> int:
-    from cdmpp.devices.reference import levels_from_labels
+    from cdmpp.devices.reference import MIN_LEVEL_PROGRAMS, gpu_level_from_labels, levels_from_labels
     from cdmpp.devices.table import DeviceTable
     from cdmpp.records.store import RecordStore
 
@@ -127,6 +127,22 @@ def cmd_reference(args) -> int:
                                    "kernel_s": {h: float(f"{v:.4g}") for h, v in sorted(level["kernel_s"].items())}}
         table.add(spec, save=False)
         print(f"{device}: reference_s {spec.reference_s:.4g} s (from {level['from']})")
+    for device in args.level or ():
+        spec = table.get(device)
+        if spec is None or spec.kind != "gpu":
+            print(f"--level {device}: not a GPU of {args.table}", file=sys.stderr)
+            return 2
+        level = gpu_level_from_labels(RecordStore(args.dataset), device)
+        if level is None:
+            print(f"--level {device}: fewer than {MIN_LEVEL_PROGRAMS} labelled level programs with FLOPs "
+                  f"in {args.dataset}", file=sys.stderr)
+            return 2
+        spec.level_gflops = float(f"{level['level_gflops']:.6g}")
+        spec.probe["level"] = {"method": f"the 90th percentile of the FLOP/s its {level['programs']} level programs reach "
+                                         "in the dataset (cdmpp.devices.reference.gpu_level_from_labels; tuned records)"}
+        table.add(spec, save=False)
+        found[device] = level
+        print(f"{device}: level_gflops {spec.level_gflops:.6g} ({level['programs']} level programs)")
     if found:
         table.save()
     missing = [s.id for s in table if s.kind == "cpu" and not s.reference_s]
@@ -174,4 +190,7 @@ def add_devices_commands(sub) -> None:
                                           "chip's 1-thread device in the dataset")
     r.add_argument("--table", default=defaults.DEVICES, help="device table to update (default %(default)s)")
     r.add_argument("--dataset", default=defaults.DATASET, help="dataset folder (default %(default)s)")
+    r.add_argument("--level", nargs="+", metavar="GPU", help="also fill these GPUs' level (level_gflops: the FLOP/s "
+                   "their tuned programs reach, from an imported tuning log or database), which moves a model's "
+                   "predictions to a GPU it never trained on instead of the datasheet peak")
     r.set_defaults(func=cmd_reference)

@@ -98,3 +98,32 @@ def levels_from_labels(table, store) -> dict[str, dict]:
                     out[spec.id] = {"reference_s": level, "from": src.id, "kernel_s": cache[src.id]}
                 break
     return out
+
+
+LEVEL_SHARE = 10  # one of every LEVEL_SHARE of a GPU's programs (by hash) measures its level
+LEVEL_QUANTILE = 0.9  # the level: the FLOP/s its level programs reach at this quantile
+MIN_LEVEL_PROGRAMS = 50
+
+
+def is_level_program(program_hash: str) -> bool:
+    """Whether a GPU's program is one its level is measured on (``gpu_level_from_labels``): a fixed tenth by
+    hash, which leave-one-chip-out keeps out of the chip's test set as it keeps the CPU kernels out."""
+    return int(program_hash[:8], 16) % LEVEL_SHARE == 0
+
+
+def gpu_level_from_labels(store, device: str) -> dict | None:
+    """A GPU's measured level from its labelled programs in a ``RecordStore``: the FLOP/s its level programs
+    (``is_level_program``) reach at the 90th percentile, as ``{"level_gflops", "programs"}``; None with fewer
+    than 50 of them. Meant for tuned programs (a tuning log, a MetaSchedule database): what the chip reaches
+    there is its level, while random schedules measure the sampler as much as the chip."""
+    from cdmpp.records.labels import label
+
+    rates = []
+    for r in store.iter_records(device, traces=False):
+        flops = float(r.get("flops") or 0.0)
+        if flops > 0 and is_level_program(r["program_hash"]) and (y := label(r)) is not None and y > 0:
+            rates.append(flops / y / 1e9)
+    if len(rates) < MIN_LEVEL_PROGRAMS:
+        return None
+    rates.sort()
+    return {"level_gflops": rates[min(len(rates) - 1, int(LEVEL_QUANTILE * len(rates)))], "programs": len(rates)}

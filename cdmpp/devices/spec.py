@@ -62,6 +62,9 @@ class DeviceSpec:
     # CPU: geometric-mean latency (s) of the reference kernels at 1 thread with this target
     # (``cdmpp.devices.reference``); not a model input: the level a new chip is moved by (physics.chip_ratio)
     reference_s: float | None = None
+    # GPU: the FLOP/s its tuned programs reach (``cdmpp.devices.reference.gpu_level_from_labels``); a datasheet
+    # peak says little of it (a K80 reaches a third of its peak, a V100 two thirds): what physics.chip_ratio moves by
+    level_gflops: float | None = None
     relation: str = ""
     measured_at: str = ""
     probe: dict = field(default_factory=dict)
@@ -70,8 +73,9 @@ class DeviceSpec:
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
         d.update(d.pop("extra"))
-        if d["reference_s"] is None:  # not measured: the entry reads as before the field existed
-            del d["reference_s"]
+        for name in ("reference_s", "level_gflops"):
+            if d[name] is None:  # not measured: the entry reads as before the field existed
+                del d[name]
         return d
 
     @classmethod
@@ -89,10 +93,11 @@ class DeviceSpec:
 
     def specs(self) -> dict[str, float]:
         """{spec name: value}, the form the model's device-spec normalizer takes (it reads only
-        :data:`SPEC_FIELDS`), with ``reference_s`` where measured."""
+        :data:`SPEC_FIELDS`), with ``reference_s`` and ``level_gflops`` where measured."""
         out = {f: float(getattr(self, f)) for f in SPEC_FIELDS}
-        if self.reference_s:
-            out["reference_s"] = float(self.reference_s)
+        for name in ("reference_s", "level_gflops"):
+            if getattr(self, name):
+                out[name] = float(getattr(self, name))
         return out
 
     def make_target(self):

@@ -174,8 +174,9 @@ def leave_one_chip_out_split(ds, chip: str, device_table: dict | None = None, k:
                              draw: int | None = None) -> Split:
     """Every device of ``chip`` held out; train on every other device (CPU and GPU); test programs new
     (no twin of one in training); ``k`` shots from the chip's pool (``cross_device_split``). The reference
-    kernels (``cdmpp.devices.reference``) are not test programs: the chip's level is measured on them."""
-    from cdmpp.devices.reference import kernel_hashes
+    kernels (``cdmpp.devices.reference``) are not test programs: the chip's level is measured on them; nor
+    are a GPU's level programs where its spec has a measured level (``level_gflops``)."""
+    from cdmpp.devices.reference import is_level_program, kernel_hashes
 
     devices = sorted({p.device for p in _programs(ds) if chip_of(p.device, device_table) == chip})
     if not devices:
@@ -183,7 +184,9 @@ def leave_one_chip_out_split(ds, chip: str, device_table: dict | None = None, k:
     split = cross_device_split(ds, devices, k, sampler, seed, embed=embed, programs="new", draw=draw)
     split.kind = "leave-one-chip-out"
     kernels = kernel_hashes()
-    split.test = [p for p in split.test if p.features.program_hash not in kernels]
+    levelled = {d for d in devices if (device_table or {}).get(d, {}).get("level_gflops")}
+    split.test = [p for p in split.test if p.features.program_hash not in kernels
+                  and not (p.device in levelled and is_level_program(p.features.program_hash))]
     split.info.update(kind="leave-one-chip-out", chip=chip,
                       description=f"leave-one-chip-out ({chip}): " + split.info["description"])
     return _finish(split)

@@ -111,12 +111,13 @@ class TrainedModel:
         return sorted(self.device_specs.table)
 
     def add_reference_levels(self, table: dict[str, dict]) -> None:
-        """Copy each chip's reference-kernel level (``reference_s``: a measurement of the chip, not a model
-        input) from a spec table into this model's entries that lack it, so a model saved before its devices'
-        levels were measured moves a new chip by them (``cdmpp.model.physics.chip_ratio``)."""
+        """Copy each chip's measured level (a CPU's reference-kernel ``reference_s``, a GPU's ``level_gflops``: a
+        measurement of the chip, not a model input) from a spec table into this model's entries that lack it, so a
+        model saved before its devices' levels were measured moves a new chip by them (``physics.chip_ratio``)."""
         for name, spec in self.device_specs.table.items():
-            if "reference_s" not in spec and table.get(name, {}).get("reference_s"):
-                spec["reference_s"] = float(table[name]["reference_s"])
+            for level in ("reference_s", "level_gflops"):
+                if level not in spec and table.get(name, {}).get(level):
+                    spec[level] = float(table[name][level])
 
     # ---- prediction ---------------------------------------------------------------------------------
     @torch.inference_mode()

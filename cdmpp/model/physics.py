@@ -6,7 +6,7 @@ did train on (its *anchor*, ``anchor_device``) and moved there by this law (``Tr
 seen-programs baseline ``TwinAmdahl`` moves a measured twin's label the same way. Only the program's
 features and the two thread counts enter, plus the fork/join cost of a parallel region on the anchor
 (``fork_join_seconds``). A GPU never trained on is reached the same way from the trained GPU closest in
-peak FLOP/s, moved by the two peaks' ratio alone.
+peak FLOP/s, moved by the ratio of the two GPUs' measured levels (or peaks) alone.
 """
 
 from __future__ import annotations
@@ -122,7 +122,7 @@ def anchor_device(device: str, trained: Sequence[str], table: dict, cross_chip: 
     trained CPU device of the closest thread count, then the same ISA, moved by Amdahl's law and the
     two chips' reference levels or per-thread peaks (``move``), which a network cannot extrapolate from a
     handful of training chips (issue 52; reports/leave-one-chip-out.md). A GPU never trained on: the
-    trained GPU closest in peak FLOP/s, moved by the two peaks' ratio (``chip_ratio``)."""
+    trained GPU closest in peak FLOP/s, moved by their levels' or peaks' ratio (``chip_ratio``)."""
     if device in trained:
         return None
     hardware, kind, isa = _parts(device)
@@ -154,14 +154,18 @@ def chip_ratio(src: str, dst: str, table: dict, reference: bool = True) -> float
     """How much longer a program takes per thread on ``dst``'s chip than on ``src``'s (1 between devices of
     one chip): the ratio of their reference kernels' latencies (``reference_s``, measured at 1 thread:
     ``cdmpp.devices.reference``) where both chips have it and ``reference``, else of their per-thread peak
-    FLOP/s (clock x SIMD width x FMA units, as probed); between GPUs, of their whole peaks (a kernel
-    spreads over every SM). On twins, Zen 4 1-thread labels moved to Zen 5 / Zen 3 / a Xeon by the
-    kernels' ratio are 15 / 40 / 31 % MAPE, by the peak ratio 39 / 38 / 49 % (reports/leave-one-chip-out.md)."""
+    FLOP/s (clock x SIMD width x FMA units, as probed); between GPUs, of the FLOP/s their tuned programs reach
+    (``level_gflops``) where both have it and ``reference``, else of their whole peaks (a kernel spreads over
+    every SM): a K80 reaches a third of its datasheet peak, a V100 two thirds (reports/gpu-transfer.md). On
+    twins, Zen 4 1-thread labels moved to Zen 5 / Zen 3 / a Xeon by the kernels' ratio are 15 / 40 / 31 %
+    MAPE, by the peak ratio 39 / 38 / 49 % (reports/leave-one-chip-out.md)."""
     if _parts(src)[0] == _parts(dst)[0]:
         return 1.0
     s, d = table[src], table[dst]
     if reference and s.get("reference_s") and d.get("reference_s"):
         return float(d["reference_s"]) / float(s["reference_s"])
+    if reference and _parts(src)[1] == _parts(dst)[1] == "cuda" and s.get("level_gflops") and d.get("level_gflops"):
+        return float(s["level_gflops"]) / float(d["level_gflops"])
     if not all(x.get("peak_gflops") and x.get("cores") for x in (s, d)):
         return 1.0
     if _parts(src)[1] == _parts(dst)[1] == "cuda":

@@ -66,3 +66,35 @@ def test_a_reference_level_must_be_positive_seconds():
     assert any("reference_s" in p for p in spec_problems(dict(d, reference_s="fast")))
     d.pop("reference_s", None)
     assert "reference_s" not in DeviceSpec.from_dict(d).to_dict()  # unmeasured: no field, as before
+    assert any("level_gflops" in p for p in spec_problems(dict(d, level_gflops=0)))
+    assert "level_gflops" not in DeviceSpec.from_dict(d).to_dict()
+
+
+def test_a_gpus_level_is_the_flops_its_level_programs_reach(tmp_path, capsys):
+    """``cdmpp devices reference --level GPU``: the 90th percentile of FLOP/s over the GPU's level programs (a
+    fixed tenth by hash) in the dataset goes into its spec; a CPU, or too few programs, is a clear error."""
+    from cdmpp.cli import main
+    from cdmpp.devices.reference import is_level_program
+
+    shipped = {d["id"]: d for d in json.loads(TABLE.read_text())}
+    gpu, cpu = "nvidia-k80/cuda-sm37", "amd-epyc-znver4-1t/llvm-avx512"
+    path = tmp_path / "devices.json"
+    path.write_text(json.dumps([{k: v for k, v in shipped[gpu].items() if k != "level_gflops"}, shipped[cpu]]))
+    hashes = [f"{i:016x}" for i in range(2000)]
+    level = [h for h in hashes if is_level_program(h)][:100]
+    assert len(level) == 100
+    lines = [{"id": f"{gpu}|t|{h}", "device": gpu, "task": "t", "program_hash": h, "flops": 1e9 * (j + 1),
+              "seconds": [1.0], "error": None} for j, h in enumerate(level)]
+    lines += [{"id": f"{gpu}|t|{h}", "device": gpu, "task": "t", "program_hash": h, "flops": 1e15, "seconds": [1.0],
+               "error": None} for h in hashes[:300] if not is_level_program(h)]  # not level programs: no say
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "nvidia-k80_cuda-sm37.active.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    assert main(["devices", "reference", "--table", str(path), "--dataset", str(data), "--level", gpu]) == 0
+    filled = {d["id"]: d for d in json.loads(path.read_text())}
+    assert filled[gpu]["level_gflops"] == pytest.approx(91.0)  # the 90th percentile of 1..100 GFLOP/s
+    assert main(["devices", "reference", "--table", str(path), "--dataset", str(data), "--level", cpu]) == 2
+    assert "not a GPU" in capsys.readouterr().err
+    (data / "nvidia-k80_cuda-sm37.active.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines[:40]))
+    assert main(["devices", "reference", "--table", str(path), "--dataset", str(data), "--level", gpu]) == 2
+    assert "fewer than 50" in capsys.readouterr().err

@@ -30,6 +30,19 @@ def test_a_held_out_chip_is_never_in_training_and_its_twins_are_grouped(three_de
     assert len(sp.shots) == 8 and sp.info["chip"] == "fake chip B"
 
 
+def test_a_gpus_level_programs_are_not_test_programs_where_its_level_is_measured(three_devices, chip_table):
+    """The level (``level_gflops``) is measured on a fixed tenth of the chip's programs: like the CPU reference
+    kernels, they stay out of the test set that judges the transfer, and only where the level is in the spec."""
+    from cdmpp.devices.reference import is_level_program
+    from cdmpp.evaluation.splits import leave_one_chip_out_split
+
+    before = leave_one_chip_out_split(three_devices, "fake chip B", chip_table, seed=1).test
+    assert any(is_level_program(p.features.program_hash) for p in before)
+    table = {**chip_table, OTHER: {**chip_table[OTHER], "level_gflops": 1000.0}}
+    after = leave_one_chip_out_split(three_devices, "fake chip B", table, seed=1).test
+    assert [p for p in before if not is_level_program(p.features.program_hash)] == after
+
+
 def test_protocol_rows_and_the_mean_over_chips(three_devices, chip_table, tmp_path):
     """MECHANICS ONLY (relabeled fake chips): one seed writes, per chip and k, the pooled GBT, its shots-chosen
     variant, the shots-only GBT and the chip's own GBT; the summary averages the chips."""

@@ -90,6 +90,20 @@ def test_a_new_gpu_goes_through_the_trained_gpu_closest_in_peak_moved_by_the_pea
     fork_join = fork_join_of(["slow/cuda-sm37", "chip-2t/llvm-avx512"], [1e-3, 1e-3], np.array([0, 1]), table)
     assert fork_join["slow/cuda-sm37"] == 0.0  # kept, so that a new GPU can be anchored on it
 
+def test_between_gpus_their_measured_levels_come_before_the_peaks():
+    """A K80 reaches a third of its datasheet peak, a V100 two thirds: where both GPUs have a measured level
+    (``level_gflops``, the FLOP/s their tuned programs reach) its ratio moves a program, else the peaks'."""
+    from cdmpp.model.physics import chip_ratio
+
+    table = {"slow/cuda-sm37": {**SPEC, "cores": 13, "peak_gflops": 4000, "level_gflops": 1000},
+             "mid/cuda-sm70": {**SPEC, "cores": 80, "peak_gflops": 16000}}
+    assert chip_ratio("slow/cuda-sm37", "mid/cuda-sm70", table) == pytest.approx(0.25)  # one level: the peaks
+    table["mid/cuda-sm70"]["level_gflops"] = 8000
+    assert chip_ratio("slow/cuda-sm37", "mid/cuda-sm70", table) == pytest.approx(0.125)
+    assert chip_ratio("mid/cuda-sm70", "slow/cuda-sm37", table) == pytest.approx(8.0)
+    assert chip_ratio("slow/cuda-sm37", "mid/cuda-sm70", table, reference=False) == pytest.approx(0.25)
+
+
 def test_between_chips_the_reference_kernels_level_comes_before_the_peak():
     """Where both chips have their reference kernels measured (``reference_s``) their ratio moves a program,
     else the per-thread peak ratio; devices of one chip stay at 1."""
