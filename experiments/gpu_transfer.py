@@ -8,6 +8,8 @@ test programs through each transfer below, so every variant is scored on the sam
   FLOP/s their tuned programs reach) where both have one, else of the peaks (the route since 5 Dec);
 * ``nearest, roofline``: the same GPU, moved per program by the ratio of the two roofline bounds
   (max(FLOPs / peak, unique bytes / bandwidth): ``pooled_gbt.roofline_seconds``);
+* ``nearest, roofline at levels``: the roofline ratio with each GPU's measured level as its compute roof where
+  both have one (a compute-bound program moves by the levels, a memory-bound one by the bandwidths);
 * ``every GPU, peaks`` / ``every GPU, roofline``: the geometric mean over every trained GPU of its prediction
   moved by the same ratio, so no one GPU's view of foreign schedules decides the level;
 * ``direct``: the network asked with the new GPU's specs (no transfer).
@@ -49,6 +51,13 @@ def variants(model, test, device: str, table: dict) -> dict[str, np.ndarray]:
     peaks = {g: on[g] * physics.chip_ratio(g, device, table, reference=False) for g in trained}
     levels = {g: on[g] * physics.chip_ratio(g, device, table) for g in trained}  # measured levels where both have one
     roofs = {g: on[g] * roof(device) / roof(g) for g in trained}
+
+    def roof_at_levels(g):  # the compute roof at the two GPUs' measured levels where both have one
+        both = table[g].get("level_gflops") and table[device].get("level_gflops")
+        level = (lambda d: table[d]["level_gflops"]) if both else (lambda d: table[d]["peak_gflops"])
+        return on[g] * (roofline_seconds(features, level(device), table[device]["mem_bw_gbs"], work)
+                        / roofline_seconds(features, level(g), table[g]["mem_bw_gbs"], work))
+
     near = physics.anchor_device(device, trained, table)
     direct = copy.copy(model)
     direct.anchors = None  # the network asked from the new GPU's specs
@@ -57,6 +66,7 @@ def variants(model, test, device: str, table: dict) -> dict[str, np.ndarray]:
         return np.exp(np.mean([np.log(v) for v in d.values()], axis=0))
 
     return {"nearest, peaks": peaks[near], "nearest, levels": levels[near], "nearest, roofline": roofs[near],
+            "nearest, roofline at levels": roof_at_levels(near),
             "every GPU, peaks": geo(peaks),
             "every GPU, roofline": geo(roofs), "direct": direct.predict(features, device)[0]}
 
