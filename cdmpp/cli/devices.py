@@ -39,10 +39,9 @@ def cmd_devices(args) -> int:
     if args.json:
         print(json.dumps([{**s.to_dict(), "trained": status(s.id) == "yes"} for s in table], indent=1))
         return 0
-    head = ("id", "kind", "threads", "GHz", "SIMD", "L3 KiB", "mem GB/s", "GFLOP/s", "ref ms", "trained", "note")
+    head = ("id", "kind", "threads", "GHz", "SIMD", "L3 KiB", "mem GB/s", "GFLOP/s", "level", "trained", "note")
     rows = [(s.id, s.kind, str(s.threads), _number(s.clock_ghz), _number(s.simd_width_bits), _number(s.l3_kb),
-             _number(s.mem_bw_gbs), _number(s.peak_gflops),
-             f"{1e3 * s.reference_s:.3g}" if s.reference_s else "-", status(s.id),
+             _number(s.mem_bw_gbs), _number(s.peak_gflops), _level(s), status(s.id),
              "probed under load" if s.probe.get("under_load") else ("probe warning" if s.probe.get("warning") else ""))
             for s in table]
     widths = [max(len(x) for x in col) for col in zip(head, *rows)]
@@ -50,11 +49,20 @@ def cmd_devices(args) -> int:
         print("  ".join(x.ljust(w) for x, w in zip(line, widths)).rstrip())
     n = sum(status(s.id) == "yes" for s in table)
     print(f"\n{len(table)} devices in {args.devices}; model {version} was trained on {n} of them (the others are "
-          "predicted from their specs alone, flagged device_untrained; a CPU chip never trained on is moved by its "
-          "reference level, `ref ms`, where it and the trained chip have one).\n"
+          "predicted from their specs alone, flagged device_untrained; a chip never trained on is moved by its "
+          "measured `level`, where it and the trained chip have one: a CPU's reference kernels' ms, a GPU's "
+          "GFLOP/s on its tuned programs).\n"
           "Add one: `cdmpp devices probe --add` (this machine's CPU), `cdmpp collect --target cuda` (its GPU), or "
           "`cdmpp devices add SPEC.json` (fields: `cdmpp devices show ID` of a similar device).")
     return 0
+
+
+def _level(spec) -> str:
+    """A chip's measured level (``cdmpp.devices.reference``): a CPU's reference kernels' geometric-mean latency,
+    a GPU's FLOP/s on its tuned programs; "-" where none is measured."""
+    if spec.reference_s:
+        return f"{1e3 * spec.reference_s:.3g} ms"
+    return f"{spec.level_gflops:.0f} GFLOP/s" if spec.level_gflops else "-"
 
 
 def cmd_show(args) -> int:
