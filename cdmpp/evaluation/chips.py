@@ -7,7 +7,7 @@ Rows (``protocol-runs.jsonl`` form, setting ``leave-one-chip-out``, ``chip`` nam
 * ``cdmpp``: the pretrained model's prediction (a new CPU chip through its anchor, moved by Amdahl's law
   and the two chips' reference-kernel levels, else per-thread peaks: ``cdmpp.model.physics.chip_ratio``; the
   reference kernels are not test programs; a new GPU through the trained GPU closest in peak FLOP/s, moved by
-  the peaks' ratio); with shots, ``ShotChoice`` on it (the shipped
+  the ratio of the two GPUs' measured levels, else peaks; the level programs are not test programs); with shots, ``ShotChoice`` on it (the shipped
   k-shot path: the prediction as is, × the shots' median ratio, × a GBT of the log ratio, a GBT of the
   shots alone, or a blend, whichever cross-validation on the shots prefers; applied to its seconds and to
   its order prediction, as a checkpoint with shots applies it); ``cdmpp, direct`` (k = 0):
