@@ -9,6 +9,10 @@ target, is a measured spec (``DeviceSpec.reference_s``) whose ratio between two 
 ``cdmpp devices probe --add`` measures it on this machine (``measure_reference_s``); for a device measured
 by the collector it comes from the labels of its chip's 1-thread device (``reference_from_labels``), which
 are the same measurement. The kernels are excluded from the test sets that judge the transfer.
+
+A GPU's level is measured on its own tuned programs instead (``gpu_level_from_labels``: ``level_gflops``, the
+FLOP/s a fixed tenth of them reach), since GPUs of other people's logs share no program set; its ratio between two
+GPUs moves a new GPU's predictions (reports/gpu-transfer.md), and those programs leave its test sets likewise.
 """
 
 from __future__ import annotations
