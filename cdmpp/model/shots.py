@@ -133,19 +133,30 @@ class ShotChoice:
         corrections = [c for c in err if c.kind in ("base", "scaled", "ratio")]
         shots_only = [c for c in err if c.kind == "shots"]
         if corrections and shots_only and (self.only is None or "blend" in self.only):
-            best_c = min(corrections, key=lambda c: _ape(err[c]).mean())
-            best_s = min(shots_only, key=lambda c: _ape(err[c]).mean())
+            best_c = min(corrections, key=lambda c: self._score(err[c]).mean())
+            best_s = min(shots_only, key=lambda c: self._score(err[c]).mean())
             for w in BLEND_WEIGHTS:
                 err[Candidate("blend", best_s.rounds, w)] = w * err[best_s] + (1 - w) * err[best_c]
             self.blend_parts_ = (best_c, best_s)
         self.cv_ = {c: float(_ape(e).mean()) for c, e in err.items()}
         self.se_ = {c: float(_ape(e).std() / np.sqrt(n)) for c, e in err.items()}
-        self.choice_ = min(self.cv_, key=self.cv_.get)
-        first = Candidate("base") if Candidate("base") in err else None
-        if first is not None and self.choice_ != first:  # the one-standard-error rule, as TwinRatio's
-            gain = _ape(err[first]) - _ape(err[self.choice_])
-            if not gain.mean() > gain.std() / np.sqrt(n):
-                self.choice_ = first
+        self.choice_ = self._pick(err)
+
+    @staticmethod
+    def _score(log_error: np.ndarray) -> np.ndarray:
+        """What a candidate is judged by on each held-out shot: its APE, as the metric is MAPE."""
+        return _ape(log_error)
+
+    def _pick(self, err: dict) -> Candidate:
+        """The lowest mean score, but the base unless the winner's paired gain over it exceeds the gain's
+        standard error (the one-standard-error rule, as TwinRatio's)."""
+        choice = min(err, key=lambda c: self._score(err[c]).mean())
+        first = Candidate("base")
+        if first in err and choice != first:
+            gain = self._score(err[first]) - self._score(err[choice])
+            if not gain.mean() > gain.std() / np.sqrt(len(gain)):
+                return first
+        return choice
 
     def _candidates(self, kinds, x, y, scale, log_base, x_new, scale_new, log_base_new):
         """(Candidate, log prediction for the new rows) of each kind, fitted on (x, y)."""
