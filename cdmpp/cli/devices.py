@@ -121,7 +121,7 @@ def cmd_probe(args) -> int:
 
 
 def cmd_reference(args) -> int:
-    from cdmpp.devices.reference import MIN_LEVEL_PROGRAMS, gpu_level_from_labels, levels_from_labels
+    from cdmpp.devices.reference import LEVEL_QUANTILE, MIN_LEVEL_PROGRAMS, gpu_level_from_labels, levels_from_labels
     from cdmpp.devices.table import DeviceTable
     from cdmpp.records.store import RecordStore
 
@@ -146,8 +146,9 @@ def cmd_reference(args) -> int:
                   f"in {args.dataset}", file=sys.stderr)
             return 2
         spec.level_gflops = float(f"{level['level_gflops']:.6g}")
-        spec.probe["level"] = {"method": f"the 90th percentile of the FLOP/s its {level['programs']} level programs reach "
-                                         "in the dataset (cdmpp.devices.reference.gpu_level_from_labels; tuned records)"}
+        spec.probe["level"] = {"method": f"the {100 * LEVEL_QUANTILE:.0f}th percentile of the FLOP/s its "
+                                         f"{level['programs']} level programs reach in the dataset "
+                                         "(cdmpp.devices.reference.gpu_level_from_labels; tuned records)"}
         table.add(spec, save=False)
         found[device] = level
         print(f"{device}: level_gflops {spec.level_gflops:.6g} ({level['programs']} level programs)")
