@@ -2,7 +2,9 @@
 zero-shot MAPE over every V100 program outside its level programs, and what moving the tensor-core programs
 (``dense_tensorcore.cuda``, wmma intrinsics) by the V100's tensor-core / FP32 peak ratio would do. No GPU it
 trains beside (the K80, random-schedule H100/H200) ran a tensor-core program, so the model predicts them as FP32
-code. Reads the predictions experiments/shot_choice_criterion.py kept (its --cache, development seeds).
+code, and it sees no work in them: the featurizer counts no FLOPs in tensor-core intrinsics (``tvm_mma_sync``), so
+their ``ProgramFeatures.flops`` is 0 (printed for three of them at the end). Reads the predictions
+experiments/shot_choice_criterion.py kept (its --cache, development seeds).
 
 Usage: .venv/bin/python experiments/gpu_tensor_cores.py [--cache build/shot-choice-criterion] [--epochs 20]"""
 
@@ -27,8 +29,8 @@ def main() -> None:
     ap.add_argument("--cache", default="build/shot-choice-criterion")
     ap.add_argument("--epochs", type=int, default=20)
     args = ap.parse_args()
-    labels = {}
-    for r in RecordStore(defaults.DATASET).iter_records(V100, traces=False):
+    labels, store = {}, RecordStore(defaults.DATASET)
+    for r in store.iter_records(V100, traces=False):
         if (y := label(r)) is not None and not is_level_program(r["program_hash"]):
             labels[r["program_hash"]] = (y, r.get("task_name", "?"))
     for seed in (0, 1, 2):
@@ -51,6 +53,12 @@ def main() -> None:
             by[name].append(e)
         for name, e in sorted(by.items(), key=lambda kv: -sum(kv[1]))[:5]:
             print(f"  {name[:40]:40s} {len(e):5d} programs, share {sum(e) / ape.sum():.2f}, MAPE {100 * np.mean(e):.0f} %")
+    from cdmpp.program.features import Featurizer
+
+    tensor = [r for r in store.iter_records(V100, traces=True) if "tensorcore" in r.get("task_name", "")][:3]
+    for r, f in zip(tensor, Featurizer()([r["program"] for r in tensor], target=tensor[0]["target"])):
+        print(f"{r['task_name']} {r['program_hash']}: the record's FLOPs {float(r['flops']):.4g}, "
+              f"the featurizer's {f.flops:.4g}")
 
 
 if __name__ == "__main__":
