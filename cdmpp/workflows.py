@@ -12,8 +12,9 @@ import sys
 from typing import Sequence
 
 from cdmpp import defaults
+from cdmpp.devices.spec import target_kind_of_id
 from cdmpp.devices.table import DeviceTable
-from cdmpp.model import distributed, physics
+from cdmpp.model import distributed
 from cdmpp.model.kinds import KindModels, load_model
 from cdmpp.model.sampling import choose_shots, model_free_embedding
 from cdmpp.model.training import TrainConfig, checked_finetune, fit
@@ -281,7 +282,7 @@ def _part(model, device: str, table: DeviceTable | None = None):
     if device in model.device_ids():
         return model.part_for(device)
     table = table if table is not None else DeviceTable()
-    return model.part(target_kind(table.get(device).target) if device in table else physics.target_kind(device))
+    return model.part(target_kind(table.get(device).target) if device in table else target_kind_of_id(device))
 
 
 def adapt_by_choice(trained, shots: Sequence, device: str, new_devices: dict | None = None):

@@ -27,6 +27,7 @@ import time
 import numpy as np
 import torch
 
+from cdmpp.devices.spec import target_kind_of_id
 from cdmpp.devices.table import DeviceTable
 from cdmpp.evaluation import metrics as ev
 from cdmpp.evaluation import splits
@@ -42,7 +43,7 @@ def variants(model, test, device: str, table: dict) -> dict[str, np.ndarray]:
     """Seconds of ``test`` on ``device`` through each transfer, from one trained ``TrainedModel``."""
     features = [p.features for p in test]
     work = program_work(features)
-    trained = [d for d in model.anchors if physics.target_kind(d) == "cuda"]
+    trained = [d for d in model.anchors if target_kind_of_id(d) == "cuda"]
     on = {g: model.predict(features, g)[0] for g in trained}
 
     def roof(d):
@@ -82,7 +83,7 @@ def main() -> None:
     opts = ProtocolOptions()
     table = DeviceTable(opts.devices).spec_table()
     every = load_pinned(opts, every_device=True)
-    gpus = [p for p in every.programs if physics.target_kind(p.device) == "cuda"]
+    gpus = [p for p in every.programs if target_kind_of_id(p.device) == "cuda"]
     rows = {}
     for seed in map(int, args.seeds.split(",")):
         for device in args.chips.split(","):

@@ -23,13 +23,13 @@ import time
 import numpy as np
 import torch
 
+from cdmpp.devices.spec import target_kind_of_id
 from cdmpp.devices.table import DeviceTable
 from cdmpp.evaluation import metrics as ev
 from cdmpp.evaluation import splits
 from cdmpp.evaluation.methods.cdmpp_model import CDMPP
 from cdmpp.evaluation.methods.derived import Memo, shot_chosen
 from cdmpp.evaluation.protocol import ProtocolOptions, _k_value, load_pinned, recipe_config
-from cdmpp.model import physics
 from cdmpp.model.shots import MIN_SHOTS_FOR_MODELS, Candidate, ShotChoice, _ape, median_log_error
 
 GPUS = ("nvidia-v100/cuda-sm70", "nvidia-k80/cuda-sm37", "nvidia-h200/cuda-sm90")
@@ -158,7 +158,7 @@ def main() -> None:
     opts = ProtocolOptions()
     table = DeviceTable(opts.devices).spec_table()
     every = load_pinned(opts, every_device=True)
-    gpus = [p for p in every.programs if physics.target_kind(p.device) == "cuda"]
+    gpus = [p for p in every.programs if target_kind_of_id(p.device) == "cuda"]
     rows: dict = {}
     for seed in map(int, args.seeds.split(",")):
         for device in args.chips.split(","):

@@ -228,6 +228,12 @@ def device_id(hardware_slug: str, target, threads: int | None = None) -> str:
     return f"{slug}-{int(threads)}t/{label}"
 
 
+def target_kind_of_id(device: str) -> str:
+    """The code a device runs, read from its id (``device_id``'s ``<hardware>/<kind>-<isa>``): "cuda" (a GPU),
+    else "llvm" (a CPU, and any id that names no kind), as the dataset featurizes its programs."""
+    return "cuda" if device.rpartition("/")[2].partition("-")[0] == "cuda" else "llvm"
+
+
 def describe_relation(spec: DeviceSpec, others) -> str:
     """In words, how ``spec`` differs from its nearest devices on the same hardware (fewest differences)."""
     mcpu = _get(spec.target, "mcpu")

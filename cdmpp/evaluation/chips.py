@@ -58,11 +58,11 @@ def of_chips_kind(ds, chip: str, device_table: dict) -> list:
     """The programs of ``ds`` whose code is of the held-out chip's kind (CPU or GPU): leave-one-chip-out
     trained on that kind alone (``--chip-train same-kind``). Its test programs are the same: no program is
     a twin across kinds."""
-    from cdmpp.model.physics import target_kind
+    from cdmpp.devices.spec import target_kind_of_id
 
     programs = getattr(ds, "programs", ds)
-    kinds = {target_kind(d) for d in {p.device for p in programs} if splits.chip_of(d, device_table) == chip}
-    return [p for p in programs if target_kind(p.device) in kinds]
+    kinds = {target_kind_of_id(d) for d in {p.device for p in programs} if splits.chip_of(d, device_table) == chip}
+    return [p for p in programs if target_kind_of_id(p.device) in kinds]
 
 
 def run_chip(opts, seed: int, ds, device_table: dict, chip: str, out, context, k_value, resume=None) -> None:
@@ -72,12 +72,12 @@ def run_chip(opts, seed: int, ds, device_table: dict, chip: str, out, context, k
     saved every epoch until the chip's rows are written)."""
     from cdmpp.devices.reference import kernel_hashes
     from cdmpp.evaluation.methods.derived import Memo, shot_chosen
-    from cdmpp.model.physics import target_kind
+    from cdmpp.devices.spec import target_kind_of_id
     from cdmpp.model.pooled_gbt import PooledGBT
     from cdmpp.model.shots import MIN_SHOTS_FOR_MODELS, ShotChoice, median_log_error
 
     base = splits.leave_one_chip_out_split(ds, chip, device_table, 0, seed=seed)
-    kinds = {target_kind(d) for d in base.info["target_device"].split("+")}
+    kinds = {target_kind_of_id(d) for d in base.info["target_device"].split("+")}
     common = dict(chip=chip, kind="gpu" if kinds == {"cuda"} else "cpu", programs=len(base.test), n_train=len(base.train))
     common["chip_train"] = opts.chip_train
     made = context(base.target_pool)

@@ -21,6 +21,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from cdmpp.model.network import CDMPPModel, PackedPrograms, length_sorted_batches
+from cdmpp.devices.spec import target_kind_of_id
 from cdmpp.model import physics
 from cdmpp.model.transforms import DeviceSpecs, FeatureNormalizer, LogLatency
 
@@ -333,7 +334,7 @@ class TrainedModel:
                     meta["program_inputs"], gbt, meta["anchors"])
         if model.anchors is not None:  # saved before a trained GPU could anchor a new one (physics.anchor_device)
             for device in model.summary.get("train_devices", []):
-                if physics.target_kind(device) == "cuda":
+                if target_kind_of_id(device) == "cuda":
                     model.anchors.setdefault(device, 0.0)
         if meta["shot_choices"]:
             from cdmpp.model.shots import ShotChoice

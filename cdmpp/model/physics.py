@@ -106,12 +106,6 @@ def _parts(device: str) -> tuple[str, str, str]:
     return re.sub(r"-\d+t$", "", head), kind, isa
 
 
-def target_kind(device: str) -> str:
-    """The code a device runs: "cuda" (a GPU) or "llvm" (a CPU, and any id that names no kind), from its id
-    ``<hardware>/<kind>-<isa>``, as the dataset featurizes it."""
-    return "cuda" if _parts(device)[1] == "cuda" else "llvm"
-
-
 def anchor_device(device: str, trained: Sequence[str], table: dict, cross_chip: bool = True) -> str | None:
     """The trained device a prediction for ``device`` is made on and moved from by ``move``: None
     (predicted directly) when ``device`` was trained on or cannot be reached from a trained device.

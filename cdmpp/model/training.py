@@ -45,7 +45,8 @@ from cdmpp.model.config import TrainConfig
 from cdmpp.model.distributed import Runner
 from cdmpp.model.feature_store import FeatureStore, TrainingColumns, check_store_recipe
 from cdmpp.model.network import CDMPPModel, PackedPrograms, bucketed_batches, length_sorted_batches
-from cdmpp.model.physics import fork_join_of, target_kind
+from cdmpp.devices.spec import target_kind_of_id
+from cdmpp.model.physics import fork_join_of
 from cdmpp.model.shots import median_log_error
 from cdmpp.model.transforms import DeviceSpecs, FeatureNormalizer, LogLatency
 
@@ -146,8 +147,8 @@ def fit(config: TrainConfig, train_set: Sequence[LabeledProgram] | FeatureStore,
     cols = TrainingColumns.of(train_set)
     if {s.device for s in target_pool} <= set(cols.devices):
         target_pool = []
-    trained_kinds = {target_kind(d) for d in set(cols.devices)}
-    target_pool = [s for s in target_pool if target_kind(s.device) in trained_kinds]  # nothing to align with
+    trained_kinds = {target_kind_of_id(d) for d in set(cols.devices)}
+    target_pool = [s for s in target_pool if target_kind_of_id(s.device) in trained_kinds]  # nothing to align with
 
     all_devices = sorted(set(cols.devices) | {s.device for s in [*val_set, *target_pool]})
     specs = DeviceSpecs(device_table if device_table is not None else {d: {} for d in all_devices})
@@ -172,10 +173,10 @@ def fit(config: TrainConfig, train_set: Sequence[LabeledProgram] | FeatureStore,
     train.weight = device_weights(cols.devices, cols.devices, config.device_balance)
     val.weight = device_weights(cols.devices, [s.device for s in val_set], config.device_balance)
     if target is not None:
-        kinds = {target_kind(s.device) for s in target_pool}
+        kinds = {target_kind_of_id(s.device) for s in target_pool}
         same_kind = np.zeros(len(dev_matrix), bool)
         for d, row in dev_index.items():
-            same_kind[row] = target_kind(d) in kinds
+            same_kind[row] = target_kind_of_id(d) in kinds
         train.da_source = same_kind[train.dev_rows]
 
     # one run; the members are the best states of its best LR cycles

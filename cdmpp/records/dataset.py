@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from cdmpp import defaults
+from cdmpp.devices.spec import target_kind_of_id
 from cdmpp.program.features import FEATURIZER_VERSION, ROWS_COMPATIBLE_VERSIONS, ProgramFeatures
 from cdmpp.records.labels import label, usable
 from cdmpp.records.record import Record
@@ -235,10 +236,6 @@ def _workload_of(rec: Record, task_table, mods: dict):
     return mods[key]
 
 
-def _target_kind(rec: Record) -> str:
-    return "cuda" if "cuda" in rec.device else "llvm"
-
-
 def _scheduled(rec: Record, workload):
     """The record's scheduled module: its trace replayed on ``workload``, or (Ansor and AutoTVM imports,
     ``cdmpp.records.import_logs``) its stored TVMScript ``program``."""
@@ -272,7 +269,7 @@ def _featurize_records(records: list[Record], task_table, cache: FeatureCache, p
             if old is not None:  # rows still valid: recount only the FLOPs
                 f = ProgramFeatures(old.leaf_features, old.positions, program_flops(mod), old.program_hash)
             else:
-                f = featurizer([load_program(mod, _target_kind(rec))])[0]
+                f = featurizer([load_program(mod, target_kind_of_id(rec.device))])[0]
             if rec.flops:  # an imported lowered program (no blocks): its workload's count
                 f.flops = float(rec.flops)
         except ProgramError as e:
@@ -355,7 +352,7 @@ def _walk_loops(todo: dict[str, list[ProgramFeatures]], dataset_dir: str, task_t
         try:
             if workload is None and not rec.program:
                 raise ProgramError(f"task {rec.task} is not in the task table")
-            prog = load_program(_scheduled(rec, workload), _target_kind(rec))
+            prog = load_program(_scheduled(rec, workload), target_kind_of_id(rec.device))
             ast = compact_ast_of(prog, expected_leaves=f.n_leaves)
             if list(ast.leaf_positions) != [int(x) for x in f.positions]:
                 raise ProgramError("its compact AST's leaf positions differ from the cached features'")

@@ -18,7 +18,8 @@ import os
 import sys
 import time
 
-from cdmpp.records.importers import FAILED_RUN_S, _merge_workloads, _target_kind, stored_keys
+from cdmpp.devices.spec import target_kind_of_id
+from cdmpp.records.importers import FAILED_RUN_S, _merge_workloads, stored_keys
 from cdmpp.records.record import Record
 from cdmpp.records.store import RecordStore, record_id
 
@@ -112,10 +113,10 @@ def import_log(fmt: str, log: str, dataset_dir: str, device: str, task_table=Non
                     counts["no_run_secs"] += 1
                     problems.append(f"{where}: costs {secs!r} are empty or not finite positive numbers")
                     continue
-                if _kind_of(p["target"]) != _target_kind(device):
+                if _kind_of(p["target"]) != target_kind_of_id(device):
                     counts["wrong_target_kind"] += 1
                     problems.append(f"{where}: target {p['target']!r}, but {device} is featurized as "
-                                    f"{_target_kind(device)} (a GPU device's id names cuda)")
+                                    f"{target_kind_of_id(device)} (a GPU device's id names cuda)")
                     continue
                 if p["key"] in have_keys:
                     counts["already_present"] += 1

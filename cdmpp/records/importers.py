@@ -33,6 +33,7 @@ import sys
 import time
 
 from cdmpp import defaults
+from cdmpp.devices.spec import target_kind_of_id
 from cdmpp.records.record import Record
 from cdmpp.records.store import LoadReport, RecordStore, read_records, record_id, slug
 
@@ -242,10 +243,6 @@ def stored_keys(store: RecordStore, device: str, key_field: str) -> tuple[set, d
     return ids, keys
 
 
-def _target_kind(device: str) -> str:
-    return "cuda" if "cuda" in device else "llvm"  # as the loader featurizes (cdmpp.records.dataset)
-
-
 def import_metaschedule(db_dir: str, dataset_dir: str, device: str, task_table=None, device_table=None,
                         ids_out: str | None = None, batch: int = 1000) -> dict:
     """Append the tuning records of the MetaSchedule database ``db_dir`` (a JSON folder, or SQLite:
@@ -261,7 +258,7 @@ def import_metaschedule(db_dir: str, dataset_dir: str, device: str, task_table=N
     from cdmpp.program import tvm_env
 
     tvm = tvm_env.setup()
-    if _target_kind(device) == "cuda":  # tensor-core traces name the CUDA intrinsics
+    if target_kind_of_id(device) == "cuda":  # tensor-core traces name the CUDA intrinsics
         tvm_env.load_cuda_intrinsics()
     from tvm.s_tir.meta_schedule.database import Workload
 
@@ -343,10 +340,10 @@ def import_metaschedule(db_dir: str, dataset_dir: str, device: str, task_table=N
             problems.append(f"{where}: a failed build or run (run_secs {run_secs!r})")
             continue
         kind = target.get("kind") if isinstance(target, dict) else None
-        if kind != _target_kind(device):
+        if kind != target_kind_of_id(device):
             counts["wrong_target_kind"] += 1
             problems.append(f"{where}: target kind {kind!r}, but {device} is featurized as "
-                            f"{_target_kind(device)} (a GPU device's id names cuda)")
+                            f"{target_kind_of_id(device)} (a GPU device's id names cuda)")
             continue
         key, mod, name = wl
         trace = _upgrade_trace(trace)
