@@ -2,8 +2,9 @@
 zero-shot MAPE over every V100 program outside its level programs, and what moving the tensor-core programs
 (``dense_tensorcore.cuda``, wmma intrinsics) by the V100's tensor-core / FP32 peak ratio would do. No GPU it
 trains beside (the K80, random-schedule H100/H200) ran a tensor-core program, so the model predicts them as FP32
-code, and it sees no work in them: the featurizer counts no FLOPs in tensor-core intrinsics (``tvm_mma_sync``), so
-their ``ProgramFeatures.flops`` is 0 (printed for three of them at the end). Reads the predictions
+code. (The featurizer itself counts no FLOPs in tensor-core intrinsics, ``tvm_mma_sync``: printed for three of them
+at the end; the dataset loader takes an imported record's own count instead, so the model here saw their work.)
+Reads the predictions
 experiments/shot_choice_criterion.py kept (its --cache, development seeds).
 
 Usage: .venv/bin/python experiments/gpu_tensor_cores.py [--cache build/shot-choice-criterion] [--epochs 20]"""
@@ -58,7 +59,7 @@ def main() -> None:
     tensor = [r for r in store.iter_records(V100, traces=True) if "tensorcore" in r.get("task_name", "")][:3]
     for r, f in zip(tensor, Featurizer()([r["program"] for r in tensor], target=tensor[0]["target"])):
         print(f"{r['task_name']} {r['program_hash']}: the record's FLOPs {float(r['flops']):.4g}, "
-              f"the featurizer's {f.flops:.4g}")
+              f"the featurizer's {f.flops:.4g} (the dataset keeps the record's)")
 
 
 if __name__ == "__main__":
