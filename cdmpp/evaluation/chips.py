@@ -71,8 +71,8 @@ def run_chip(opts, seed: int, ds, device_table: dict, chip: str, out, context, k
     on the other devices. ``resume``: the protocol's ``Resumable`` of this chip and seed (cdmpp's training is
     saved every epoch until the chip's rows are written)."""
     from cdmpp.devices.reference import kernel_hashes
-    from cdmpp.evaluation.methods.derived import Memo, shot_chosen
     from cdmpp.devices.spec import target_kind_of_id
+    from cdmpp.evaluation.methods.derived import Memo, shot_chosen
     from cdmpp.model.pooled_gbt import PooledGBT
     from cdmpp.model.shots import MIN_SHOTS_FOR_MODELS, ShotChoice, median_log_error
 

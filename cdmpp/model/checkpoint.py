@@ -20,8 +20,8 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from cdmpp.model.network import CDMPPModel, PackedPrograms, length_sorted_batches
 from cdmpp.devices.spec import target_kind_of_id
+from cdmpp.model.network import CDMPPModel, PackedPrograms, length_sorted_batches
 from cdmpp.model import physics
 from cdmpp.model.transforms import DeviceSpecs, FeatureNormalizer, LogLatency
 

@@ -39,13 +39,13 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from cdmpp.devices.spec import target_kind_of_id
 from cdmpp.model.adaptation import discrepancy
 from cdmpp.model.checkpoint import TrainedModel, current_featurizer_version
 from cdmpp.model.config import TrainConfig
 from cdmpp.model.distributed import Runner
 from cdmpp.model.feature_store import FeatureStore, TrainingColumns, check_store_recipe
 from cdmpp.model.network import CDMPPModel, PackedPrograms, bucketed_batches, length_sorted_batches
-from cdmpp.devices.spec import target_kind_of_id
 from cdmpp.model.physics import fork_join_of
 from cdmpp.model.shots import median_log_error
 from cdmpp.model.transforms import DeviceSpecs, FeatureNormalizer, LogLatency
