@@ -29,6 +29,9 @@ import numpy as np
 SPEC_FIELDS: tuple[str, ...] = ("clock_ghz", "cores", "simd_width_bits", "l1d_kb", "l2_kb", "l3_kb",
                                 "mem_bw_gbs", "peak_gflops")
 
+# what physics moves a prediction by, not model inputs: a CPU's reference level, a GPU's level and tensor-core peak
+PHYSICS_FIELDS: tuple[str, ...] = ("reference_s", "level_gflops", "tensor_gflops")
+
 # x86 ISA levels, widest first: (LLVM feature, id label, SIMD bits). The id names the level, not the mcpu,
 # because the level is what changes the generated code (haswell and x86-64-v3 both give `llvm-avx2`).
 _X86_LEVELS = (("avx512f", "avx512", 512), ("avx2", "avx2", 256), ("avx", "avx", 256),
@@ -65,6 +68,9 @@ class DeviceSpec:
     # GPU: the FLOP/s its tuned programs reach (``cdmpp.devices.reference.gpu_level_from_labels``); a datasheet
     # peak says little of it (a K80 reaches a third of its peak, a V100 two thirds): what physics.chip_ratio moves by
     level_gflops: float | None = None
+    # GPU: dense FP16 tensor-core peak (datasheets); not a model input: how much faster than its FP32 units a
+    # program's tensor-core FLOPs run (physics.tensor_time_share)
+    tensor_gflops: float | None = None
     relation: str = ""
     measured_at: str = ""
     probe: dict = field(default_factory=dict)
@@ -73,7 +79,7 @@ class DeviceSpec:
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
         d.update(d.pop("extra"))
-        for name in ("reference_s", "level_gflops"):
+        for name in PHYSICS_FIELDS:
             if d[name] is None:  # not measured: the entry reads as before the field existed
                 del d[name]
         return d
@@ -93,9 +99,9 @@ class DeviceSpec:
 
     def specs(self) -> dict[str, float]:
         """{spec name: value}, the form the model's device-spec normalizer takes (it reads only
-        :data:`SPEC_FIELDS`), with ``reference_s`` and ``level_gflops`` where measured."""
+        :data:`SPEC_FIELDS`), with the :data:`PHYSICS_FIELDS` it has."""
         out = {f: float(getattr(self, f)) for f in SPEC_FIELDS}
-        for name in ("reference_s", "level_gflops"):
+        for name in PHYSICS_FIELDS:
             if getattr(self, name):
                 out[name] = float(getattr(self, name))
         return out

@@ -128,7 +128,7 @@ def spec_problems(d) -> list[str]:
         low = 0.0 if name in ("l1d_kb", "l2_kb", "l3_kb") else None  # a GPU has no L3
         if not ok or (v < low if low is not None else v <= 0):
             out.append(f"{name} must be a {'non-negative' if low is not None else 'positive'} number, got {v!r}")
-    for name, unit in (("reference_s", "seconds"), ("level_gflops", "GFLOP/s")):
+    for name, unit in (("reference_s", "seconds"), ("level_gflops", "GFLOP/s"), ("tensor_gflops", "GFLOP/s")):
         v = d.get(name)
         if v is not None and not (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0):
             out.append(f"{name} must be a positive number of {unit} or null, got {v!r}")

@@ -114,7 +114,9 @@ class TrainedModel:
     def add_reference_levels(self, table: dict[str, dict]) -> None:
         """Copy each chip's measured level (a CPU's reference-kernel ``reference_s``, a GPU's ``level_gflops``: a
         measurement of the chip, not a model input) from a spec table into this model's entries that lack it, so a
-        model saved before its devices' levels were measured moves a new chip by them (``physics.chip_ratio``)."""
+        model saved before its devices' levels were measured moves a new chip by them (``physics.chip_ratio``). Not a
+        GPU's ``tensor_gflops``: a trained device's entry has it only if the model learned its tensor-core programs
+        as FP32-equivalent time (``physics.fp32_equivalent``), which a model trained before it existed did not."""
         for name, spec in self.device_specs.table.items():
             for level in ("reference_s", "level_gflops"):
                 if level not in spec and table.get(name, {}).get(level):
@@ -194,18 +196,24 @@ class TrainedModel:
         return out
 
     def _through_anchors(self, programs, devices: str | Sequence[str]):
-        """The devices the programs are predicted on (each one's anchor, or itself) and the function moving
-        seconds predicted there to ``devices`` by Amdahl's law (None where no device has an anchor)."""
+        """The devices the programs are predicted on (each one's anchor, or itself) and the function taking
+        the seconds predicted there to ``devices``: the FP32-equivalent time the model learned sped up by the
+        anchor's tensor cores (``physics.fp32_equivalent``), then moved by Amdahl's law and the chips' levels
+        (``physics.move``). None where neither changes anything. Packed programs carry no tensor-core FLOPs."""
         names = [devices] if isinstance(devices, str) else list(devices)
         anchor = {d: self.anchor_of(d) or d for d in set(names)}
         on = anchor[devices] if isinstance(devices, str) else [anchor[d] for d in names]
-        if all(a == d for d, a in anchor.items()):
-            return on, None
-        if isinstance(programs, PackedPrograms):
+        moved = any(a != d for d, a in anchor.items())
+        if moved and isinstance(programs, PackedPrograms):
             raise ValueError("a device the model never trained on is predicted from ProgramFeatures, not packed programs")
+        if isinstance(programs, PackedPrograms):
+            return on, None
         names = [devices] * len(programs) if isinstance(devices, str) else names
-        return on, lambda seconds: physics.move(seconds, programs, [anchor[d] for d in names], names,
-                                                self.device_specs.table, self.anchors)
+        ons, table = [anchor[d] for d in names], self.device_specs.table
+        share = physics.tensor_time_shares(programs, ons, table)
+        if not moved and (share == 1.0).all():
+            return on, None
+        return on, lambda seconds: physics.move(np.asarray(seconds) * share, programs, ons, names, table, self.anchors or {})
 
     def anchor_of(self, device: str) -> str | None:
         """The trained device ``predict`` predicts ``device`` on before moving it there by Amdahl's law
@@ -216,8 +224,10 @@ class TrainedModel:
 
     def on_anchors(self, labeled: Sequence) -> list:
         """Labelled programs, those of a device predicted through an anchor moved to it by Amdahl's law run
-        backwards (``physics.on_anchors``): what a fine-tune learns, so that ``predict`` moves it forward again."""
-        return physics.on_anchors(labeled, self.anchor_of, self.device_specs.table, self.anchors or {})
+        backwards (``physics.on_anchors``), as FP32-equivalent time (``physics.fp32_equivalent``): what a fine-tune
+        learns, so that ``predict`` moves it forward again."""
+        table = self.device_specs.table
+        return physics.fp32_equivalent(physics.on_anchors(labeled, self.anchor_of, table, self.anchors or {}), table)
 
     def predict_parts(self, programs, devices: str | Sequence[str], batch_size: int = 256):
         """The two predictions the blend combines, in seconds, each moved to its device as ``predict`` moves

@@ -7,6 +7,12 @@ seen-programs baseline ``TwinAmdahl`` moves a measured twin's label the same way
 features and the two thread counts enter, plus the fork/join cost of a parallel region on the anchor
 (``fork_join_seconds``). A GPU never trained on is reached the same way from the trained GPU closest in
 peak FLOP/s, moved by the ratio of the two GPUs' measured levels (or peaks) alone.
+
+Tensor cores are Amdahl's law again, over two kinds of work: the share f of a program's FLOPs done by tensor-core
+intrinsics runs ``tensor_speedup`` times faster than on the FP32 units the levels and peaks describe
+(``tensor_time_share``). A model learns every label as its FP32-equivalent time (``fp32_equivalent``) and each
+prediction is sped up by its device's tensor cores again, so a GPU whose tensor-core programs no trained GPU ran
+is still predicted from its spec (reports/gpu-transfer.md, "Tensor cores").
 """
 
 from __future__ import annotations
@@ -97,6 +103,37 @@ def amdahl_seconds(seconds: Sequence[float], features: Sequence, from_threads: i
 
     work = np.maximum(seconds - fork_join(from_threads), floor * seconds) / share(from_threads)
     return work * share(to_threads) + fork_join(to_threads)
+
+
+def tensor_speedup(spec: dict) -> float:
+    """How much faster a device's tensor cores do their FLOPs than its FP32 units: its tensor-core peak
+    (``tensor_gflops``, datasheets) over its FP32 peak; 1 without tensor cores."""
+    tensor, peak = spec.get("tensor_gflops"), spec.get("peak_gflops")
+    return max(float(tensor) / float(peak), 1.0) if tensor and peak else 1.0
+
+
+def tensor_time_share(features, spec: dict) -> float:
+    """A program's run time on a device as a share of its time on FP32 units alone: ``1 - f + f / s``, f the
+    share of its FLOPs in tensor-core intrinsics (``ProgramFeatures.tensor_flops``; None counts as none), s
+    ``tensor_speedup``. 1 for a program without tensor-core work or a device without tensor cores."""
+    tensor, flops = getattr(features, "tensor_flops", None) or 0.0, features.flops
+    if tensor <= 0.0 or flops <= 0.0 or not spec.get("tensor_gflops"):
+        return 1.0
+    f = min(tensor / flops, 1.0)
+    return 1.0 - f + f / tensor_speedup(spec)
+
+
+def tensor_time_shares(features: Sequence, devices: Sequence[str], table: dict) -> np.ndarray:
+    """``tensor_time_share`` of each program on its device."""
+    return np.array([tensor_time_share(f, table.get(d, {})) for f, d in zip(features, devices)], dtype=np.float64)
+
+
+def fp32_equivalent(labeled: Sequence, table: dict) -> list:
+    """Labelled programs with each label divided by its ``tensor_time_share`` on its device: what a model
+    learns, the same for a program whichever GPU's tensor cores ran it (unchanged without tensor-core work)."""
+    labeled = list(labeled)
+    share = tensor_time_shares([s.features for s in labeled], [s.device for s in labeled], table)
+    return [s if x == 1.0 else dataclasses.replace(s, seconds=float(s.seconds / x)) for s, x in zip(labeled, share)]
 
 
 def _parts(device: str) -> tuple[str, str, str]:
@@ -194,8 +231,8 @@ def fork_join_of(devices: Sequence[str], seconds: Sequence[float], n_parallel: n
 def move(seconds: Sequence[float], features: Sequence, from_devices: Sequence[str], to_devices: Sequence[str],
          table: dict, fork_join: dict[str, float]) -> np.ndarray:
     """Each latency on its ``from_devices`` entry moved to its ``to_devices`` entry by ``amdahl_seconds``
-    (CPUs) and, between chips, ``chip_ratio`` (unchanged where the two are the same); the fork/join
-    cost is the anchor's, whichever side it is on."""
+    (CPUs) and, between chips, ``chip_ratio`` and the two devices' ``tensor_time_share`` (unchanged where
+    the two are the same); the fork/join cost is the anchor's, whichever side it is on."""
     seconds = np.asarray(seconds, dtype=np.float64)
     out = seconds.copy()
     for src, dst in set(zip(from_devices, to_devices)) - {(d, d) for d in to_devices}:
@@ -203,7 +240,9 @@ def move(seconds: Sequence[float], features: Sequence, from_devices: Sequence[st
         if _parts(src)[1] == "llvm":  # a GPU's "cores" are SMs, which no thread count splits work over
             out[idx] = amdahl_seconds(seconds[idx], [features[i] for i in idx], int(table[src]["cores"]),
                                       int(table[dst]["cores"]), fork_join.get(src, fork_join.get(dst, 0.0)))
-        out[idx] *= chip_ratio(src, dst, table)
+        sub = [features[i] for i in idx]
+        tensor = tensor_time_shares(sub, [dst] * len(sub), table) / tensor_time_shares(sub, [src] * len(sub), table)
+        out[idx] *= chip_ratio(src, dst, table) * tensor
     return out
 
 

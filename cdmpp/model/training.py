@@ -40,6 +40,7 @@ import torch
 from tqdm.auto import tqdm
 
 from cdmpp.devices.spec import target_kind_of_id
+from cdmpp.model import physics
 from cdmpp.model.adaptation import discrepancy
 from cdmpp.model.checkpoint import TrainedModel, current_featurizer_version
 from cdmpp.model.config import TrainConfig
@@ -143,6 +144,11 @@ def fit(config: TrainConfig, train_set: Sequence[LabeledProgram] | FeatureStore,
         n_val = max(1, int(round(config.val_fraction * len(train_set))))
         val_set = [train_set[i] for i in perm[:n_val]]
         train_set = [train_set[i] for i in perm[n_val:]]
+    if device_table is not None:  # tensor-core programs learned as FP32-equivalent time; ``predict`` speeds them up
+        table = DeviceSpecs(device_table).table
+        val_set = physics.fp32_equivalent(val_set, table)
+        if not isinstance(train_set, FeatureStore):  # a store keeps no tensor-core FLOPs
+            train_set = physics.fp32_equivalent(train_set, table)
     target_pool = list(target_pool or []) if config.da != "none" else []
     cols = TrainingColumns.of(train_set)
     if {s.device for s in target_pool} <= set(cols.devices):

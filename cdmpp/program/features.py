@@ -19,6 +19,7 @@ ops (concatenate: only selects) up to 10^4x (issue 19).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -71,6 +72,9 @@ class ProgramFeatures:
     # position; ``CompactAST.loop_tokens``), for models with ``loop_tokens``. None where features were
     # stored without them (older caches and pickles; ``cdmpp.records.dataset.attach_loops`` adds them).
     loops: np.ndarray | None = None
+    # FLOPs done by tensor-core intrinsics (part of ``flops``; ``tensor_core_flops``): 0 in CPU code; None where
+    # features were cached before they were counted (``cdmpp.records.dataset`` recounts a GPU program's)
+    tensor_flops: float | None = 0.0
 
     @property
     def n_leaves(self) -> int:
@@ -105,6 +109,75 @@ def program_flops(mod) -> float:
     The walk that counts them (``cdmpp.program.compact_ast.walk``) also builds the compact AST.
     """
     return walk(mod, ast=False)[1]
+
+
+_MMA_SHAPE = re.compile(r"m(\d+)n(\d+)k(\d+)")
+_FRAGMENT_CALLS = ("tvm_fill_fragment", "tvm_load_matrix_sync", "tvm_store_matrix_sync")  # (fragment, m, n, k, ...)
+_WMMA_CALLS = ("tvm_mma_sync", "tvm_bmma_sync")  # (the accumulator fragment, ...): its shape from _FRAGMENT_CALLS
+_PTX_MMA_CALLS = ("tirx.ptx_legacy.mma", "tirx.ptx.mma")  # warp-wide mma.sync with an "mMnNkK" shape argument
+_WARP = 32  # tensor-core intrinsics are warp-wide: the 32 lanes of threadIdx.x make one call
+
+
+def tensor_core_flops(mod) -> float:
+    """FLOPs done by tensor-core intrinsics in a (lowered or scheduled) GPU module: 2·m·n·k per warp-wide
+    ``tvm_mma_sync`` / ``tvm_bmma_sync`` (m, n, k: the accumulator fragment's shape, from the fragment calls
+    that fill, load or store it) and per PTX ``mma`` (its ``mMnNkK`` shape argument), times the instances of the loops
+    and thread scopes around the call, a warp's lanes (``threadIdx.x``, 32 of them) counted once. ``walk`` counts
+    only the values blocks store, and
+    these intrinsics store nothing it sees (a 4096³ fp16 dense on wmma counted 0; this counts its 2·4096³)."""
+    from tvm import s_tir, tirx
+
+    shapes: dict[str, tuple[int, int, int]] = {}
+    calls: list[tuple[object, float]] = []
+
+    def const(x) -> float | None:
+        return float(x.value) if isinstance(x, tirx.IntImm) else None
+
+    def threads(tag: str, extent) -> float:
+        n = const(extent) or 1.0
+        return max(n / _WARP, 1.0) if tag == "threadIdx.x" else n
+
+    def visit(stmt, mult: float) -> None:
+        if isinstance(stmt, tirx.SeqStmt):
+            for s in stmt.seq[:]:
+                visit(s, mult)
+        elif isinstance(stmt, tirx.For):
+            bound = stmt.thread_binding if int(stmt.kind) == 4 else None  # 4: thread-bound (a scheduled module)
+            visit(stmt.body, mult * threads(bound.thread_tag if bound is not None else "", stmt.extent))
+        elif isinstance(stmt, tirx.AttrStmt) and str(stmt.attr_key) in ("thread_extent", "virtual_thread"):
+            visit(stmt.body, mult * threads(str(getattr(stmt.node, "thread_tag", "")), stmt.value))
+        elif isinstance(stmt, s_tir.SBlockRealize):
+            visit(stmt.block, mult)
+        elif isinstance(stmt, tirx.IfThenElse):
+            visit(stmt.then_case, mult)
+            if stmt.else_case is not None:
+                visit(stmt.else_case, mult)
+        elif isinstance(stmt, tirx.Evaluate) and type(stmt.value).__name__ == "Call":
+            call = stmt.value
+            op = str(getattr(call.op, "name", ""))
+            name = op.rsplit(".", 1)[-1]
+            if name in _FRAGMENT_CALLS and len(call.args) > 3:
+                dims = [const(a) for a in call.args[1:4]]
+                if all(dims):
+                    shapes[str(call.args[0])] = tuple(int(d) for d in dims)
+            elif name in _WMMA_CALLS or op in _PTX_MMA_CALLS:
+                calls.append((call, mult))
+        elif getattr(stmt, "body", None) is not None:  # Let, Attr, Allocate, DeclBuffer, Assert, While, SBlock
+            visit(stmt.body, mult)
+
+    for _, func in mod.functions.items():
+        if isinstance(func, tirx.PrimFunc):
+            visit(func.body, 1.0)
+    total = 0.0
+    for call, mult in calls:
+        if str(call.op.name) in _PTX_MMA_CALLS:
+            found = [_MMA_SHAPE.fullmatch(str(a.value)) for a in call.args if type(a).__name__ == "StringImm"]
+            shape = next((tuple(int(g) for g in m.groups()) for m in found if m), None)
+        else:
+            shape = shapes.get(str(call.args[0]))
+        if shape:
+            total += 2.0 * shape[0] * shape[1] * shape[2] * mult
+    return total
 
 
 class Featurizer:
@@ -170,10 +243,13 @@ class Featurizer:
     @staticmethod
     def _assemble(p: Program, rows: np.ndarray, with_hash: bool = True) -> ProgramFeatures:
         ast, flops = walk(p.mod)  # one pass for both: a cost model assembles thousands of programs
+        tensor = 0.0
         if p.is_gpu or ast.n_leaves != rows.shape[0]:
             ast = compact_ast_of(p, expected_leaves=rows.shape[0])
-        return ProgramFeatures(rows, np.asarray(ast.leaf_positions, dtype=np.int64), flops,
-                               program_hash(p.mod) if with_hash else "", ast.loop_tokens())
+        if p.is_gpu:
+            tensor = tensor_core_flops(p.mod)
+        return ProgramFeatures(rows, np.asarray(ast.leaf_positions, dtype=np.int64), flops + tensor,
+                               program_hash(p.mod) if with_hash else "", ast.loop_tokens(), tensor)
 
 
 def compact_ast_of(p: Program, expected_leaves: int | None = None) -> CompactAST:

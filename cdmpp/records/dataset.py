@@ -5,7 +5,8 @@ record's trace, then featurized. Features are cached on disk keyed by program ha
 ``FEATURIZER_VERSION`` (a changed featurizer never reuses stale features), in append-only ``.npz``
 chunks, so a second load of the same data does not touch TVM at all. Rows cached by an older version
 whose rows are unchanged (``ROWS_COMPATIBLE_VERSIONS``) are reused; only what changed (FLOPs) is
-recounted, on the rebuilt program, without TVM's feature extraction.
+recounted, on the rebuilt program, without TVM's feature extraction. So are a GPU program's rows cached before
+tensor-core FLOPs were counted (``ProgramFeatures.tensor_flops`` None): its FLOPs are counted again, once.
 """
 
 from __future__ import annotations
@@ -77,6 +78,7 @@ class CachedFeatures:
     n_leaves: int
     path: str
     index: int
+    tensor_flops: float | None = None  # None: cached before tensor-core FLOPs were counted
 
 
 def _read_chunk(path: str, rows: bool = True) -> dict | None:
@@ -84,7 +86,7 @@ def _read_chunk(path: str, rows: bool = True) -> dict | None:
     None (reported) when it is unreadable."""
     try:
         with np.load(path, allow_pickle=False) as z:
-            names = z.files if rows else ("hashes", "offsets")
+            names = z.files if rows else [n for n in ("hashes", "offsets", "tensor_flops") if n in z.files]
             return {k: z[k] for k in names}
     except Exception as e:  # a torn chunk only costs re-featurization
         print(f"feature cache: skipping unreadable {path}: {e}", file=sys.stderr)
@@ -96,7 +98,14 @@ def _features(z: dict, i: int) -> ProgramFeatures:
     f = ProgramFeatures(z["rows"][a:b], z["positions"][a:b], float(z["flops"][i]), str(z["hashes"][i]))
     if "loops" in z:
         f.loops = z["loops"][z["loop_offsets"][i]:z["loop_offsets"][i + 1]]
+    f.tensor_flops = _tensor_flops(z, i)
     return f
+
+
+def _tensor_flops(z: dict, i: int) -> float | None:
+    """A cached program's tensor-core FLOPs; None in a chunk written before they were counted (NaN: not counted)."""
+    t = float(z["tensor_flops"][i]) if "tensor_flops" in z else float("nan")
+    return None if np.isnan(t) else t
 
 
 def read_cached(refs) -> list[ProgramFeatures]:
@@ -143,15 +152,18 @@ class FeatureCache:
                 continue
             counts = np.diff(z["offsets"])
             for i, h in enumerate(z["hashes"]):
-                into[str(h)] = CachedFeatures(str(h), int(counts[i]), path, i) if self.on_disk else _features(z, i)
+                into[str(h)] = CachedFeatures(str(h), int(counts[i]), path, i, _tensor_flops(z, i)) if self.on_disk \
+                    else _features(z, i)  # a later chunk's entry replaces an earlier one (a recount)
 
     def get(self, h: str) -> ProgramFeatures | CachedFeatures | None:
         return self.items.get(h)
 
     def put(self, f: ProgramFeatures) -> None:
+        """Add ``f``, or replace an entry whose tensor-core FLOPs were not counted."""
         if self.on_disk:
             raise RuntimeError("a FeatureCache read with on_disk=True takes no new features")
-        if f.program_hash not in self.items:
+        old = self.items.get(f.program_hash)
+        if old is None or (old.tensor_flops is None and f.tensor_flops is not None):
             self.items[f.program_hash] = f
             self._new.append(f)
             if len(self._new) >= self.CHUNK_PROGRAMS:
@@ -170,6 +182,7 @@ class FeatureCache:
         np.savez_compressed(tmp, rows=np.concatenate([f.leaf_features for f in self._new]),
                             positions=np.concatenate([f.positions for f in self._new]), offsets=off,
                             flops=np.array([f.flops for f in self._new]),
+                            tensor_flops=np.array([np.nan if f.tensor_flops is None else f.tensor_flops for f in self._new]),
                             hashes=np.array([f.program_hash for f in self._new]), **extra)
         publish_numbered(tmp, self.directory, f"features-v{FEATURIZER_VERSION}-", ".npz")
         self._new = []
@@ -209,7 +222,11 @@ def load_dataset(dataset_dir: str, task_table, devices=None, networks=None, task
             break
     for p in report.problems:
         print(f"dataset: {p}", file=sys.stderr)
-    missing = {r.id for r, _ in records if cache.get(r.program_hash) is None}
+    def current(rec) -> bool:  # cached, and a GPU program's tensor-core FLOPs counted (CPU code has none)
+        f = cache.get(rec.program_hash)
+        return f is not None and (f.tensor_flops is not None or target_kind_of_id(rec.device) != "cuda")
+
+    missing = {r.id for r, _ in records if not current(r)}
     if missing:
         full = FeatureCache(cache_dir) if features_on_disk else cache
         _featurize_records([r for r in chosen(True, LoadReport()) if r.id in missing], task_table, full, progress)
@@ -249,7 +266,7 @@ def _scheduled(rec: Record, workload):
 def _featurize_records(records: list[Record], task_table, cache: FeatureCache, progress: bool) -> None:
     from tqdm import tqdm
 
-    from cdmpp.program.features import Featurizer, program_flops
+    from cdmpp.program.features import Featurizer, program_flops, tensor_core_flops
     from cdmpp.program.inputs import ProgramError, apply_trace, load_program
 
     featurizer = Featurizer()
@@ -265,9 +282,11 @@ def _featurize_records(records: list[Record], task_table, cache: FeatureCache, p
             continue
         try:
             mod = _scheduled(rec, workload)
-            old = cache.stale.get(rec.program_hash)
+            old = cache.stale.get(rec.program_hash) or cache.get(rec.program_hash)
             if old is not None:  # rows still valid: recount only the FLOPs
-                f = ProgramFeatures(old.leaf_features, old.positions, program_flops(mod), old.program_hash)
+                tensor = tensor_core_flops(mod) if target_kind_of_id(rec.device) == "cuda" else 0.0
+                f = ProgramFeatures(old.leaf_features, old.positions, program_flops(mod) + tensor, old.program_hash,
+                                    old.loops, tensor)
             else:
                 f = featurizer([load_program(mod, target_kind_of_id(rec.device))])[0]
             if rec.flops:  # an imported lowered program (no blocks): its workload's count

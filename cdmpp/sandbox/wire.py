@@ -3,8 +3,8 @@
 Wire protocol (pipes, 4-byte big-endian length + JSON; no pickle from worker to parent, so a subverted
 worker cannot run code in the parent through its answers): parent → ``{"items", "indices", "kind",
 "workload", "tvmscript"}``; worker → ``{"feats": [{"rows": base64 float32, "n", "positions", "flops",
-"hash", "loops"?: base64 float32 [n_loops, 3]}], "errors": [[index, reason]], "parse_s", "feat_s",
-"retiring"}``. ``loops`` is optional both ways: features without loops travel as before."""
+"hash", "loops"?: base64 float32 [n_loops, 3], "tensor_flops"?}], "errors": [[index, reason]], "parse_s", "feat_s",
+"retiring"}``. ``loops`` and ``tensor_flops`` are optional both ways: features without them travel as before."""
 
 from __future__ import annotations
 
@@ -42,9 +42,9 @@ NONFINITE = ("program's features are not finite numbers (a loop extent, buffer s
 
 def nonfinite(f) -> str | None:
     """Why ``f`` (ProgramFeatures) cannot go to a model or a cache, if it cannot: NaN or inf anywhere."""
-    loops = getattr(f, "loops", None)
+    loops, tensor = getattr(f, "loops", None), getattr(f, "tensor_flops", None)
     if not (np.isfinite(f.flops) and np.isfinite(f.leaf_features).all()
-            and (loops is None or np.isfinite(loops).all())):
+            and (loops is None or np.isfinite(loops).all()) and (tensor is None or np.isfinite(tensor))):
         return NONFINITE
     return None
 
@@ -70,13 +70,17 @@ def decode_features(f: dict):
         if loops.size % 3:
             raise ValueError(f"loop tokens of {loops.size} values: expected 3 per loop")
         loops = loops.reshape(-1, 3).astype(np.float32)
+    tensor = f.get("tensor_flops", 0.0)
+    if not isinstance(tensor, (int, float)) or not tensor >= 0.0 or tensor > f["flops"]:  # NaN FLOPs: nonfinite
+        raise ValueError("tensor-core FLOPs that are not a number between 0 and the program's FLOPs")
     return ProgramFeatures(rows.reshape(n, N_FEATURES).astype(np.float32), pos, float(f["flops"]),
-                           str(f["hash"])[:64], loops)
+                           str(f["hash"])[:64], loops, float(tensor))
 
 
 def encode_features(f) -> dict:
     out = {"rows": base64.b64encode(np.ascontiguousarray(f.leaf_features, dtype="<f4").tobytes()).decode(),
-           "n": f.n_leaves, "positions": [int(p) for p in f.positions], "flops": f.flops, "hash": f.program_hash}
+           "n": f.n_leaves, "positions": [int(p) for p in f.positions], "flops": f.flops, "hash": f.program_hash,
+           "tensor_flops": f.tensor_flops or 0.0}
     loops = getattr(f, "loops", None)
     if loops is not None:
         out["loops"] = base64.b64encode(np.ascontiguousarray(loops, dtype="<f4").tobytes()).decode()

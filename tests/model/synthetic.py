@@ -28,6 +28,7 @@ class FakeProgram:
     flops: float = 0.0
     program_hash: str = ""
     loops: np.ndarray | None = None
+    tensor_flops: float | None = 0.0
 
 
 def random_program(rng, n_leaves=None) -> FakeProgram:

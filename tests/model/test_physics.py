@@ -149,3 +149,53 @@ def test_a_device_never_trained_on_is_predicted_on_its_anchor_and_moved_by_amdah
                                               model.anchors[two]), rtol=1e-9)
     tuned = finetune(model, shots, steps=5)
     assert tuned.summary["finetune"]["devices"] == [one] and tuned.anchors == model.anchors
+
+
+def test_tensor_core_work_is_learned_as_fp32_time_and_sped_up_by_each_gpus_tensor_cores():
+    """The share f of a program's FLOPs on tensor cores runs tensor/FP32-peak times faster (Amdahl over two kinds
+    of work): labels are learned as FP32-equivalent time, a GPU's prediction is sped up by its own tensor cores,
+    and a move from a GPU without them to one with them speeds the tensor-core work up; other programs, and
+    GPUs without ``tensor_gflops``, are left as they were."""
+    from cdmpp.model.physics import fp32_equivalent, move, tensor_time_share
+
+    table = {"slow/cuda-sm37": {**SPEC, "cores": 13, "peak_gflops": 4000},
+             "mid/cuda-sm70": {**SPEC, "cores": 80, "peak_gflops": 16000, "tensor_gflops": 128000}}  # 8x
+    rng = np.random.default_rng(2)
+    plain, half, whole = (parallel_program(rng) for _ in range(3))
+    plain.flops = half.flops = whole.flops = 1e9
+    half.tensor_flops, whole.tensor_flops = 5e8, 1e9
+    mid, slow = table["mid/cuda-sm70"], table["slow/cuda-sm37"]
+    assert [tensor_time_share(p, mid) for p in (plain, half, whole)] == pytest.approx([1.0, 0.5 + 0.5 / 8, 1 / 8])
+    assert tensor_time_share(whole, slow) == 1.0
+    feats, secs = [plain, half, whole], np.array([1e-3, 1e-3, 1e-3])
+    np.testing.assert_allclose(move(secs, feats, ["slow/cuda-sm37"] * 3, ["mid/cuda-sm70"] * 3, table, {}),
+                               0.25 * secs * [1.0, 0.5625, 0.125])
+    learned = fp32_equivalent([LabeledProgram(p, "mid/cuda-sm70", 1e-3) for p in feats], table)
+    assert [s.seconds for s in learned] == pytest.approx([1e-3, 1e-3 / 0.5625, 8e-3])
+
+
+def test_a_model_predicts_tensor_core_programs_as_fp32_code_sped_up_by_the_devices_tensor_cores():
+    """Trained on a GPU without tensor cores, a model predicts a new GPU's tensor-core program as the same program
+    without tensor-core work, sped up by the new GPU's tensor cores, through the anchor as any other program."""
+    import dataclasses
+
+    from cdmpp.model.physics import tensor_time_share
+    from cdmpp.model.training import fit
+
+    table = {"slow/cuda-sm37": {**SPEC, "cores": 13, "peak_gflops": 4000},
+             "mid/cuda-sm70": {**SPEC, "cores": 80, "peak_gflops": 16000, "tensor_gflops": 128000}}
+    rng = np.random.default_rng(3)
+    train = []
+    for _ in range(120):  # SYNTHETIC: latency 1e-9 s per operation of the first leaf
+        p = parallel_program(rng)
+        p.flops = float(np.exp2(p.leaf_features[0, FEATURE_NAMES.index("float_mad")]) - 1)
+        train.append(LabeledProgram(p, "slow/cuda-sm37", 1e-9 * p.flops))
+    model = fit(quick_config(epochs=2, ensemble=1, amdahl_transfer=True), train[:100], train[100:], device_table=table)
+    fp32 = [s.features for s in train[:10]]
+    tensor = [dataclasses.replace(p, tensor_flops=p.flops * 0.75) for p in fp32]
+    share = np.array([tensor_time_share(p, table["mid/cuda-sm70"]) for p in tensor])
+    assert np.all(share < 1)
+    for got, want in zip(model.predict(tensor, "mid/cuda-sm70"), model.predict(fp32, "mid/cuda-sm70")):
+        np.testing.assert_allclose(got, want * share, rtol=1e-6)
+    np.testing.assert_allclose(model.predict(tensor, "slow/cuda-sm37")[0], model.predict(fp32, "slow/cuda-sm37")[0],
+                               rtol=1e-6)

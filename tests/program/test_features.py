@@ -164,3 +164,33 @@ def test_integer_work_counts_where_an_integer_value_is_stored_and_index_arithmet
     x = te.placeholder((64,), "float32", name="X")
     y = te.compute((32,), lambda i: x[i * 2 + 1] + x[i * 2], name="Y")  # int index arithmetic, one float add
     assert program_flops(tvm.IRModule({"main": te.create_prim_func([x, y])})) == 32
+
+
+def test_tensor_core_intrinsics_count_their_flops_once_per_warp():
+    """``tvm_mma_sync`` does 2·m·n·k FLOPs per warp (the fragment's shape from the calls that fill, load or store
+    it); a warp's 32 lanes are one call. Counted in ``flops`` and in ``tensor_flops``; CPU code has none."""
+    from cdmpp.program.features import tensor_core_flops
+    from tests.programs import WMMA_TVMSCRIPT
+
+    expected = 2 * 16 ** 3 * 4 * 2
+    assert tensor_core_flops(load_program(WMMA_TVMSCRIPT, "cuda").mod) == expected
+    f = featurize(WMMA_TVMSCRIPT, "cuda")
+    assert f.flops == f.tensor_flops == expected
+    sch = load_program(WMMA_TVMSCRIPT.replace("T.tvm_mma_sync(acc.data, 0, a.data, 0, b.data, 0, acc.data, 0)",
+                                              'T.ptx_legacy.mma("float16", "m16n8k16", "row", "col", "fp16", "fp16", '
+                                              '"fp16", a.data, 0, b.data, 0, acc.data, 0, T.bool(False))'), "cuda")
+    assert tensor_core_flops(sch.mod) == 2 * 16 * 8 * 16 * 4 * 2
+    from cdmpp.zoo import workloads
+
+    assert featurize(workloads.matmul(64, 64, 64), "llvm").tensor_flops == 0.0
+
+
+def test_tensor_core_flops_cross_the_sandbox_wire_checked():
+    from cdmpp.sandbox.wire import decode_features, encode_features
+    from tests.programs import WMMA_TVMSCRIPT
+
+    f = featurize(WMMA_TVMSCRIPT, "cuda")
+    assert decode_features(encode_features(f)).tensor_flops == f.tensor_flops
+    for bad in (-1.0, 2 * f.flops, float("nan"), "1"):
+        with pytest.raises(ValueError, match="tensor-core FLOPs"):
+            decode_features({**encode_features(f), "tensor_flops": bad})

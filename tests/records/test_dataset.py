@@ -98,3 +98,24 @@ def test_searched_candidates_can_be_left_out(real, tmp_path):
     assert {p.record_id for p in every.programs} >= searched_ids
     assert {p.record_id for p in random_only.programs} == {p.record_id for p in every.programs} - searched_ids
     assert len(random_only) == len(every) - len(searched_ids) > 0
+
+
+def test_features_cached_before_tensor_core_flops_load_as_uncounted_and_a_recount_replaces_them(tmp_path):
+    """A chunk written before tensor-core FLOPs were counted has no ``tensor_flops``: its programs load with None
+    (the dataset recounts a GPU program's, keeping its rows), and the recount's later chunk wins on the next read."""
+    old = _feat("gpu")
+    np.savez_compressed(tmp_path / f"features-v{FEATURIZER_VERSION}-0000.npz", rows=old.leaf_features,
+                        positions=old.positions, offsets=np.array([0, 2]), flops=np.array([8.0]),
+                        hashes=np.array(["gpu"]))
+    c = FeatureCache(str(tmp_path))
+    assert c.get("gpu").tensor_flops is None
+    assert FeatureCache(str(tmp_path), on_disk=True).get("gpu").tensor_flops is None
+    c.put(ProgramFeatures(old.leaf_features, old.positions, 16.0, "gpu", None, 8.0))
+    c.put(_feat("cpu"))
+    c.flush()
+    again = FeatureCache(str(tmp_path))
+    assert (again.get("gpu").flops, again.get("gpu").tensor_flops) == (16.0, 8.0)
+    assert again.get("cpu").tensor_flops == 0.0
+    assert FeatureCache(str(tmp_path), on_disk=True).get("gpu").tensor_flops == 8.0
+    again.put(_feat("gpu"))  # a counted entry is never replaced
+    assert again.get("gpu").flops == 16.0
