@@ -12,7 +12,9 @@ test programs through each transfer below, so every variant is scored on the sam
   both have one (a compute-bound program moves by the levels, a memory-bound one by the bandwidths);
 * ``every GPU, peaks`` / ``every GPU, roofline``: the geometric mean over every trained GPU of its prediction
   moved by the same ratio, so no one GPU's view of foreign schedules decides the level;
-* ``direct``: the network asked with the new GPU's specs (no transfer).
+* ``direct``: the network asked with the new GPU's specs (no transfer);
+* ``nearest, levels, tensor cores``: what ``TrainedModel.predict`` does since 5 Dec: the levels' route, with the
+  tensor-core share of each program's work sped up by each GPU's tensor cores (``physics.tensor_time_share``).
 
 The chip's test programs leave out its level programs where its spec has a level (as the protocol's do).
 Usage: .venv/bin/python experiments/gpu_transfer.py [--epochs 20] [--seeds 0,1,2] [--out FILE.jsonl]
@@ -20,6 +22,7 @@ Usage: .venv/bin/python experiments/gpu_transfer.py [--epochs 20] [--seeds 0,1,2
 
 import argparse
 import copy
+import dataclasses
 import json
 import statistics
 import time
@@ -44,7 +47,8 @@ def variants(model, test, device: str, table: dict) -> dict[str, np.ndarray]:
     features = [p.features for p in test]
     work = program_work(features)
     trained = [d for d in model.anchors if target_kind_of_id(d) == "cuda"]
-    on = {g: model.predict(features, g)[0] for g in trained}
+    fp32 = [dataclasses.replace(f, tensor_flops=0.0) for f in features]  # the routes below move FP32 time
+    on = {g: model.predict(fp32, g)[0] for g in trained}
 
     def roof(d):
         return roofline_seconds(features, table[d]["peak_gflops"], table[d]["mem_bw_gbs"], work)
@@ -69,7 +73,8 @@ def variants(model, test, device: str, table: dict) -> dict[str, np.ndarray]:
     return {"nearest, peaks": peaks[near], "nearest, levels": levels[near], "nearest, roofline": roofs[near],
             "nearest, roofline at levels": roof_at_levels(near),
             "every GPU, peaks": geo(peaks),
-            "every GPU, roofline": geo(roofs), "direct": direct.predict(features, device)[0]}
+            "every GPU, roofline": geo(roofs), "direct": direct.predict(features, device)[0],
+            "nearest, levels, tensor cores": model.predict(features, device)[0]}
 
 
 def main() -> None:
