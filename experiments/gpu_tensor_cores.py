@@ -2,8 +2,8 @@
 zero-shot MAPE over every V100 program outside its level programs, and what moving the tensor-core programs
 (``dense_tensorcore.cuda``, wmma intrinsics) by the V100's tensor-core / FP32 peak ratio would do. No GPU it
 trains beside (the K80, random-schedule H100/H200) ran a tensor-core program, so the model predicts them as FP32
-code. (The featurizer itself counts no FLOPs in tensor-core intrinsics, ``tvm_mma_sync``: printed for three of them
-at the end; the dataset loader takes an imported record's own count instead, so the model here saw their work.)
+code. (Until 5 Dec the featurizer counted no FLOPs in tensor-core intrinsics, ``tvm_mma_sync``; it now counts them,
+``tensor_core_flops``: printed for three of them at the end beside the record's own count, which the dataset keeps.)
 Reads the predictions
 experiments/shot_choice_criterion.py kept (its --cache, development seeds).
 
@@ -59,7 +59,7 @@ def main() -> None:
     tensor = [r for r in store.iter_records(V100, traces=True) if "tensorcore" in r.get("task_name", "")][:3]
     for r, f in zip(tensor, Featurizer()([r["program"] for r in tensor], target=tensor[0]["target"])):
         print(f"{r['task_name']} {r['program_hash']}: the record's FLOPs {float(r['flops']):.4g}, "
-              f"the featurizer's {f.flops:.4g} (the dataset keeps the record's)")
+              f"the featurizer's {f.flops:.4g}, {f.tensor_flops:.4g} of them on tensor cores")
 
 
 if __name__ == "__main__":
