@@ -68,6 +68,9 @@ def test_a_reference_level_must_be_positive_seconds():
     assert "reference_s" not in DeviceSpec.from_dict(d).to_dict()  # unmeasured: no field, as before
     assert any("level_gflops" in p for p in spec_problems(dict(d, level_gflops=0)))
     assert "level_gflops" not in DeviceSpec.from_dict(d).to_dict()
+    assert any("tensor_gflops" in p for p in spec_problems(dict(d, tensor_gflops=-5.0)))
+    assert "tensor_gflops" not in DeviceSpec.from_dict(d).to_dict()
+    assert DeviceSpec.from_dict(dict(d, tensor_gflops=112000.0)).specs()["tensor_gflops"] == 112000.0
 
 
 def test_a_gpus_level_is_the_flops_its_level_programs_reach(tmp_path, capsys):
