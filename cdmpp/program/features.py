@@ -121,10 +121,10 @@ _WARP = 32  # tensor-core intrinsics are warp-wide: the 32 lanes of threadIdx.x 
 def tensor_core_flops(mod) -> float:
     """FLOPs done by tensor-core intrinsics in a (lowered or scheduled) GPU module: 2·m·n·k per warp-wide
     ``tvm_mma_sync`` / ``tvm_bmma_sync`` (m, n, k: the accumulator fragment's shape, from the fragment calls
-    that fill, load or store it) and per PTX ``mma`` (its ``mMnNkK`` shape argument), times the instances of the loops
-    and thread scopes around the call, a warp's lanes (``threadIdx.x``, 32 of them) counted once. ``walk`` counts
-    only the values blocks store, and
-    these intrinsics store nothing it sees (a 4096³ fp16 dense on wmma counted 0; this counts its 2·4096³)."""
+    that fill, load or store it) and per PTX ``mma`` (its ``mMnNkK`` shape argument), times the instances of the
+    loops and thread scopes around the call, a warp's lanes (``threadIdx.x``, 32 of them) counted once. ``walk``
+    counts only the values blocks store, and these intrinsics store nothing it sees (a 4096³ fp16 dense on wmma
+    counted 0; this counts its 2·4096³)."""
     from tvm import s_tir, tirx
 
     shapes: dict[str, tuple[int, int, int]] = {}
@@ -243,11 +243,9 @@ class Featurizer:
     @staticmethod
     def _assemble(p: Program, rows: np.ndarray, with_hash: bool = True) -> ProgramFeatures:
         ast, flops = walk(p.mod)  # one pass for both: a cost model assembles thousands of programs
-        tensor = 0.0
         if p.is_gpu or ast.n_leaves != rows.shape[0]:
             ast = compact_ast_of(p, expected_leaves=rows.shape[0])
-        if p.is_gpu:
-            tensor = tensor_core_flops(p.mod)
+        tensor = tensor_core_flops(p.mod) if p.is_gpu else 0.0
         return ProgramFeatures(rows, np.asarray(ast.leaf_positions, dtype=np.int64), flops + tensor,
                                program_hash(p.mod) if with_hash else "", ast.loop_tokens(), tensor)
 

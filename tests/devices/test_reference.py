@@ -27,11 +27,14 @@ def test_the_kernels_are_sixteen_distinct_programs_with_their_tasks():
 
 @pytest.mark.slow
 def test_the_kernels_replay_and_run_here(tvm):
-    """Two of the kernels (the shortest) built from their traces are the programs they name, and run."""
+    """Two of the kernels (the shortest) built from their traces are the programs they name, and run. Measured
+    without waiting for a quiet machine (the suite's other worker is busy: waiting and rerunning cost ~2 minutes
+    there); this checks that they run, not how fast."""
+    from cdmpp.measure.measurer import MeasureConfig
     from cdmpp.program import tvm_env
 
     short = frozenset({"80a9df21ce7f87cd", "d12162592638e89f"})
-    got = reference.measure_reference_s(tvm_env.host_mcpu(), only=short)
+    got = reference.measure_reference_s(tvm_env.host_mcpu(), cfg=MeasureConfig(quiet_share=1.0), only=short)
     assert set(got) == short
     assert all(math.isfinite(s) and 0 < s < 1 for s in got.values())
 
