@@ -124,7 +124,10 @@ def tensor_time_share(features, spec: dict) -> float:
 
 
 def tensor_time_shares(features: Sequence, devices: Sequence[str], table: dict) -> np.ndarray:
-    """``tensor_time_share`` of each program on its device."""
+    """``tensor_time_share`` of each program on its device (ones at once where no device has tensor cores: a
+    CPU's or a cost model's batch pays nothing per program)."""
+    if not any(table.get(d, {}).get("tensor_gflops") for d in set(devices)):
+        return np.ones(len(features))
     return np.array([tensor_time_share(f, table.get(d, {})) for f, d in zip(features, devices)], dtype=np.float64)
 
 

@@ -104,7 +104,9 @@ def _features(z: dict, i: int) -> ProgramFeatures:
 
 def _tensor_flops(z: dict, i: int) -> float | None:
     """A cached program's tensor-core FLOPs; None in a chunk written before they were counted (NaN: not counted)."""
-    t = float(z["tensor_flops"][i]) if "tensor_flops" in z else float("nan")
+    if "tensor_flops" not in z:
+        return None
+    t = float(z["tensor_flops"][i])
     return None if np.isnan(t) else t
 
 
