@@ -57,7 +57,8 @@ def _version(model) -> str:
 def train_checkpoint(recipe: str, dataset: str, out: str, task_table: str = defaults.TASK_TABLE,
                      devices: str = defaults.DEVICES, max_minutes: float | None = None, val: float = 0.1,
                      seed: int = 0, limit: int | None = None, progress: bool = True, device_ids=None,
-                     exclude_networks=None, val_by: str = "task", device: str = "cpu", store: str | None = None):
+                     exclude_networks=None, val_by: str = "task", device: str = "cpu", store: str | None = None,
+                     other_parts_from: str | None = None):
     """Train on every program of ``dataset`` (all devices, or ``device_ids``) and save a checkpoint the
     ``Predictor`` can serve. ``val`` of the tasks (``val_by="task"``; or of the program hashes, "program")
     is held out for model selection and calibration: early stopping, the blend weight and the intervals
@@ -70,7 +71,10 @@ def train_checkpoint(recipe: str, dataset: str, out: str, task_table: str = defa
     ``store``: train from a folder ``write_split_store`` wrote instead (the training programs read memory-mapped,
     the validation programs in memory; the dataset options were applied when it was written).
     CPU and GPU programs together (``TrainConfig.per_kind``): one model per kind of code, each fitted on its
-    kind's programs alone, saved as one ``cdmpp.model.kinds.KindModels`` checkpoint."""
+    kind's programs alone, saved as one ``cdmpp.model.kinds.KindModels`` checkpoint.
+    ``other_parts_from``: a ``KindModels`` checkpoint whose parts of the kinds not trained here are saved
+    unchanged beside the new ones (GPU data added: retrain the GPU part in minutes, not the CPU part's hour)."""
+    kept = _other_parts(other_parts_from) if other_parts_from else {}
     device = distributed.setup(device)
     progress = progress and distributed.is_main()
     if store:
@@ -88,8 +92,10 @@ def train_checkpoint(recipe: str, dataset: str, out: str, task_table: str = defa
     specs = table.spec_table()
     kind_of = {d: target_kind(table.get(d).target) for d in specs}
     kinds = sorted({kind_of[d] for d in data["per_device"]})
-    if config.per_kind and len(kinds) > 1:  # each part knows the devices of its kind alone
-        if store:
+    if kept and not config.per_kind:
+        raise ValueError(f"recipe {recipe!r} trains one model for every kind of code: it cannot keep other parts")
+    if config.per_kind and (len(kinds) > 1 or kept):  # each part knows the devices of its kind alone
+        if store and len(kinds) > 1:
             raise ValueError(f"{store} holds {' and '.join(kinds)} programs and the recipe trains one model per kind: "
                              "write one store per kind (--device-ids) and train from each")
         jobs = {k: ([p for p in train if kind_of[p.device] == k], [p for p in val_set if kind_of[p.device] == k],
@@ -100,21 +106,39 @@ def train_checkpoint(recipe: str, dataset: str, out: str, task_table: str = defa
     states = {k: None if distributed.world()[1] > 1 else os.path.join(out, f"train-state-{k}.pt" if k else "train-state.pt")
               for k in jobs}
     parts = {k: fit(config, t, v, device_table=d, device=device, resume=states[k]) for k, (t, v, d) in jobs.items()}
+    if kept:
+        parts = {k: parts.get(k, kept.get(k)) for k in sorted({*kept, *parts})}
     model = parts[""] if "" in parts else KindModels(parts)
     if not distributed.is_main():
         return model
     shared = dict(recipe=recipe, dataset=data.pop("dataset", dataset), git_commit=git_commit(), data=data,
                   trained_at=_dt.datetime.now().isoformat(timespec="seconds"), devices={s.id: s.to_dict() for s in table})
-    for part in parts.values():
-        part.summary.update(model_version=_version(part), **shared)
+    for kind, part in parts.items():
+        if kept.get(kind) is not part:
+            part.summary.update(model_version=_version(part), **shared)
     if isinstance(model, KindModels):
         model.summary = model.merged_summary()
+        if kept:  # the whole model's data and date: each part's own stay in summary["kinds"]
+            per_device = {d: n for k, p in parts.items() for d, n in p.summary.get("data", {}).get("per_device", {}).items()
+                          if kind_of.get(d) == k}  # each part's programs of its own kind
+            model.summary.update(trained_at=shared["trained_at"], git_commit=shared["git_commit"],
+                                 data=dict(programs=sum(v["programs"] for v in per_device.values()), per_device=per_device),
+                                 kept_parts={k: p.summary.get("model_version") for k, p in parts.items()
+                                             if kept.get(k) is p})
         model.summary["model_version"] = _version(model)
     model.save(out)
     for state in states.values():
         if state:
             os.remove(state)
     return model
+
+
+def _other_parts(checkpoint: str) -> dict:
+    """The parts of a ``KindModels`` checkpoint, by kind, for ``train_checkpoint(other_parts_from=...)``."""
+    model = load_model(checkpoint)
+    if not isinstance(model, KindModels):
+        raise ValueError(f"{checkpoint} holds one model for every kind of code: it has no other parts to keep")
+    return dict(model.parts)
 
 
 def write_split_store(out: str, dataset: str, task_table: str = defaults.TASK_TABLE, val: float = 0.1, seed: int = 0,

@@ -64,6 +64,24 @@ def test_cpu_and_gpu_programs_train_one_model_per_kind(tiny_recipe, tmp_path):
         got = [x.seconds for x in p.predict_features([x.features for x in programs], programs[0].device, kind)]
         assert np.allclose(got, part.predict([x.features for x in programs], programs[0].device)[0])
 
+    # GPU data added: the GPU part retrained alone, the CPU part kept as it was
+    again = tmp_path / "gpu-again"
+    train_checkpoint(tiny_recipe, str(folder), str(again), str(TASKS), str(ROOT / "datasets" / "devices.json"),
+                     max_minutes=0.1, seed=1, progress=False, device_ids=["nvidia-h100/cuda-sm90"],
+                     other_parts_from=str(out))
+    new = load_model(again)
+    assert sorted(new.parts) == ["cuda", "llvm"] and new.summary["kept_parts"] == {
+        "llvm": model.parts["llvm"].summary["model_version"]}
+    assert new.parts["llvm"].summary == model.parts["llvm"].summary
+    assert new.parts["cuda"].summary["trained_at"] == new.summary["trained_at"]
+    assert new.summary["data"]["per_device"] == model.summary["data"]["per_device"]  # each part's own programs
+    cpu = [x.features for x in ds.programs if x.device == "amd-epyc-znver4-1t/llvm-avx512"][:20]
+    for a, b in zip(new.predict(cpu, "amd-epyc-znver4-1t/llvm-avx512"), model.predict(cpu, "amd-epyc-znver4-1t/llvm-avx512")):
+        assert np.array_equal(a, b)
+    model.parts["llvm"].save(tmp_path / "one-model")
+    with pytest.raises(ValueError, match="no other parts to keep"):
+        train_checkpoint(tiny_recipe, str(folder), str(tmp_path / "x"), str(TASKS), other_parts_from=str(tmp_path / "one-model"))
+
 
 @pytest.mark.slow
 def test_train_checkpoint_leaves_out_excluded_networks(real, tiny_recipe, tmp_path):

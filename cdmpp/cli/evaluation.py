@@ -146,7 +146,7 @@ def cmd_train(args) -> int:
                                  args.max_minutes, args.val, args.seed, args.limit,
                                  device_ids=_csv(args.device_ids) or None,
                                  exclude_networks=_csv(args.exclude_networks) or None, val_by=args.val_by,
-                                 device=args.device, store=args.store)
+                                 device=args.device, store=args.store, other_parts_from=args.other_parts_from)
     except ValueError as e:
         print(f"cdmpp train: {e}", file=sys.stderr)
         return 2
@@ -375,6 +375,9 @@ def add_eval_commands(sub, bsub) -> None:
                    help="where the transformer trains: cpu (default), cuda, or auto (cuda when torch sees a GPU). "
                         "Under `torchrun --nproc_per_node N cdmpp train ...` the N processes share every batch "
                         "(DistributedDataParallel; gloo on cpu, nccl on cuda) and rank 0 saves")
+    t.add_argument("--other-parts-from", metavar="CHECKPOINT",
+                   help="train only the kinds of code in the data (e.g. --device-ids of the GPUs) and save them beside "
+                        "CHECKPOINT's parts of the other kinds, unchanged (a checkpoint of one model per kind)")
     t.set_defaults(func=cmd_train)
 
     bt = bsub.add_parser("train", help="peak memory of training the shipped recipe (GBT blend and anchors included) "
