@@ -305,7 +305,7 @@ class TrainedModel:
                     shot_choices={d: c.to_state() for d, c in self.shot_choices.items()})
         gbt_file = directory / "gbt.ubj.gz"  # XGBoost's binary JSON, gzipped: a third of the text JSON's size
         if self.gbt is not None:
-            gbt_file.write_bytes(gzip.compress(bytes(self.gbt.booster_.save_raw("ubj")), compresslevel=6))
+            gbt_file.write_bytes(gzip.compress(bytes(self.gbt.booster_.save_raw("ubj")), compresslevel=6, mtime=0))
             meta["gbt"] = dict(file=gbt_file.name, target=self.gbt.target, loss=self.gbt.loss)
         else:
             gbt_file.unlink(missing_ok=True)
