@@ -110,11 +110,31 @@ def feature_passes():
 _PASSES = None
 
 
-def lower_for_features(mod):
+def lower_for_features(mod, drop_unit_loops: bool = False):
+    """``mod`` through ``FEATURE_PASSES``; ``drop_unit_loops``: first remove each serial loop of extent 1, as
+    TVM's list does (its ``SimplifyForFeatureExtraction``, not exposed to Python). A reduction whose serial part
+    has extent 1 then lowers to a cross-thread reduction alone, one store fewer: TVM's rows count that. Off by
+    default: the models learned the loops as they stand, and only such programs disagree (``compact_ast_of``)."""
     global _PASSES
     if _PASSES is None:
         _PASSES = feature_passes()
-    return _PASSES(mod)
+    return _PASSES(_without_unit_loops(mod) if drop_unit_loops else mod)
+
+
+def _without_unit_loops(mod):
+    """``mod`` with every serial loop ``for v in range(1)`` (no annotations) replaced by its body, ``v`` by 0."""
+    import tvm_ffi
+    from tvm import tirx
+
+    def drop(loop):
+        if not (loop.kind == tirx.ForKind.SERIAL and len(loop.annotations) == 0
+                and isinstance(loop.min, tirx.IntImm) and loop.min.value == 0
+                and isinstance(loop.extent, tirx.IntImm) and loop.extent.value == 1):
+            return loop
+        var, zero = loop.loop_var, tirx.IntImm(str(loop.extent.ty), 0)
+        return tvm_ffi.structural_map(loop.body, [(tirx.Var, lambda v: zero if v.same_as(var) else v)])
+
+    return tvm_ffi.structural_map(mod, [(tirx.For, drop)])
 
 
 def build_compact_ast(lowered_mod) -> CompactAST:

@@ -194,3 +194,24 @@ def test_tensor_core_flops_cross_the_sandbox_wire_checked():
     for bad in (-1.0, 2 * f.flops, float("nan"), "1"):
         with pytest.raises(ValueError, match="tensor-core FLOPs"):
             decode_features({**encode_features(f), "tensor_flops": bad})
+
+
+def test_a_cross_thread_reduction_with_a_unit_serial_loop_featurizes():
+    """TVM drops serial loops of extent 1 before lowering cross-thread reductions (its SimplifyForFeatureExtraction):
+    with the loop gone the reduction keeps no in-thread buffer, one store fewer. 25 H100/H200 records of max pools
+    did not featurize ("compact AST has 2 leaves but TVM extracted 1 feature rows") until the AST did the same."""
+    from cdmpp.program import tvm_env
+
+    tvm = tvm_env.setup(1)
+    from tvm import te
+
+    a = te.placeholder((64, 3, 3), name="a")  # a 3x3 max pool's reduction, fused as MetaSchedule's rule fuses it
+    r0, r1 = te.reduce_axis((0, 3), name="r0"), te.reduce_axis((0, 3), name="r1")
+    out = te.compute((64,), lambda i: te.max(a[i, r0, r1], axis=[r0, r1]), name="red")
+    sch = tvm.s_tir.Schedule(tvm.IRModule({"main": te.create_prim_func([a, out])}))
+    i, k0, k1 = sch.get_loops(sch.get_sblock("red"))
+    _, inner = sch.split(sch.fuse(k0, k1), factors=[1, 32])  # a serial part of extent 1, the rest across threads
+    sch.bind(i, "blockIdx.x")
+    sch.bind(inner, "threadIdx.x")
+    f = featurize(sch.mod, "cuda")
+    assert f.n_leaves == 1 and f.flops == 64 * 9
