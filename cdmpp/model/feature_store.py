@@ -11,14 +11,16 @@ and counted in the process's memory. What stays in memory is per program: offset
 program stats, FLOPs and hashes (~80 bytes). The pooled GBT of the blend and the Amdahl anchors read the leaf rows
 in chunks of programs (``program_chunks``), as the normalizer does.
 
-Files (format 2): ``leaves.npy`` float32 ``[n_leaves, F]`` (raw, as featurized), ``positions.npy`` int64
+Files (format 3): ``leaves.npy`` float32 ``[n_leaves, F]`` (raw, as featurized), ``positions.npy`` int64
 ``[n_leaves]``, ``offsets.npy`` int64 ``[n + 1]``, ``seconds.npy`` float64, ``device.npy`` / ``task.npy`` int32
-codes into ``meta.json``'s lists, ``flops.npy`` float64 (``ProgramFeatures.flops``), ``hashes.npy`` bytes (program
-hashes), ``stats.npy`` float64 ``[n, 3]`` (TVM features only). Format 1 (before flops and hashes) is refused.
+codes into ``meta.json``'s lists, ``flops.npy`` and ``tensor_flops.npy`` float64 (``ProgramFeatures.flops`` and
+``tensor_flops``), ``hashes.npy`` bytes (program hashes), ``stats.npy`` float64 ``[n, 3]`` (TVM features only). An
+older format (1: before flops and hashes; 2: before tensor-core FLOPs) is refused.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import mmap
 from dataclasses import dataclass
@@ -29,7 +31,8 @@ import numpy as np
 
 from cdmpp.model.network import PackedPrograms
 
-FORMAT = 2  # 2: flops.npy and hashes.npy added (the pooled GBT's log FLOPs input; programs rebuilt from a store)
+FORMAT = 3  # 2: flops.npy and hashes.npy (the pooled GBT's log FLOPs input; programs rebuilt from a store); 3: tensor_flops.npy
+# (labels learned as FP32-equivalent time, physics.fp32_equivalent)
 CHUNK_PROGRAMS = 8192
 CHUNK_ROWS = 1 << 14  # leaf rows per read of a pass over the file (11 MB of float32 TVM rows, 21 MB as float64)
 
@@ -62,7 +65,7 @@ def _writers(path: Path, n: int, n_leaves: int, n_features: int, stats: bool, ha
     (path / "meta.json").unlink(missing_ok=True)  # written last: a write cut short leaves no store, not a wrong one
     cols = dict(leaves=(np.float32, (n_leaves, n_features)), positions=(np.int64, (n_leaves,)),
                 offsets=(np.int64, (n + 1,)), seconds=(np.float64, (n,)), device=(np.int32, (n,)), task=(np.int32, (n,)),
-                flops=(np.float64, (n,)), hashes=(hash_dtype, (n,)))
+                flops=(np.float64, (n,)), tensor_flops=(np.float64, (n,)), hashes=(hash_dtype, (n,)))
     if stats:
         cols["stats"] = (np.float64, (n, 3))
     else:  # a store rewritten in place loses the column it no longer has
@@ -107,7 +110,7 @@ def write_store(path: str | Path, samples: Sequence, featurizer_version: str = "
     order = np.argsort(group, kind="stable")  # by group, each in store order
     cuts = np.searchsorted(group[order], np.arange(len(code) + 1))
     hashes = np.zeros(n, f"S{max(1, max(len(s.features.program_hash) for s in samples))}")
-    flops, stats, w = np.zeros(n), None, None
+    flops, tensor, stats, w = np.zeros(n), np.zeros(n), None, None
     for g, key in enumerate(code):
         idx = order[cuts[g]:cuts[g + 1]]
         feats = [samples[i].features for i in idx]
@@ -126,6 +129,7 @@ def write_store(path: str | Path, samples: Sequence, featurizer_version: str = "
                 w["leaves"].append(p.leaves[rows], at=offsets[part[lo]])
                 w["positions"].append(p.positions[rows], at=offsets[part[lo]])
             flops[part] = np.array([f.flops for f in feats[a:a + chunk]], dtype=np.float64)
+            tensor[part] = np.array([f.tensor_flops or 0.0 for f in feats[a:a + chunk]], dtype=np.float64)
             hashes[part] = [f.program_hash.encode() for f in feats[a:a + chunk]]
             if stats is not None:
                 stats[part] = p.stats
@@ -135,6 +139,7 @@ def write_store(path: str | Path, samples: Sequence, featurizer_version: str = "
     w["device"].append(np.fromiter((dcode[s.device] for s in samples), np.int32, n))
     w["task"].append(np.fromiter((tcode[getattr(s, "task", "")] for s in samples), np.int32, n))
     w["flops"].append(flops)
+    w["tensor_flops"].append(tensor)
     w["hashes"].append(hashes)
     if stats is not None:
         w["stats"].append(stats)
@@ -160,7 +165,7 @@ def replicate_store(src: "FeatureStore", path: str | Path, n: int) -> "FeatureSt
             w["positions"].append(src.positions[a:min(rows, a + CHUNK_ROWS)])
             src.release()
         w["offsets"].append(src.offsets[1:k + 1] + copy * total)
-        for name in ("seconds", "device", "task", "flops", "hashes") + (("stats",) if src.stats is not None else ()):
+        for name in ("seconds", "device", "task", "flops", "tensor_flops", "hashes") + (("stats",) if src.stats is not None else ()):
             w[name].append(getattr(src, name)[:k])
     _close(path, w, {**src.meta, "n": n, "replicated_from": str(src.path)})
     return FeatureStore(path)
@@ -182,7 +187,7 @@ class FeatureStore:
         fmt = self.meta.get("format", 1)
         if fmt != FORMAT:
             raise ValueError(f"{self.path}: a feature store of format {fmt}; this cdmpp reads format {FORMAT} (program "
-                             "FLOPs and hashes added): write it again with `cdmpp train --write-store`")
+                             "FLOPs, hashes and tensor-core FLOPs added): write it again with `cdmpp train --write-store`")
         self.devices, self.tasks = list(self.meta["devices"]), list(self.meta["tasks"])
 
         def col(name, mapped=False, required=True):
@@ -199,12 +204,13 @@ class FeatureStore:
         self.leaves, self.positions = col("leaves", True), col("positions", True)
         self.offsets, self.stats = col("offsets"), col("stats", required=False)
         self.seconds, self.device, self.task = col("seconds"), col("device"), col("task")
-        self.flops, self.hashes = col("flops"), col("hashes")
+        self.flops, self.tensor_flops, self.hashes = col("flops"), col("tensor_flops"), col("hashes")
         self._check()
 
     def _check(self) -> None:
         n = self.meta["n"]
-        per_program = dict(seconds=self.seconds, device=self.device, task=self.task, flops=self.flops, hashes=self.hashes)
+        per_program = dict(seconds=self.seconds, device=self.device, task=self.task, flops=self.flops,
+                           tensor_flops=self.tensor_flops, hashes=self.hashes)
         if self.stats is not None:
             per_program["stats"] = self.stats
         bad = [name for name, a in per_program.items() if len(a) != n]
@@ -258,7 +264,8 @@ class FeatureStore:
             pos = np.array(self.positions[self.offsets[a]:self.offsets[b]])
             for i in range(a, b):
                 r = slice(offsets[i - a], offsets[i - a + 1])
-                f = ProgramFeatures(rows[r], pos[r], float(self.flops[i]), self.hashes[i].decode())
+                f = ProgramFeatures(rows[r], pos[r], float(self.flops[i]), self.hashes[i].decode(),
+                                    tensor_flops=float(self.tensor_flops[i]))
                 out.append(LabeledProgram(f, self.devices[self.device[i]], float(self.seconds[i]),
                                           task=self.tasks[self.task[i]]))
         return out
@@ -266,6 +273,14 @@ class FeatureStore:
     def pack(self) -> PackedPrograms:
         """The store's programs as a ``PackedPrograms`` over the mapped rows (raw; ``with_transform`` normalizes)."""
         return PackedPrograms(self.leaves, self.positions, self.offsets, self.stats, release=self.release)
+
+    def with_seconds(self, seconds: np.ndarray) -> "FeatureStore":
+        """The same store read with other labels (``fit``'s FP32-equivalent ones); this one keeps its own."""
+        if len(seconds) != len(self):
+            raise ValueError(f"{len(seconds)} labels for a store of {len(self)} programs")
+        view = copy.copy(self)
+        view.seconds = np.asarray(seconds, dtype=np.float64)
+        return view
 
     def device_names(self) -> list[str]:
         """The device of each program (one list entry per program, the names shared)."""

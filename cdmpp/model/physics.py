@@ -128,7 +128,17 @@ def tensor_time_shares(features: Sequence, devices: Sequence[str], table: dict) 
     CPU's or a cost model's batch pays nothing per program)."""
     if not any(table.get(d, {}).get("tensor_gflops") for d in set(devices)):
         return np.ones(len(features))
-    return np.array([tensor_time_share(f, table.get(d, {})) for f, d in zip(features, devices)], dtype=np.float64)
+    return tensor_time_shares_of(np.array([f.flops for f in features], dtype=np.float64),
+                                 np.array([getattr(f, "tensor_flops", None) or 0.0 for f in features], dtype=np.float64),
+                                 devices, table)
+
+
+def tensor_time_shares_of(flops: np.ndarray, tensor_flops: np.ndarray, devices: Sequence[str], table: dict) -> np.ndarray:
+    """``tensor_time_shares`` from columns of FLOPs and tensor-core FLOPs (a feature store's)."""
+    speedup = {d: tensor_speedup(table.get(d, {})) if table.get(d, {}).get("tensor_gflops") else 1.0 for d in set(devices)}
+    s = np.array([speedup[d] for d in devices], dtype=np.float64)
+    f = np.where((tensor_flops > 0) & (flops > 0), np.minimum(tensor_flops / np.where(flops > 0, flops, 1.0), 1.0), 0.0)
+    return 1.0 - f + f / s
 
 
 def fp32_equivalent(labeled: Sequence, table: dict) -> list:

@@ -147,7 +147,10 @@ def fit(config: TrainConfig, train_set: Sequence[LabeledProgram] | FeatureStore,
     if device_table is not None:  # tensor-core programs learned as FP32-equivalent time; ``predict`` speeds them up
         table = DeviceSpecs(device_table).table
         val_set = physics.fp32_equivalent(val_set, table)
-        if not isinstance(train_set, FeatureStore):  # a store keeps no tensor-core FLOPs
+        if isinstance(train_set, FeatureStore):  # the same from the store's columns (the store is left as it is)
+            train_set = train_set.with_seconds(train_set.seconds / physics.tensor_time_shares_of(
+                train_set.flops, train_set.tensor_flops, train_set.device_names(), table))
+        else:
             train_set = physics.fp32_equivalent(train_set, table)
     target_pool = list(target_pool or []) if config.da != "none" else []
     cols = TrainingColumns.of(train_set)

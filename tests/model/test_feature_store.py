@@ -66,14 +66,20 @@ def test_training_from_a_store_gives_the_in_memory_result(real, tmp_path):
 
 def test_the_shipped_recipe_trains_from_a_store_as_in_memory(real, tmp_path, monkeypatch):
     """GBT blend and Amdahl anchors on: the store's chunks (several, forced small) give the pooled GBT the inputs
-    the programs give it in memory, the anchors the same fork/join costs, and the model the same predictions."""
+    the programs give it in memory, the anchors the same fork/join costs, and the model the same predictions;
+    tensor-core programs' labels are learned as FP32-equivalent time from either."""
     from cdmpp.model import feature_store
     from cdmpp.model.pooled_gbt import PooledGBT
 
     _, ds = real
-    two = "amd-epyc-znver4-2t/llvm-avx512"  # half the programs as 2-thread twins: a fork/join cost to find
-    train = [dataclasses.replace(p, device=two, seconds=0.6 * p.seconds) if i % 2 else p
+    two, v100 = "amd-epyc-znver4-2t/llvm-avx512", "nvidia-v100/cuda-sm70"  # 2-thread twins: a fork/join cost to find
+
+    def tensor_core(p):  # SYNTHETIC: a CPU program's features standing in for a V100 program, half its FLOPs on tensor cores
+        return dataclasses.replace(p, device=v100, features=dataclasses.replace(p.features, tensor_flops=p.features.flops / 2))
+
+    train = [tensor_core(p) if i % 6 == 5 else dataclasses.replace(p, device=two, seconds=0.6 * p.seconds) if i % 2 else p
              for i, p in enumerate(ds.programs[:192])]
+    assert sum((p.features.tensor_flops or 0) > 0 for p in train) >= 20  # those with FLOPs of the 32
     val = ds.programs[192:240]
     table = _table()
     monkeypatch.setattr(feature_store, "CHUNK_ROWS", 100)
@@ -215,8 +221,8 @@ def test_a_store_gives_back_its_programs(real, tmp_path):
     store = write_store(tmp_path / "s", ds.programs[:40], chunk=16)
     back = store.programs()
     assert [p.features.program_hash for p in back] == [p.features.program_hash for p in ds.programs[:40]]
-    assert [(p.device, p.task, p.seconds, p.features.flops) for p in back] == \
-        [(p.device, p.task, p.seconds, p.features.flops) for p in ds.programs[:40]]
+    assert [(p.device, p.task, p.seconds, p.features.flops, p.features.tensor_flops) for p in back] == \
+        [(p.device, p.task, p.seconds, p.features.flops, p.features.tensor_flops or 0.0) for p in ds.programs[:40]]
     for a, b in zip(back, ds.programs[:40]):
         assert np.array_equal(a.features.leaf_features, b.features.leaf_features)
         assert np.array_equal(a.features.positions, b.features.positions)
