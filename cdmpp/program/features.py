@@ -118,6 +118,14 @@ _PTX_MMA_CALLS = ("tirx.ptx_legacy.mma", "tirx.ptx.mma")  # warp-wide mma.sync w
 _WARP = 32  # tensor-core intrinsics are warp-wide: the 32 lanes of threadIdx.x make one call
 
 
+def flops_and_tensor_flops(mod, is_gpu: bool, block_flops: float | None = None) -> tuple[float, float]:
+    """``(flops, tensor_flops)`` as ``ProgramFeatures`` holds them: the blocks' FLOPs (``program_flops``, or
+    ``block_flops`` where the caller's walk counted them) plus, in GPU code, those of tensor-core intrinsics
+    (``tensor_core_flops``), and the latter alone."""
+    tensor = tensor_core_flops(mod) if is_gpu else 0.0
+    return (program_flops(mod) if block_flops is None else block_flops) + tensor, tensor
+
+
 def tensor_core_flops(mod) -> float:
     """FLOPs done by tensor-core intrinsics in a (lowered or scheduled) GPU module: 2·m·n·k per warp-wide
     ``tvm_mma_sync`` / ``tvm_bmma_sync`` (m, n, k: the accumulator fragment's shape, from the fragment calls
@@ -245,8 +253,8 @@ class Featurizer:
         ast, flops = walk(p.mod)  # one pass for both: a cost model assembles thousands of programs
         if p.is_gpu or ast.n_leaves != rows.shape[0]:
             ast = compact_ast_of(p, expected_leaves=rows.shape[0])
-        tensor = tensor_core_flops(p.mod) if p.is_gpu else 0.0
-        return ProgramFeatures(rows, np.asarray(ast.leaf_positions, dtype=np.int64), flops + tensor,
+        flops, tensor = flops_and_tensor_flops(p.mod, p.is_gpu, flops)
+        return ProgramFeatures(rows, np.asarray(ast.leaf_positions, dtype=np.int64), flops,
                                program_hash(p.mod) if with_hash else "", ast.loop_tokens(), tensor)
 
 

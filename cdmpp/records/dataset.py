@@ -268,7 +268,7 @@ def _scheduled(rec: Record, workload):
 def _featurize_records(records: list[Record], task_table, cache: FeatureCache, progress: bool) -> None:
     from tqdm import tqdm
 
-    from cdmpp.program.features import Featurizer, program_flops, tensor_core_flops
+    from cdmpp.program.features import Featurizer, flops_and_tensor_flops
     from cdmpp.program.inputs import ProgramError, apply_trace, load_program
 
     featurizer = Featurizer()
@@ -286,9 +286,8 @@ def _featurize_records(records: list[Record], task_table, cache: FeatureCache, p
             mod = _scheduled(rec, workload)
             old = cache.stale.get(rec.program_hash) or cache.get(rec.program_hash)
             if old is not None:  # rows still valid: recount only the FLOPs
-                tensor = tensor_core_flops(mod) if target_kind_of_id(rec.device) == "cuda" else 0.0
-                f = ProgramFeatures(old.leaf_features, old.positions, program_flops(mod) + tensor, old.program_hash,
-                                    old.loops, tensor)
+                flops, tensor = flops_and_tensor_flops(mod, target_kind_of_id(rec.device) == "cuda")
+                f = ProgramFeatures(old.leaf_features, old.positions, flops, old.program_hash, old.loops, tensor)
             else:
                 f = featurizer([load_program(mod, target_kind_of_id(rec.device))])[0]
             if rec.flops:  # an imported lowered program (no blocks): its workload's count
