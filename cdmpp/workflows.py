@@ -135,7 +135,10 @@ def train_checkpoint(recipe: str, dataset: str, out: str, task_table: str = defa
 
 def _other_parts(checkpoint: str) -> dict:
     """The parts of a ``KindModels`` checkpoint, by kind, for ``train_checkpoint(other_parts_from=...)``."""
-    model = load_model(checkpoint)
+    try:
+        model = load_model(checkpoint)
+    except FileNotFoundError as e:
+        raise ValueError(str(e)) from None
     if not isinstance(model, KindModels):
         raise ValueError(f"{checkpoint} holds one model for every kind of code: it has no other parts to keep")
     return dict(model.parts)

@@ -81,6 +81,8 @@ def test_cpu_and_gpu_programs_train_one_model_per_kind(tiny_recipe, tmp_path):
     model.parts["llvm"].save(tmp_path / "one-model")
     with pytest.raises(ValueError, match="no other parts to keep"):
         train_checkpoint(tiny_recipe, str(folder), str(tmp_path / "x"), str(TASKS), other_parts_from=str(tmp_path / "one-model"))
+    with pytest.raises(ValueError, match="no cdmpp checkpoint"):  # what `cdmpp train` prints, not a traceback
+        train_checkpoint(tiny_recipe, str(folder), str(tmp_path / "x"), str(TASKS), other_parts_from=str(tmp_path / "none"))
 
 
 @pytest.mark.slow
