@@ -116,11 +116,7 @@ def tensor_time_share(features, spec: dict) -> float:
     """A program's run time on a device as a share of its time on FP32 units alone: ``1 - f + f / s``, f the
     share of its FLOPs in tensor-core intrinsics (``ProgramFeatures.tensor_flops``; None counts as none), s
     ``tensor_speedup``. 1 for a program without tensor-core work or a device without tensor cores."""
-    tensor = getattr(features, "tensor_flops", None) or 0.0
-    if tensor <= 0.0 or not spec.get("tensor_gflops") or features.flops <= 0.0:
-        return 1.0
-    f = min(tensor / features.flops, 1.0)
-    return 1.0 - f + f / tensor_speedup(spec)
+    return float(tensor_time_shares([features], [""], {"": spec})[0])
 
 
 def tensor_time_shares(features: Sequence, devices: Sequence[str], table: dict) -> np.ndarray:
