@@ -250,7 +250,7 @@ class Resumable:
             self.files.append(method.resume)
 
     def forget(self) -> None:
-        for path in self.files + [f + ".tmp" for f in self.files]:
+        for path in [f + end for f in self.files for end in ("", ".tmp", ".no-da", ".no-da.tmp")]:  # .no-da: fit's
             if os.path.exists(path):
                 os.remove(path)
 

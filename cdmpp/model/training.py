@@ -56,6 +56,11 @@ if TYPE_CHECKING:
 
 
 MIN_DA_SOURCE = 8  # a batch with fewer training programs of the target's kind adds no alignment term
+# Most validation programs predicted at under a twentieth of their latency: the network stopped predicting
+# (MAPE -> 1, the MAPE of predicting zero). Domain adaptation towards programs unlike the training ones does
+# that (a min-max scaled CMD cannot shrink, so its cheapest alignment is a constant embedding); ``fit`` then
+# trains again without adaptation.
+COLLAPSED_SHARE, COLLAPSED_RATIO = 0.9, 0.05
 
 
 def mape_loss(pred: torch.Tensor, target: torch.Tensor, sigma: float, weight: torch.Tensor | None = None) -> torch.Tensor:
@@ -195,6 +200,14 @@ def fit(config: TrainConfig, train_set: Sequence[LabeledProgram] | FeatureStore,
             raise ValueError("resume: one training process only (not under torchrun)")
         run_state = RunState(resume, config, train, val, target)
     snaps, history = _train_run(config, train, val, target, dev_matrix, trained, deadline, runner, run_state)
+    da_dropped = None
+    if history["stopped"] == "collapsed":  # the alignment won over the labels: the run again, without it
+        da_dropped = {k: history[k] for k in ("best_val_mape", "history")}
+        print(f"domain adaptation collapsed training (validation MAPE {history['history'][-1][2]:.3f} at epoch "
+              f"{history['history'][-1][0]}): training again without it", file=sys.stderr)
+        if resume:
+            run_state = RunState(f"{resume}.no-da", config, train, val, None)
+        snaps, history = _train_run(config, train, val, None, dev_matrix, trained, deadline, runner, run_state)
     members = snaps[: config.ensemble]
     trained.members.extend(_model_with(config, train, dev_matrix, trained, state) for _, state, _ in members)
     histories = [{**history, "members_from_epochs": [epoch for _, _, epoch in members]}]
@@ -219,11 +232,13 @@ def fit(config: TrainConfig, train_set: Sequence[LabeledProgram] | FeatureStore,
     # shots are fitted back to (ShotChoice's base_bias)
     trained.calibration["val_log_bias"] = median_log_error(pred, val.seconds)
     trained.summary = dict(
-        n_train=len(cols), n_val=len(val_set), n_target=len(target_pool), devices=all_devices,
+        n_train=len(cols), n_val=len(val_set), n_target=0 if da_dropped else len(target_pool), devices=all_devices,
         train_devices=sorted(set(cols.devices)), n_features=int(raw.leaves.shape[1]),
         train_seconds=round(time.monotonic() - start, 1), members=histories,
         val=dict(mape=float(rel.mean()), within_10=float((rel <= 0.10).mean()), within_25=float((rel <= 0.25).mean()),
                  interval_coverage=float(((val.seconds >= lo_s) & (val.seconds <= hi_s)).mean())))
+    if da_dropped:
+        trained.summary["da_collapsed"] = da_dropped
     if config.amdahl_transfer:
         trained.anchors = fork_join_of(cols.devices, cols.seconds, cols.parallel_leaves(), specs.table)
     if runner.world > 1:
@@ -391,7 +406,7 @@ def _train_run(config: TrainConfig, train: _Split, val: _Split, target: _Split |
             if steps == config.max_steps:
                 stopped = "steps"
                 break
-        val_mape = runner.agree(_val_mape(model, val, dev_matrix, trained, runner))
+        val_mape, nothing = map(runner.agree, _val_mape(model, val, dev_matrix, trained, runner))
         total, count = runner.sum(total, count)
         history.append([epoch, round(total / max(count, 1), 4), round(val_mape, 5)])
         bar.set_postfix(loss=f"{total / max(count, 1):.3g}", val_mape=f"{val_mape:.3f}")
@@ -403,6 +418,8 @@ def _train_run(config: TrainConfig, train: _Split, val: _Split, target: _Split |
             best = (val_mape, epoch)
         if stopped not in ("time", "steps") and epoch - best[1] >= config.patience:
             stopped = "patience"
+        if target is not None and nothing >= COLLAPSED_SHARE:
+            stopped = "collapsed"
         ended = stopped != "epochs" or epoch == config.epochs - 1
         if resume is not None:
             resume.save(model=model.state_dict(), optimizer=opt.state_dict(), schedule=sched.state_dict(),
@@ -440,15 +457,17 @@ class _LengthMatcher:
 
 @torch.inference_mode()
 def _val_mape(model: CDMPPModel, val: _Split, dev_matrix: torch.Tensor, trained: TrainedModel,
-              runner: Runner | None = None) -> float:
-    """MAPE on absolute latency of one member over the validation split (the model-selection metric)."""
+              runner: Runner | None = None) -> tuple[float, float]:
+    """MAPE on absolute latency of one member over the validation split (the model-selection metric), and the
+    share of validation programs it predicts at under ``COLLAPSED_RATIO`` of their latency."""
     model.eval()
     on = (runner or Runner()).to
     z = np.empty(len(val.pack), np.float32)
     for idx in length_sorted_batches(val.pack.lengths, 256):
         z[idx] = model(*on(val.pack.batch(idx)), on(dev_matrix[val.dev_rows[idx]]), on(val.inputs(idx))).cpu().numpy()
     pred = trained.label_transform.inverse_transform(z)
-    return float(np.average(np.abs(pred - val.seconds) / val.seconds, weights=val.weight))
+    return (float(np.average(np.abs(pred - val.seconds) / val.seconds, weights=val.weight)),
+            float(np.average(pred < COLLAPSED_RATIO * val.seconds, weights=val.weight)))
 
 
 def finetune(trained: TrainedModel, labeled_set: Sequence[LabeledProgram], config: TrainConfig | None = None,

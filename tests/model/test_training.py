@@ -205,6 +205,30 @@ def test_domain_adaptation_aligns_a_new_gpu_only_with_gpu_programs():
     assert adapted.summary["n_target"] == 50
     assert not np.allclose(adapted.predict(feats, "cpu-a")[0], unweighted.predict(feats, "cpu-a")[0])
 
+def test_a_run_collapsed_by_domain_adaptation_trains_again_without_it(monkeypatch, tmp_path):
+    """Aligned with programs unlike the training ones, CMD can make the network predict nothing (a held-out
+    chip known only from another project's tuning logs: validation MAPE 0.993). The run stops at the first
+    such epoch and trains again without a pool: the model is the one trained without it, and says so; a
+    resumed fit ends the same way. (Every adapted epoch counts as collapsed here: a real collapse takes
+    hundreds of thousands of programs.)"""
+    from cdmpp.model import training
+
+    monkeypatch.setattr(training, "COLLAPSED_SHARE", 0.0)
+    rng = np.random.default_rng(9)
+    train, val, new = synthetic_samples(200, rng), synthetic_samples(50, rng), synthetic_samples(50, rng, "cpu-b")
+    cfg = quick_config(epochs=3, ensemble=1)
+    plain = fit(cfg, train, val, device_table=DEVICES)
+    dropped = fit(cfg, train, val, target_pool=new, device_table=DEVICES, resume=tmp_path / "run.pt")
+    collapsed = dropped.summary["da_collapsed"]
+    assert len(collapsed["history"]) == 1 and dropped.summary["n_target"] == 0
+    assert dropped.summary["members"][0]["stopped"] == "epochs"
+    feats = [s.features for s in val]
+    assert np.allclose(dropped.predict(feats, "cpu-a")[0], plain.predict(feats, "cpu-a")[0])
+    assert (tmp_path / "run.pt").exists() and (tmp_path / "run.pt.no-da").exists()
+    again = fit(cfg, train, val, target_pool=new, device_table=DEVICES, resume=tmp_path / "run.pt")
+    assert np.allclose(again.predict(feats, "cpu-a")[0], plain.predict(feats, "cpu-a")[0])
+
+
 def test_the_gbt_blend_ends_gbt_minutes_after_the_transformers_deadline(monkeypatch):
     """The GBT's budget ends max_minutes + gbt_minutes after the fit starts: what runs between the transformer's
     deadline and the GBT (the members' validation predictions, the interval calibration) comes out of its time."""
