@@ -10,7 +10,7 @@ schedule as asked, not what the compiler made of it: vector widths it reached, s
 2-thread Zen 4 device with ``tvm.compile`` for that device's target (as the collector did to measure them) and
 counts instruction classes in the assembly (static counts: a loop body counts once). ``study`` compares
 ``PooledGBT(target="latency")`` with those counts beside its inputs, on the same 5 splits of those programs
-(train / validation / test by program, 70 / 10 / 20 %), early stopping on validation; validation and test
+(train / validation / test by program, 70 / 10 / 20 %; ``--train-share`` trains on less), early stopping on validation; validation and test
 both printed, a development study (no locked seed exists for a subset like this).
 """
 
@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import glob
 import json
+import os
 import re
 import time
 
@@ -54,14 +55,22 @@ def asm_counts(asm: str) -> np.ndarray:
 
 
 def choose(seed: int, n_tasks: int) -> list:
+    """The labelled random schedules of ``n_tasks`` tasks of ``DEVICE`` drawn with ``seed`` (0: every task of
+    both Zen 4 devices, each program once), in program-hash order."""
     from cdmpp.records.labels import label
     from cdmpp.records.store import RecordStore
 
-    recs = [r for r in RecordStore("datasets/measurements").iter_records(DEVICE)
-            if label(r) is not None and not r.get("search")]
-    tasks = sorted({r["task"] for r in recs})
-    chosen = set(np.random.default_rng(seed).choice(tasks, n_tasks, replace=False))
-    return sorted((r for r in recs if r["task"] in chosen), key=lambda r: r["program_hash"])
+    devices = (DEVICE, "amd-epyc-znver4-1t/llvm-avx512") if n_tasks == 0 else (DEVICE,)
+    recs = {}
+    for device in devices:
+        for r in RecordStore("datasets/measurements").iter_records(device):
+            if label(r) is not None and not r.get("search"):
+                recs.setdefault(r["program_hash"], r)
+    if n_tasks:
+        tasks = sorted({r["task"] for r in recs.values()})
+        chosen = set(np.random.default_rng(seed).choice(tasks, n_tasks, replace=False))
+        recs = {h: r for h, r in recs.items() if r["task"] in chosen}
+    return [recs[h] for h in sorted(recs)]
 
 
 def compile_part(part: int, parts: int, seed: int, n_tasks: int) -> None:
@@ -75,8 +84,14 @@ def compile_part(part: int, parts: int, seed: int, n_tasks: int) -> None:
     spec = DeviceTable("datasets/devices.json").get(DEVICE)
     target = tvm_env.make_target("llvm", num_cores=spec.threads)
     table = TaskTable.load("datasets/tasks-llvm.json.gz")
-    recs = choose(seed, n_tasks)[part::parts]
-    mods, hashes, rows, t0 = {}, [], [], time.time()
+    path = f"runs/asm/part-{'all' if n_tasks == 0 else f's{seed}'}-{part}.npz"
+    hashes, rows = [], []
+    if os.path.exists(path):  # resume
+        z = np.load(path)
+        hashes, rows = list(z["hashes"]), list(z["counts"])
+    done = set(hashes)
+    recs = [r for r in choose(seed, n_tasks)[part::parts] if r["program_hash"] not in done]
+    mods, t0 = {}, time.time()
     for i, r in enumerate(recs):
         if r["task"] not in mods:
             mods[r["task"]] = load_task_mod(table[r["task"]])
@@ -91,8 +106,8 @@ def compile_part(part: int, parts: int, seed: int, n_tasks: int) -> None:
             rate = (i + 1) / (time.time() - t0)
             print(f"part {part}: {i + 1}/{len(recs)} programs, {rate:.2f}/s, ETA {(len(recs) - i - 1) / rate / 60:.1f} min",
                   flush=True)
-            np.savez_compressed(f"runs/asm/part-{part}.npz", hashes=np.array(hashes), counts=np.array(rows))
-    np.savez_compressed(f"runs/asm/part-{part}.npz", hashes=np.array(hashes), counts=np.array(rows))
+            np.savez_compressed(path, hashes=np.array(hashes), counts=np.array(rows))
+    np.savez_compressed(path, hashes=np.array(hashes), counts=np.array(rows))
 
 
 def load_counts() -> dict:
@@ -108,7 +123,7 @@ def asm_inputs(c: np.ndarray) -> np.ndarray:
     return np.concatenate([np.log1p(c), c[1:-1] / max(c[0], 1.0)])
 
 
-def study(nthread: int, splits: int) -> None:
+def study(nthread: int, splits: int, train_share: float = 0.7) -> None:
     from cdmpp.devices.table import DeviceTable
     from cdmpp.evaluation.metrics import score
     from cdmpp.evaluation.protocol import ProtocolOptions, load_pinned
@@ -129,12 +144,12 @@ def study(nthread: int, splits: int) -> None:
     rows = []
     for s in range(splits):
         part = np.random.default_rng(s).random(len(progs))
-        train = [p for p, u in zip(progs, part) if u < 0.7]
+        train = [p for p, u in zip(progs, part) if u < train_share]  # nested: a smaller share is part of a larger
         val = [p for p, u in zip(progs, part) if 0.7 <= u < 0.8]
         test = [p for p, u in zip(progs, part) if u >= 0.8]
         for name, cls in (("latency GBT", PooledGBT), ("latency GBT + assembly counts", AsmGBT)):
             m = cls(table, target="latency", nthread=nthread, random_state=s).fit(train, val)
-            row = dict(split=s, method=name)
+            row = dict(split=s, method=name, n_train=len(train), n_programs=len(progs))
             for where, ps in (("val", val), ("test", test)):
                 sc = score(ps, m.predict(ps))
                 row.update({f"{where}_{k}": sc[k] for k in ("mape", "mape_fast10", "spearman")})
@@ -156,18 +171,17 @@ def main() -> None:
     c.add_argument("--part", type=int, default=0)
     c.add_argument("--parts", type=int, default=1)
     c.add_argument("--seed", type=int, default=0)
-    c.add_argument("--tasks", type=int, default=70)
+    c.add_argument("--tasks", type=int, default=70, help="0: every program of both Zen 4 devices (resumable)")
     s = sub.add_parser("study")
     s.add_argument("--nthread", type=int, default=2)
     s.add_argument("--splits", type=int, default=5)
+    s.add_argument("--train-share", type=float, default=0.7, help="of all programs (≤ 0.7; validation and test stay)")
     a = ap.parse_args()
     if a.cmd == "compile":
-        import os
-
         os.makedirs("runs/asm", exist_ok=True)
         compile_part(a.part, a.parts, a.seed, a.tasks)
     else:
-        study(a.nthread, a.splits)
+        study(a.nthread, a.splits, a.train_share)
 
 
 if __name__ == "__main__":
