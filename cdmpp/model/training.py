@@ -406,7 +406,7 @@ def _train_run(config: TrainConfig, train: _Split, val: _Split, target: _Split |
             if steps == config.max_steps:
                 stopped = "steps"
                 break
-        val_mape, nothing = map(runner.agree, _val_mape(model, val, dev_matrix, trained, runner))
+        val_mape, nothing = map(runner.agree, _val_scores(model, val, dev_matrix, trained, runner))
         total, count = runner.sum(total, count)
         history.append([epoch, round(total / max(count, 1), 4), round(val_mape, 5)])
         bar.set_postfix(loss=f"{total / max(count, 1):.3g}", val_mape=f"{val_mape:.3f}")
@@ -456,7 +456,7 @@ class _LengthMatcher:
 
 
 @torch.inference_mode()
-def _val_mape(model: CDMPPModel, val: _Split, dev_matrix: torch.Tensor, trained: TrainedModel,
+def _val_scores(model: CDMPPModel, val: _Split, dev_matrix: torch.Tensor, trained: TrainedModel,
               runner: Runner | None = None) -> tuple[float, float]:
     """MAPE on absolute latency of one member over the validation split (the model-selection metric), and the
     share of validation programs it predicts at under ``COLLAPSED_RATIO`` of their latency."""

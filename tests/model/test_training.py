@@ -365,7 +365,7 @@ def test_a_stopped_run_resumes_from_its_last_epoch_and_ends_as_an_uninterrupted_
     features = [s.features for s in val]
 
     state = tmp_path / "run.pt"
-    real, calls = training._val_mape, []
+    real, calls = training._val_scores, []
 
     def stop_in_the_third_epoch(*args, **kwargs):
         calls.append(1)
@@ -373,10 +373,10 @@ def test_a_stopped_run_resumes_from_its_last_epoch_and_ends_as_an_uninterrupted_
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(training, "_val_mape", stop_in_the_third_epoch)
+    monkeypatch.setattr(training, "_val_scores", stop_in_the_third_epoch)
     with pytest.raises(KeyboardInterrupt):
         fit(cfg, train, val, resume=state)
-    monkeypatch.setattr(training, "_val_mape", real)
+    monkeypatch.setattr(training, "_val_scores", real)
     assert len(training.torch.load(state, weights_only=False)["history"]) == 2  # two epochs were saved
     resumed = fit(cfg, train, val, resume=state)
     assert resumed.summary["members"][0]["history"] == whole.summary["members"][0]["history"]
