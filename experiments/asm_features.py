@@ -3,7 +3,7 @@
 (reports/random-new-levers.md): the error is spread among a task's programs, where the rows describe the
 schedule as asked, not what the compiler made of it: vector widths it reached, spills, unrolled copies.)
 
-    .venv/bin/python experiments/asm_features.py compile --part 0 --parts 2 &   # and --part 1: → runs/asm/part-K.npz
+    .venv/bin/python experiments/asm_features.py compile --part 0 --parts 2 &   # and --part 1: → experiments/data/asm-counts/
     .venv/bin/python experiments/asm_features.py study                           # the GBT with and without them
 
 ``compile`` builds the labelled random schedules of ``--tasks`` tasks (chosen at random with ``--seed``) of the
@@ -26,6 +26,7 @@ import time
 import numpy as np
 
 DEVICE = "amd-epyc-znver4-2t/llvm-avx512"
+COUNTS = "experiments/data/asm-counts"  # one file per compile part (kept in git: ~40 minutes of builds per 10,000 programs)
 CLASSES = [  # (name, regex on one instruction line "mnemonic operands")
     ("all", r"."),
     ("fma_zmm", r"^vfn?m(add|sub)\w*ps\b.*%zmm"), ("fma_ymm", r"^vfn?m(add|sub)\w*ps\b.*%ymm"),
@@ -84,7 +85,7 @@ def compile_part(part: int, parts: int, seed: int, n_tasks: int) -> None:
     spec = DeviceTable("datasets/devices.json").get(DEVICE)
     target = tvm_env.make_target("llvm", num_cores=spec.threads)
     table = TaskTable.load("datasets/tasks-llvm.json.gz")
-    path = f"runs/asm/part-{'all' if n_tasks == 0 else f's{seed}'}-{part}.npz"
+    path = f"{COUNTS}/part-{'all' if n_tasks == 0 else f's{seed}'}-{part}.npz"
     hashes, rows = [], []
     if os.path.exists(path):  # resume
         z = np.load(path)
@@ -112,7 +113,7 @@ def compile_part(part: int, parts: int, seed: int, n_tasks: int) -> None:
 
 def load_counts() -> dict:
     out = {}
-    for path in glob.glob("runs/asm/part-*.npz"):
+    for path in glob.glob(f"{COUNTS}/part-*.npz"):
         z = np.load(path)
         out.update(zip(z["hashes"], z["counts"]))
     return out
@@ -155,6 +156,7 @@ def study(nthread: int, splits: int, train_share: float = 0.7) -> None:
                 row.update({f"{where}_{k}": sc[k] for k in ("mape", "mape_fast10", "spearman")})
             print(json.dumps(row), flush=True)
             rows.append(row)
+    os.makedirs("runs/asm", exist_ok=True)
     with open("runs/asm/study.jsonl", "a") as f:
         f.writelines(json.dumps(r) + "\n" for r in rows)
     for name in ("latency GBT", "latency GBT + assembly counts"):
@@ -178,7 +180,7 @@ def main() -> None:
     s.add_argument("--train-share", type=float, default=0.7, help="of all programs (≤ 0.7; validation and test stay)")
     a = ap.parse_args()
     if a.cmd == "compile":
-        os.makedirs("runs/asm", exist_ok=True)
+        os.makedirs(COUNTS, exist_ok=True)
         compile_part(a.part, a.parts, a.seed, a.tasks)
     else:
         study(a.nthread, a.splits, a.train_share)
