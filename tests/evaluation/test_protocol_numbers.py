@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from tests.data import FAKE_DEVICE, ROOT
-from tests.machine import cpu_vendor, same_vendor
+from tests.machine import same_machine, this_machine
 
 RECORD = Path(__file__).with_name("protocol_numbers.json")
 CHIPS_RECORD = Path(__file__).with_name("protocol_numbers_chips.json")
@@ -79,9 +79,9 @@ def _blas_sensitive(row: str) -> bool:
 
 def _compare(got: dict, record: Path) -> None:
     if os.environ.get("CDMPP_RECORD_PROTOCOL_NUMBERS"):
-        record.write_text(json.dumps({"machine": {"vendor": cpu_vendor()}, **got}, indent=1, sort_keys=True) + "\n")
+        record.write_text(json.dumps({"machine": this_machine(), **got}, indent=1, sort_keys=True) + "\n")
     want = json.loads(record.read_text())
-    recorder = same_vendor(want)
+    recorder = same_machine(want)
     assert sorted(got) == sorted(want), "the rows written changed"
     off = []
     for row, fields in want.items():  # every recorded field as it was (a row may tell more than it did)

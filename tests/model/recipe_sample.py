@@ -57,6 +57,6 @@ def run() -> dict:
 
 
 if __name__ == "__main__":
-    from tests.machine import cpu_vendor
+    from tests.machine import this_machine
 
-    EXPECTED.write_text(json.dumps({"machine": {"vendor": cpu_vendor()}, **run()}, indent=0) + "\n")
+    EXPECTED.write_text(json.dumps({"machine": this_machine(), **run()}, indent=0) + "\n")

@@ -74,10 +74,10 @@ def main() -> None:
                         devices=np.array([r["device"] for r in chosen]))
     programs, devices = load_sample()
     model = load_model(defaults.MODEL)
-    from tests.machine import cpu_vendor
+    from tests.machine import this_machine
 
     EXPECTED.write_text(json.dumps(dict(model=str(defaults.MODEL.relative_to(defaults.PACKAGE.parent)),
-                                        machine=dict(vendor=cpu_vendor()),
+                                        machine=this_machine(),
                                         answers=answers(model, programs, devices)), indent=0) + "\n")
 
 

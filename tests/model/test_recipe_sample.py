@@ -13,20 +13,20 @@ import pytest
 
 from cdmpp import defaults
 from cdmpp.model.kinds import is_checkpoint
-from tests.machine import same_vendor
+from tests.machine import same_machine
 from tests.model.recipe_sample import EXPECTED, run
 
 
-def _compare(got, expected, where="", rtol=1e-5):
+def _compare(got, expected, where="", rtol=1e-5, atol=1e-12):
     if isinstance(expected, dict):
         assert set(got) == set(expected), where
         for k in expected:
-            _compare(got[k], expected[k], f"{where}/{k}", rtol)
+            _compare(got[k], expected[k], f"{where}/{k}", rtol, atol)
     elif isinstance(expected, (list, float, int)) and not isinstance(expected, bool):
-        if rtol is None and isinstance(expected, (float, list)):  # another vendor: the fine-tune's numbers
+        if rtol is None and isinstance(expected, (float, list)):  # another kind of CPU: the fine-tune's numbers
             return
         np.testing.assert_allclose(np.asarray(got, dtype=float), np.asarray(expected, dtype=float), rtol=rtol or 0,
-                                   atol=1e-12, err_msg=where)
+                                   atol=atol, err_msg=where)
     else:
         assert got == expected, where
 
@@ -34,10 +34,12 @@ def _compare(got, expected, where="", rtol=1e-5):
 @pytest.mark.skipif(not is_checkpoint(defaults.MODEL), reason="no shipped checkpoint")
 def test_recipe_trains_the_same_model():
     got, expected = json.loads(json.dumps(run())), json.loads(EXPECTED.read_text())
-    if same_vendor(expected):
+    if same_machine(expected):
         _compare(got, expected)
         return
+    assert set(got) == set(expected)
     tuned = {k for k in expected if k.startswith("finetuned/")}
-    _compare({k: v for k, v in got.items() if k not in tuned}, {k: v for k, v in expected.items() if k not in tuned},
-             rtol=2e-2)
+    rest = {k for k in expected if k not in tuned and k != "calibration"}
+    _compare({k: got[k] for k in rest}, {k: expected[k] for k in rest}, rtol=2e-2)
+    _compare(got["calibration"], expected["calibration"], "/calibration", rtol=2e-2, atol=5e-3)
     _compare({k: got[k] for k in tuned}, {k: expected[k] for k in tuned}, rtol=None)

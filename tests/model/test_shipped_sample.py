@@ -13,14 +13,14 @@ import pytest
 
 from cdmpp import defaults
 from cdmpp.model.kinds import is_checkpoint, load_model
-from tests.machine import same_vendor
+from tests.machine import same_machine
 from tests.model.shipped_sample import EXPECTED, answers, load_sample
 
 
 @pytest.mark.skipif(not is_checkpoint(defaults.MODEL), reason="no shipped checkpoint")
 def test_shipped_model_answers_unchanged():
     record = json.loads(EXPECTED.read_text())
-    expected, rtol = record["answers"], 1e-6 if same_vendor(record) else 2e-5
+    expected, rtol = record["answers"], 1e-6 if same_machine(record) else 2e-5
     programs, devices = load_sample()
     got = answers(load_model(defaults.MODEL), programs, devices)
     assert set(got) == set(expected)
