@@ -457,7 +457,7 @@ class _LengthMatcher:
 
 @torch.inference_mode()
 def _val_scores(model: CDMPPModel, val: _Split, dev_matrix: torch.Tensor, trained: TrainedModel,
-              runner: Runner | None = None) -> tuple[float, float]:
+                runner: Runner | None = None) -> tuple[float, float]:
     """MAPE on absolute latency of one member over the validation split (the model-selection metric), and the
     share of validation programs it predicts at under ``COLLAPSED_RATIO`` of their latency."""
     model.eval()

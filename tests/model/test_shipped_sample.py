@@ -1,8 +1,8 @@
 """The shipped checkpoint answers as it did when the fixture was made (tests/model/shipped_sample.py): seconds,
 interval and order of 51 real programs on their own three devices and on a device reached through an Amdahl
-anchor. A change to the model code that moves any of them by more than 1e-6 relative fails here; on a CPU of
-another vendor than the record's (``tests/machine.py``; float32 sums in MKL's other kernel order move answers
-by up to 4e-6 on an Intel chip) by more than 2e-5."""
+anchor. A change to the model code that moves any of them by more than 1e-6 relative fails here; on another
+kind of CPU than the record's (``tests/machine.py``; float32 sums in other BLAS kernels' order move answers by up
+to 4e-6 on an Intel chip, 3e-6 on Zen 4 against Zen 3) by more than 2e-5."""
 
 from __future__ import annotations
 
