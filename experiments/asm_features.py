@@ -7,7 +7,8 @@ schedule as asked, not what the compiler made of it: vector widths it reached, s
     .venv/bin/python experiments/asm_features.py study                           # the GBT with and without them
 
 ``compile`` builds the labelled random schedules of ``--tasks`` tasks (chosen at random with ``--seed``) of the
-2-thread Zen 4 device with ``tvm.compile`` for that device's target (as the collector did to measure them) and
+2-thread Zen 4 device (``--tasks 0``: every program of both Zen 4 devices, each once) with ``tvm.compile`` for the
+2-thread device's target (as the collector did to measure them) and
 counts instruction classes in the assembly (static counts: a loop body counts once). ``study`` compares
 ``PooledGBT(target="latency")`` with those counts beside its inputs, on the same 5 splits of those programs
 (train / validation / test by program, 70 / 10 / 20 %; ``--train-share`` trains on less), early stopping on validation; validation and test
@@ -107,8 +108,14 @@ def compile_part(part: int, parts: int, seed: int, n_tasks: int) -> None:
             rate = (i + 1) / (time.time() - t0)
             print(f"part {part}: {i + 1}/{len(recs)} programs, {rate:.2f}/s, ETA {(len(recs) - i - 1) / rate / 60:.1f} min",
                   flush=True)
-            np.savez_compressed(path, hashes=np.array(hashes), counts=np.array(rows))
-    np.savez_compressed(path, hashes=np.array(hashes), counts=np.array(rows))
+            _save(path, hashes, rows)
+    _save(path, hashes, rows)
+
+
+def _save(path: str, hashes: list, rows: list) -> None:
+    """Written whole, then renamed: a stop mid-write leaves the last complete file."""
+    np.savez_compressed(path + ".tmp.npz", hashes=np.array(hashes), counts=np.array(rows))
+    os.replace(path + ".tmp.npz", path)
 
 
 def load_counts() -> dict:
