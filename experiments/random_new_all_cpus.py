@@ -12,6 +12,7 @@ devices) and, for choosing, on the same validation programs; development seeds o
 """
 
 import argparse
+import dataclasses
 import json
 import os
 
@@ -36,9 +37,10 @@ def main() -> None:
 
     torch.set_num_threads(a.threads)
     opts = ProtocolOptions()
-    ds = load_pinned(opts, every_device=True)
-    ds.programs = [p for p in ds.programs if target_kind_of_id(p.device) == "llvm"]
-    table = DeviceTable(opts.devices).spec_table()
+    devices = DeviceTable(opts.devices)
+    cpus = [d for d in devices.ids() if target_kind_of_id(d) == "llvm"]  # GPU programs neither loaded nor featurized
+    ds = load_pinned(dataclasses.replace(opts, device_ids=cpus))
+    table = devices.spec_table()
     (_, split), = setting_splits(ds, "random-new", a.seed)
     pinned = set(opts.device_ids)
     on_pinned = lambda progs: [p for p in progs if p.device in pinned]  # noqa: E731
