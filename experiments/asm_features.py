@@ -5,6 +5,7 @@ schedule as asked, not what the compiler made of it: vector widths it reached, s
 
     .venv/bin/python experiments/asm_features.py compile --part 0 --parts 2 &   # and --part 1: → experiments/data/asm-counts/
     .venv/bin/python experiments/asm_features.py study                           # the GBT with and without them
+    .venv/bin/python experiments/asm_features.py network 0 --epochs 20           # the shipped recipe with and without them
 
 ``compile`` builds the labelled random schedules of ``--tasks`` tasks (chosen at random with ``--seed``) of the
 2-thread Zen 4 device (``--tasks 0``: every program of both Zen 4 devices, each once) with ``tvm.compile`` for the
@@ -13,6 +14,11 @@ counts instruction classes in the assembly (static counts: a loop body counts on
 ``PooledGBT(target="latency")`` with those counts beside its inputs, on the same 5 splits of those programs
 (train / validation / test by program, 70 / 10 / 20 %; ``--train-share`` trains on less), early stopping on validation; validation and test
 both printed, a development study (no locked seed exists for a subset like this).
+
+``network SEED`` trains the shipped recipe (transformer + latency GBT blend) on the protocol's random-new split
+(development seed ``SEED``, the pinned devices: both Zen 4 thread counts), kept to the programs with counts,
+with and without the counts as program-level inputs of both the transformer and its GBT; validation and
+test printed (choose on validation).
 """
 
 from __future__ import annotations
@@ -173,6 +179,59 @@ def study(nthread: int, splits: int, train_share: float = 0.7) -> None:
             for k in ("val_mape", "val_spearman", "test_mape", "test_spearman", "test_mape_fast10")) + " |")
 
 
+def with_counts(counts: dict) -> None:
+    """Append each program's ``asm_inputs`` to the transformer's program-level inputs (``PackedPrograms.stats``)
+    and to the pooled GBT's inputs, for every model built after this call (a study's monkeypatch)."""
+    from cdmpp.model.network import PackedPrograms
+    from cdmpp.model.pooled_gbt import PooledGBT
+
+    pack, gbt_inputs = PackedPrograms.from_programs.__func__, PooledGBT.inputs
+
+    def from_programs(cls, programs, normalize=None):
+        packed = pack(cls, programs, normalize)
+        extra = np.stack([asm_inputs(counts[p.program_hash]) for p in programs])
+        packed.stats = np.hstack([packed.stats, extra])
+        return packed
+
+    def inputs(self, programs):
+        extra = np.stack([asm_inputs(counts[p.features.program_hash]) for p in programs])
+        return np.hstack([gbt_inputs(self, programs), extra.astype(np.float32)])
+
+    PackedPrograms.from_programs, PooledGBT.inputs = classmethod(from_programs), inputs
+
+
+def network(seed: int, epochs: int, arms: list, threads: int) -> None:
+    import torch
+
+    from cdmpp.devices.table import DeviceTable
+    from cdmpp.evaluation.methods.cdmpp_model import CDMPP
+    from cdmpp.evaluation.metrics import score
+    from cdmpp.evaluation.protocol import ProtocolOptions, load_pinned, recipe_config, setting_splits
+
+    torch.set_num_threads(threads)
+    counts = load_counts()
+    opts = ProtocolOptions()
+    ds = load_pinned(opts)
+    (_, split), = setting_splits(ds, "random-new", seed)
+    kept = lambda progs: [p for p in progs if p.features.program_hash in counts]  # noqa: E731
+    train, val, test = kept(split.train), kept(split.val), kept(split.test)
+    print(f"{len(counts)} programs with counts; train {len(train)}/{len(split.train)}, val {len(val)}/{len(split.val)}, "
+          f"test {len(test)}/{len(split.test)}", flush=True)
+    table = DeviceTable(opts.devices).spec_table()
+    os.makedirs("runs/asm", exist_ok=True)
+    for arm in arms:  # "recipe" first: the patch stays for the rest of the process
+        if arm == "counts":
+            with_counts(counts)
+        model = CDMPP(recipe_config("default", seed=seed, epochs=epochs, progress=False), table).fit(train, val)
+        row = dict(seed=seed, arm=arm, epochs=epochs, n_train=len(train), describe=model.describe())
+        for where, ps in (("val", val), ("test", test)):
+            sc = score(ps, model.predict(ps), rank_key=model.predict_order(ps))
+            row.update({f"{where}_{k}": sc.get(k) for k in ("mape", "mape_fast10", "spearman")})
+        print(json.dumps(row), flush=True)
+        with open("runs/asm/network.jsonl", "a") as f:
+            f.write(json.dumps(row) + "\n")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -185,8 +244,17 @@ def main() -> None:
     s.add_argument("--nthread", type=int, default=2)
     s.add_argument("--splits", type=int, default=5)
     s.add_argument("--train-share", type=float, default=0.7, help="of all programs (≤ 0.7; validation and test stay)")
+    n = sub.add_parser("network")
+    n.add_argument("seed", type=int)
+    n.add_argument("--epochs", type=int, default=20)
+    n.add_argument("--arms", default="recipe,counts")
+    n.add_argument("--threads", type=int, default=2)
     a = ap.parse_args()
-    if a.cmd == "compile":
+    if a.cmd == "network":
+        if a.arms.split(",")[-1] != "counts" and "counts" in a.arms:
+            raise SystemExit("--arms: counts last (the patch stays for the rest of the process)")
+        network(a.seed, a.epochs, a.arms.split(","), a.threads)
+    elif a.cmd == "compile":
         os.makedirs(COUNTS, exist_ok=True)
         compile_part(a.part, a.parts, a.seed, a.tasks)
     else:
