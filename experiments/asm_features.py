@@ -6,6 +6,7 @@ schedule as asked, not what the compiler made of it: vector widths it reached, s
     .venv/bin/python experiments/asm_features.py compile --part 0 --parts 2 &   # and --part 1: → experiments/data/asm-counts/
     .venv/bin/python experiments/asm_features.py study                           # the GBT with and without them
     .venv/bin/python experiments/asm_features.py network 0 --epochs 20           # the shipped recipe with and without them
+    .venv/bin/python experiments/asm_features.py network 0 --arms predicted      # with counts estimated from the TIR features
 
 ``compile`` builds the labelled random schedules of ``--tasks`` tasks (chosen at random with ``--seed``) of the
 2-thread Zen 4 device (``--tasks 0``: every program of both Zen 4 devices, each once) with ``tvm.compile`` for the
@@ -16,9 +17,10 @@ counts instruction classes in the assembly (static counts: a loop body counts on
 both printed, a development study (no locked seed exists for a subset like this).
 
 ``network SEED`` trains the shipped recipe (transformer + latency GBT blend) on the protocol's random-new split
-(development seed ``SEED``, the pinned devices: both Zen 4 thread counts), kept to the programs with counts,
-with and without the counts as program-level inputs of both the transformer and its GBT; validation and
-test printed (choose on validation).
+(or ``--setting cross-model``: its held-out networks; development seed ``SEED``, the pinned devices: both Zen 4 thread counts), kept to the programs with counts,
+with and without the counts as program-level inputs of both the transformer and its GBT, or (``predicted``) with
+counts a GBT estimates from the TIR features (a tuner ranks thousands of candidates it never builds);
+validation and test printed (choose on validation).
 """
 
 from __future__ import annotations
@@ -85,12 +87,10 @@ def compile_part(part: int, parts: int, seed: int, n_tasks: int) -> None:
     import tvm
 
     from cdmpp.devices.table import DeviceTable
-    from cdmpp.program import tvm_env
     from cdmpp.program.inputs import apply_trace
     from cdmpp.zoo.tasks import TaskTable, load_task_mod
 
-    spec = DeviceTable("datasets/devices.json").get(DEVICE)
-    target = tvm_env.make_target("llvm", num_cores=spec.threads)
+    target = DeviceTable("datasets/devices.json").get(DEVICE).make_target()  # the device's mcpu, not this VM's
     table = TaskTable.load("datasets/tasks-llvm.json.gz")
     path = f"{COUNTS}/part-{'all' if n_tasks == 0 else f's{seed}'}-{part}.npz"
     hashes, rows = [], []
@@ -200,7 +200,35 @@ def with_counts(counts: dict) -> None:
     PackedPrograms.from_programs, PooledGBT.inputs = classmethod(from_programs), inputs
 
 
-def network(seed: int, epochs: int, arms: list, threads: int) -> None:
+def predicted_counts(counts: dict, train: list, others: list, nthread: int, seed: int) -> dict:
+    """Counts as a model of the TIR features predicts them (no build at prediction time): XGBoost on the pooled
+    leaves → log1p counts, fitted on the training programs' real counts; a training program's estimate comes
+    from the fold that did not see it (2 folds by program), every other program's from all training programs."""
+    import xgboost as xgb
+
+    from cdmpp.model.pooled_gbt import pooled_features
+
+    def unique(progs):
+        return list({p.features.program_hash: p for p in progs}.values())
+
+    train, others = unique(train), unique(others)
+    x_train, y_train = pooled_features(train), np.log1p(np.stack([counts[p.features.program_hash] for p in train]))
+    fold = np.random.default_rng(seed).random(len(train)) < 0.5
+    fit = lambda rows: xgb.XGBRegressor(n_estimators=300, max_depth=6, learning_rate=0.1, subsample=0.9,  # noqa: E731
+                                        nthread=nthread, random_state=seed).fit(x_train[rows], y_train[rows])
+    out = np.zeros_like(y_train)
+    for half in (fold, ~fold):
+        out[~half] = fit(half).predict(x_train[~half])
+    est = dict(zip([p.features.program_hash for p in train], np.expm1(np.maximum(out, 0.0))))
+    est.update(zip([p.features.program_hash for p in others],
+                   np.expm1(np.maximum(fit(np.ones(len(train), bool)).predict(pooled_features(others)), 0.0))))
+    err = np.abs(out - y_train).mean(axis=0)
+    print("count estimates, out-of-fold mean |log1p error| per class: "
+          + ", ".join(f"{n} {e:.2f}" for (n, _), e in zip(CLASSES + [("blocks", None)], err)), flush=True)
+    return est
+
+
+def network(seed: int, epochs: int, arms: list, threads: int, setting: str = "random-new") -> None:
     import torch
 
     from cdmpp.devices.table import DeviceTable
@@ -212,18 +240,20 @@ def network(seed: int, epochs: int, arms: list, threads: int) -> None:
     counts = load_counts()
     opts = ProtocolOptions()
     ds = load_pinned(opts)
-    (_, split), = setting_splits(ds, "random-new", seed)
+    (_, split), = setting_splits(ds, setting, seed)
     kept = lambda progs: [p for p in progs if p.features.program_hash in counts]  # noqa: E731
     train, val, test = kept(split.train), kept(split.val), kept(split.test)
     print(f"{len(counts)} programs with counts; train {len(train)}/{len(split.train)}, val {len(val)}/{len(split.val)}, "
           f"test {len(test)}/{len(split.test)}", flush=True)
     table = DeviceTable(opts.devices).spec_table()
     os.makedirs("runs/asm", exist_ok=True)
-    for arm in arms:  # "recipe" first: the patch stays for the rest of the process
+    for arm in arms:  # "recipe" first, one patched arm last: a patch stays for the rest of the process
         if arm == "counts":
             with_counts(counts)
+        elif arm == "predicted":
+            with_counts(predicted_counts(counts, train, val + test, threads, seed))
         model = CDMPP(recipe_config("default", seed=seed, epochs=epochs, progress=False), table).fit(train, val)
-        row = dict(seed=seed, arm=arm, epochs=epochs, n_train=len(train), describe=model.describe())
+        row = dict(setting=setting, seed=seed, arm=arm, epochs=epochs, n_train=len(train), describe=model.describe())
         for where, ps in (("val", val), ("test", test)):
             sc = score(ps, model.predict(ps), rank_key=model.predict_order(ps))
             row.update({f"{where}_{k}": sc.get(k) for k in ("mape", "mape_fast10", "spearman")})
@@ -247,13 +277,14 @@ def main() -> None:
     n = sub.add_parser("network")
     n.add_argument("seed", type=int)
     n.add_argument("--epochs", type=int, default=20)
-    n.add_argument("--arms", default="recipe,counts")
+    n.add_argument("--arms", default="recipe,counts", help="recipe, counts (real), predicted (from the TIR features)")
     n.add_argument("--threads", type=int, default=2)
+    n.add_argument("--setting", default="random-new", choices=("random-new", "cross-model"))
     a = ap.parse_args()
     if a.cmd == "network":
-        if a.arms.split(",")[-1] != "counts" and "counts" in a.arms:
-            raise SystemExit("--arms: counts last (the patch stays for the rest of the process)")
-        network(a.seed, a.epochs, a.arms.split(","), a.threads)
+        if sum(arm != "recipe" for arm in a.arms.split(",")) > 1 or a.arms.split(",")[0] != "recipe" and "recipe" in a.arms:
+            raise SystemExit("--arms: recipe first, then at most one of counts, predicted (a patch stays for the process)")
+        network(a.seed, a.epochs, a.arms.split(","), a.threads, a.setting)
     elif a.cmd == "compile":
         os.makedirs(COUNTS, exist_ok=True)
         compile_part(a.part, a.parts, a.seed, a.tasks)
