@@ -6,7 +6,8 @@ schedule as asked, not what the compiler made of it: vector widths it reached, s
     .venv/bin/python experiments/asm_features.py compile --part 0 --parts 2 &   # and --part 1: → experiments/data/asm-counts/
     .venv/bin/python experiments/asm_features.py study                           # the GBT with and without them
     .venv/bin/python experiments/asm_features.py network 0 --epochs 20           # the shipped recipe with and without them
-    .venv/bin/python experiments/asm_features.py network 0 --arms predicted      # with counts estimated from the TIR features
+    .venv/bin/python experiments/asm_features.py network 0 --arms recipe,predicted  # counts estimated from the TIR features
+    .venv/bin/python experiments/asm_features.py network-table                    # mean ± sd over seeds
 
 ``compile`` builds the labelled random schedules of ``--tasks`` tasks (chosen at random with ``--seed``) of the
 2-thread Zen 4 device (``--tasks 0``: every program of both Zen 4 devices, each once) with ``tvm.compile`` for the
@@ -257,9 +258,37 @@ def network(seed: int, epochs: int, arms: list, threads: int, setting: str = "ra
         for where, ps in (("val", val), ("test", test)):
             sc = score(ps, model.predict(ps), rank_key=model.predict_order(ps))
             row.update({f"{where}_{k}": sc.get(k) for k in ("mape", "mape_fast10", "spearman")})
+        gbt, model.model_.gbt = model.model_.gbt, None  # the blend's two parts alone, on test
+        for part, pred in (("transformer", model.predict(test)), ("gbt", gbt.predict(test))):
+            sc = score(test, pred)
+            row.update({f"test_{part}_{k}": sc.get(k) for k in ("mape", "mape_fast10", "spearman")})
+        model.model_.gbt = gbt
         print(json.dumps(row), flush=True)
         with open("runs/asm/network.jsonl", "a") as f:
             f.write(json.dumps(row) + "\n")
+
+
+def network_table(rows_path: str) -> None:
+    """Mean ± sd over seeds per setting and arm of ``network``'s rows (the last row of each setting, seed and arm)."""
+    last = {}
+    for line in open(rows_path):
+        r = json.loads(line)
+        last[(r.get("setting", "random-new"), r["arm"], r["seed"])] = r
+    cols = [("val_mape", "val MAPE"), ("test_mape", "test MAPE"), ("test_mape_fast10", "fast-10 %"),
+            ("test_spearman", "Spearman"), ("test_transformer_mape", "transformer alone"),
+            ("test_transformer_spearman", "its Spearman"), ("test_gbt_mape", "its GBT alone"), ("test_gbt_spearman", "its Spearman"),
+            ("test_gbt_mape_fast10", "its fast-10 %")]
+    print("| setting | arm | seeds | train programs | " + " | ".join(c for _, c in cols) + " |")
+    print("|---|---|---:|---:|" + "---:|" * len(cols))
+    for setting, arm in sorted({k[:2] for k in last}, key=lambda k: (k[0], ("recipe", "predicted", "counts").index(k[1]))):
+        rs = [r for k, r in sorted(last.items()) if k[:2] == (setting, arm)]
+        cells = []
+        for key, _ in cols:
+            v = np.array([r[key] for r in rs if r.get(key) is not None], dtype=float)
+            scale = 1 if "spearman" in key else 100
+            cells.append("" if not len(v) else f"{v.mean() * scale:.{3 if scale == 1 else 1}f} ± {v.std() * scale:.{3 if scale == 1 else 1}f}")
+        print(f"| {setting} | {arm} | {','.join(str(r['seed']) for r in rs)} | {np.mean([r['n_train'] for r in rs]):,.0f} | "
+              + " | ".join(cells) + " |")
 
 
 def main() -> None:
@@ -280,8 +309,12 @@ def main() -> None:
     n.add_argument("--arms", default="recipe,counts", help="recipe, counts (real), predicted (from the TIR features)")
     n.add_argument("--threads", type=int, default=2)
     n.add_argument("--setting", default="random-new", choices=("random-new", "cross-model"))
+    t = sub.add_parser("network-table")
+    t.add_argument("rows", nargs="?", default="runs/asm/network.jsonl")
     a = ap.parse_args()
-    if a.cmd == "network":
+    if a.cmd == "network-table":
+        network_table(a.rows)
+    elif a.cmd == "network":
         if sum(arm != "recipe" for arm in a.arms.split(",")) > 1 or a.arms.split(",")[0] != "recipe" and "recipe" in a.arms:
             raise SystemExit("--arms: recipe first, then at most one of counts, predicted (a patch stays for the process)")
         network(a.seed, a.epochs, a.arms.split(","), a.threads, a.setting)
