@@ -138,7 +138,20 @@ def asm_inputs(c: np.ndarray) -> np.ndarray:
     return np.concatenate([np.log1p(c), c[1:-1] / max(c[0], 1.0)])
 
 
-def study(nthread: int, splits: int, train_share: float = 0.7) -> None:
+GROUPS = {  # class groups for ``study --arms``: which part of the counts carries the gain
+    "vector": [n for n, _ in CLASSES if n.split("_")[0] in ("fma", "arith", "mov") or n in ("broadcast", "gather", "shuffle")],
+    "spill": ["spill"], "control": ["all", "branch", "call", "int", "blocks"],
+}
+
+
+def group_mask(arm: str) -> np.ndarray:
+    """1 on the ``asm_inputs`` columns of the groups named in ``arm`` ("all", or groups joined by "+")."""
+    names = [n for n, _ in CLASSES] + ["blocks"]
+    keep = np.array([arm == "all" or any(n in GROUPS[g] for g in arm.split("+")) for n in names], float)
+    return np.concatenate([keep, keep[1:-1]])
+
+
+def study(nthread: int, splits: int, train_share: float = 0.7, arms: tuple = ("all",)) -> None:
     from cdmpp.devices.table import DeviceTable
     from cdmpp.evaluation.metrics import score
     from cdmpp.evaluation.protocol import ProtocolOptions, load_pinned
@@ -146,10 +159,15 @@ def study(nthread: int, splits: int, train_share: float = 0.7) -> None:
 
     counts = load_counts()
 
-    class AsmGBT(PooledGBT):
-        def inputs(self, programs):
-            extra = np.stack([asm_inputs(counts[p.features.program_hash]) for p in programs])
-            return np.hstack([super().inputs(programs), extra.astype(np.float32)])
+    def asm_gbt(mask):
+        class AsmGBT(PooledGBT):
+            def inputs(self, programs):
+                extra = np.stack([asm_inputs(counts[p.features.program_hash]) * mask for p in programs])
+                return np.hstack([super().inputs(programs), extra.astype(np.float32)])
+        return AsmGBT
+
+    methods = [("latency GBT", PooledGBT)] + [
+        ("latency GBT + assembly counts" + ("" if arm == "all" else f" ({arm})"), asm_gbt(group_mask(arm))) for arm in arms]
 
     opts = ProtocolOptions(device_ids=(DEVICE,))
     ds = load_pinned(opts)
@@ -162,7 +180,7 @@ def study(nthread: int, splits: int, train_share: float = 0.7) -> None:
         train = [p for p, u in zip(progs, part) if u < train_share]  # nested: a smaller share is part of a larger
         val = [p for p, u in zip(progs, part) if 0.7 <= u < 0.8]
         test = [p for p, u in zip(progs, part) if u >= 0.8]
-        for name, cls in (("latency GBT", PooledGBT), ("latency GBT + assembly counts", AsmGBT)):
+        for name, cls in methods:
             m = cls(table, target="latency", nthread=nthread, random_state=s).fit(train, val)
             row = dict(split=s, method=name, n_train=len(train), n_programs=len(progs))
             for where, ps in (("val", val), ("test", test)):
@@ -173,7 +191,7 @@ def study(nthread: int, splits: int, train_share: float = 0.7) -> None:
     os.makedirs("runs/asm", exist_ok=True)
     with open("runs/asm/study.jsonl", "a") as f:
         f.writelines(json.dumps(r) + "\n" for r in rows)
-    for name in ("latency GBT", "latency GBT + assembly counts"):
+    for name, _ in methods:
         r = [x for x in rows if x["method"] == name]
         print(f"| {name} | " + " | ".join(
             f"{np.mean([x[k] for x in r]) * (1 if 'spearman' in k else 100):.3f} ± {np.std([x[k] for x in r]) * (1 if 'spearman' in k else 100):.3f}"
@@ -303,6 +321,7 @@ def main() -> None:
     s.add_argument("--nthread", type=int, default=2)
     s.add_argument("--splits", type=int, default=5)
     s.add_argument("--train-share", type=float, default=0.7, help="of all programs (≤ 0.7; validation and test stay)")
+    s.add_argument("--arms", default="all", help=f"count groups, comma-separated: all, or {', '.join(GROUPS)} joined by +")
     n = sub.add_parser("network")
     n.add_argument("seed", type=int)
     n.add_argument("--epochs", type=int, default=20)
@@ -322,7 +341,7 @@ def main() -> None:
         os.makedirs(COUNTS, exist_ok=True)
         compile_part(a.part, a.parts, a.seed, a.tasks)
     else:
-        study(a.nthread, a.splits, a.train_share)
+        study(a.nthread, a.splits, a.train_share, tuple(a.arms.split(",")))
 
 
 if __name__ == "__main__":
