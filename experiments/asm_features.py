@@ -52,17 +52,39 @@ CLASSES = [  # (name, regex on one instruction line "mnemonic operands")
 _COMPILED = [(n, re.compile(p)) for n, p in CLASSES]
 
 
-def asm_counts(asm: str) -> np.ndarray:
-    """Static counts of ``CLASSES`` over the instructions of one module's assembly, plus its basic blocks."""
-    counts = np.zeros(len(CLASSES) + 1)
+def asm_counts(asm: str) -> tuple[np.ndarray, np.ndarray]:
+    """Static counts of ``CLASSES`` over the instructions of one module's assembly, plus its basic blocks; and the
+    same counts over the instructions of its innermost loops (a backward jump's span holding no other), where a
+    program spends its time."""
+    instrs, labels, jumps = [], {}, []
     for line in asm.splitlines():
         s = line.strip()
-        if not s or s.startswith((".", "#")) or s.endswith(":"):
-            counts[-1] += s.startswith(".LBB")
-            continue
-        for i, (_, rx) in enumerate(_COMPILED):
-            counts[i] += bool(rx.search(s))
-    return counts
+        if s.endswith(":") and not s.startswith("#"):
+            labels[s[:-1]] = len(instrs)
+        elif s and not s.startswith((".", "#")):
+            m = re.match(r"^j[a-z]+\s+(\.LBB\w+)", s)
+            if m:
+                jumps.append((len(instrs), m.group(1)))
+            instrs.append(s)
+    loops = {}
+    for at, name in jumps:
+        start = labels.get(name, at + 1)
+        if start <= at:  # a backward jump: one loop per header, to its last back-edge
+            loops[start] = max(loops.get(start, at), at)
+    inner = [(a, b) for a, b in loops.items()
+             if not any((a, b) != (c, d) and a <= c and d <= b for c, d in loops.items())]
+    in_inner = np.zeros(len(instrs), bool)
+    for a, b in inner:
+        in_inner[a:b + 1] = True
+    whole, innermost = np.zeros(len(CLASSES) + 1), np.zeros(len(CLASSES) + 1)
+    whole[-1] = sum(name.startswith(".LBB") for name in labels)
+    innermost[-1] = len(inner)  # the innermost loops' number in place of basic blocks
+    for s, inside in zip(instrs, in_inner):
+        hits = np.array([bool(rx.search(s)) for _, rx in _COMPILED], float)
+        whole[:-1] += hits
+        if inside:
+            innermost[:-1] += hits
+    return whole, innermost
 
 
 def choose(seed: int, n_tasks: int) -> list:
@@ -93,12 +115,12 @@ def compile_part(part: int, parts: int, seed: int, n_tasks: int) -> None:
 
     target = DeviceTable("datasets/devices.json").get(DEVICE).make_target()  # the device's mcpu, not this VM's
     table = TaskTable.load("datasets/tasks-llvm.json.gz")
-    path = f"{COUNTS}/part-{'all' if n_tasks == 0 else f's{seed}'}-{part}.npz"
-    hashes, rows = [], []
+    path = f"{COUNTS}/part2-{'all' if n_tasks == 0 else f's{seed}'}-{part}.npz"  # part2: with the innermost loops'
+    hashes, rows, inner = [], [], []
     if os.path.exists(path):  # resume
         z = np.load(path)
-        hashes, rows = list(z["hashes"]), list(z["counts"])
-    done = set(hashes)
+        hashes, rows, inner = list(z["hashes"]), list(z["counts"]), list(z["inner"])
+    done = set(hashes) | set(load_counts())  # built before, in either format: not again
     recs = [r for r in choose(seed, n_tasks)[part::parts] if r["program_hash"] not in done]
     mods, t0 = {}, time.time()
     for i, r in enumerate(recs):
@@ -110,26 +132,30 @@ def compile_part(part: int, parts: int, seed: int, n_tasks: int) -> None:
             print(f"{r['program_hash']}: {str(e).splitlines()[-1][:120]}", flush=True)
             continue
         hashes.append(r["program_hash"])
-        rows.append(asm_counts(asm))
+        whole, innermost = asm_counts(asm)
+        rows.append(whole)
+        inner.append(innermost)
         if i % 100 == 99:
             rate = (i + 1) / (time.time() - t0)
             print(f"part {part}: {i + 1}/{len(recs)} programs, {rate:.2f}/s, ETA {(len(recs) - i - 1) / rate / 60:.1f} min",
                   flush=True)
-            _save(path, hashes, rows)
-    _save(path, hashes, rows)
+            _save(path, hashes, rows, inner)
+    _save(path, hashes, rows, inner)
 
 
-def _save(path: str, hashes: list, rows: list) -> None:
+def _save(path: str, hashes: list, rows: list, inner: list) -> None:
     """Written whole, then renamed: a stop mid-write leaves the last complete file."""
-    np.savez_compressed(path + ".tmp.npz", hashes=np.array(hashes), counts=np.array(rows))
+    np.savez_compressed(path + ".tmp.npz", hashes=np.array(hashes), counts=np.array(rows), inner=np.array(inner))
     os.replace(path + ".tmp.npz", path)
 
 
-def load_counts() -> dict:
+def load_counts(inner: bool = False) -> dict:
+    """Program hash → whole-module counts (``part-*``: 5 Dec's builds; ``part2-*``: 6 Dec's, with the innermost
+    loops'); ``inner``: the innermost loops' counts appended, of the ``part2`` builds only."""
     out = {}
-    for path in glob.glob(f"{COUNTS}/part-*.npz"):
+    for path in sorted(glob.glob(f"{COUNTS}/part2-*.npz" if inner else f"{COUNTS}/part*-*.npz")):
         z = np.load(path)
-        out.update(zip(z["hashes"], z["counts"]))
+        out.update(zip(z["hashes"], np.hstack([z["counts"], z["inner"]]) if inner else z["counts"]))
     return out
 
 
@@ -144,11 +170,20 @@ GROUPS = {  # class groups for ``study --arms``: which part of the counts carrie
 }
 
 
-def group_mask(arm: str) -> np.ndarray:
-    """1 on the ``asm_inputs`` columns of the groups named in ``arm`` ("all", or groups joined by "+")."""
+def group_mask(arm: str, inner: bool = False) -> np.ndarray:
+    """1 on the ``asm_inputs`` columns of the groups named in ``arm`` ("all", or groups joined by "+"; "+inner": the
+    innermost loops' counts too, where ``inner`` says the inputs carry them)."""
     names = [n for n, _ in CLASSES] + ["blocks"]
-    keep = np.array([arm == "all" or any(n in GROUPS[g] for g in arm.split("+")) for n in names], float)
-    return np.concatenate([keep, keep[1:-1]])
+    groups = [g for g in arm.split("+") if g != "inner"]
+    keep = np.array([groups == ["all"] or any(n in GROUPS[g] for g in groups) for n in names], float)
+    mask = np.concatenate([keep, keep[1:-1]])
+    return np.concatenate([mask, mask * 0 + ("inner" in arm.split("+"))]) if inner else mask
+
+
+def count_inputs(c: np.ndarray) -> np.ndarray:
+    """``asm_inputs`` of the whole module's counts, and of the innermost loops' where ``c`` carries them."""
+    n = len(CLASSES) + 1
+    return asm_inputs(c) if len(c) == n else np.concatenate([asm_inputs(c[:n]), asm_inputs(c[n:])])
 
 
 def study(nthread: int, splits: int, train_share: float = 0.7, arms: tuple = ("all",)) -> None:
@@ -157,17 +192,19 @@ def study(nthread: int, splits: int, train_share: float = 0.7, arms: tuple = ("a
     from cdmpp.evaluation.protocol import ProtocolOptions, load_pinned
     from cdmpp.model.pooled_gbt import PooledGBT
 
-    counts = load_counts()
+    inner = any("inner" in arm.split("+") for arm in arms)
+    counts = load_counts(inner)  # with an inner arm: the programs of the part2 builds only, for every arm
 
     def asm_gbt(mask):
         class AsmGBT(PooledGBT):
             def inputs(self, programs):
-                extra = np.stack([asm_inputs(counts[p.features.program_hash]) * mask for p in programs])
+                extra = np.stack([count_inputs(counts[p.features.program_hash]) * mask for p in programs])
                 return np.hstack([super().inputs(programs), extra.astype(np.float32)])
         return AsmGBT
 
     methods = [("latency GBT", PooledGBT)] + [
-        ("latency GBT + assembly counts" + ("" if arm == "all" else f" ({arm})"), asm_gbt(group_mask(arm))) for arm in arms]
+        ("latency GBT + assembly counts" + ("" if arm == "all" else f" ({arm})"), asm_gbt(group_mask(arm, inner)))
+        for arm in arms]
 
     opts = ProtocolOptions(device_ids=(DEVICE,))
     ds = load_pinned(opts)
@@ -321,7 +358,7 @@ def main() -> None:
     s.add_argument("--nthread", type=int, default=2)
     s.add_argument("--splits", type=int, default=5)
     s.add_argument("--train-share", type=float, default=0.7, help="of all programs (≤ 0.7; validation and test stay)")
-    s.add_argument("--arms", default="all", help=f"count groups, comma-separated: all, or {', '.join(GROUPS)} joined by +")
+    s.add_argument("--arms", default="all", help=f"count groups, comma-separated: all, or {', '.join(GROUPS)} joined by +; +inner: the innermost loops' too")
     n = sub.add_parser("network")
     n.add_argument("seed", type=int)
     n.add_argument("--epochs", type=int, default=20)
