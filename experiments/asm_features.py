@@ -10,18 +10,21 @@ schedule as asked, not what the compiler made of it: vector widths it reached, s
     .venv/bin/python experiments/asm_features.py network-table                    # mean ± sd over seeds
 
 ``compile`` builds the labelled random schedules of ``--tasks`` tasks (chosen at random with ``--seed``) of the
-2-thread Zen 4 device (``--tasks 0``: every program of both Zen 4 devices, each once) with ``tvm.compile`` for the
-2-thread device's target (as the collector did to measure them) and
-counts instruction classes in the assembly (static counts: a loop body counts once). ``study`` compares
-``PooledGBT(target="latency")`` with those counts beside its inputs, on the same 5 splits of those programs
-(train / validation / test by program, 70 / 10 / 20 %; ``--train-share`` trains on less), early stopping on validation; validation and test
-both printed, a development study (no locked seed exists for a subset like this).
+2-thread Zen 4 device (``--tasks 0``: every program of both Zen 4 devices, each once; resumable, nothing built
+twice) with ``tvm.compile`` for that device's target (as the collector built them to measure) and counts
+instruction classes in the assembly, over the whole module and over its innermost loops (static counts: a loop
+body counts once; ``part2-*.npz``; 5 Dec's ``part-*.npz`` hold the whole module's only).
 
-``network SEED`` trains the shipped recipe (transformer + latency GBT blend) on the protocol's random-new split
-(or ``--setting cross-model``: its held-out networks; development seed ``SEED``, the pinned devices: both Zen 4 thread counts), kept to the programs with counts,
-with and without the counts as program-level inputs of both the transformer and its GBT, or (``predicted``) with
-counts a GBT estimates from the TIR features (a tuner ranks thousands of candidates it never builds);
-validation and test printed (choose on validation).
+``study`` compares ``PooledGBT(target="latency")`` with those counts (``--arms``: all, or groups of classes) beside
+its inputs, on the same 5 splits of those programs (train / validation / test by program, 70 / 10 / 20 %;
+``--train-share`` trains on less), early stopping on validation; validation and test both printed, a development
+study (no locked seed exists for a subset like this).
+
+``network SEED`` trains the shipped recipe (transformer + latency GBT blend) on the protocol's random-new split (or
+``--setting cross-model``: its held-out networks; development seed ``SEED``; the pinned devices, both Zen 4 thread
+counts), kept to the programs with counts, with and without the counts as program-level inputs of both the
+transformer and its GBT, or (``predicted``) with counts a GBT estimates from the TIR features (a tuner ranks
+thousands of candidates it never builds); validation and test printed (choose on validation). reports/assembly-counts.md.
 """
 
 from __future__ import annotations
