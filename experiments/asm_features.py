@@ -288,6 +288,8 @@ def predicted_counts(counts: dict, train: list, others: list, nthread: int, seed
 
 
 def network(seed: int, epochs: int, arms: list, threads: int, setting: str = "random-new") -> None:
+    """The shipped recipe per arm on one protocol split kept to the programs with counts (the module's docstring);
+    a row per arm in runs/asm/network.jsonl, the blend's two parts alone scored on test beside it."""
     import torch
 
     from cdmpp.devices.table import DeviceTable
