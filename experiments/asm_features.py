@@ -180,7 +180,7 @@ def group_mask(arm: str, inner: bool = False) -> np.ndarray:
     groups = [g for g in arm.split("+") if g != "inner"]
     keep = np.array([groups == ["all"] or any(n in GROUPS[g] for g in groups) for n in names], float)
     mask = np.concatenate([keep, keep[1:-1]])
-    return np.concatenate([mask, mask * 0 + ("inner" in arm.split("+"))]) if inner else mask
+    return np.concatenate([mask, np.full_like(mask, "inner" in arm.split("+"))]) if inner else mask
 
 
 def count_inputs(c: np.ndarray) -> np.ndarray:
@@ -376,7 +376,8 @@ def main() -> None:
     if a.cmd == "network-table":
         network_table(a.rows)
     elif a.cmd == "network":
-        if sum(arm != "recipe" for arm in a.arms.split(",")) > 1 or a.arms.split(",")[0] != "recipe" and "recipe" in a.arms:
+        patched = [arm for arm in a.arms.split(",") if arm != "recipe"]
+        if len(patched) > 1 or a.arms.split(",")[-1] == "recipe" and patched:
             raise SystemExit("--arms: recipe first, then at most one of counts, predicted (a patch stays for the process)")
         network(a.seed, a.epochs, a.arms.split(","), a.threads, a.setting)
     elif a.cmd == "compile":
