@@ -44,3 +44,9 @@ def cache_dir(dataset_dir: str) -> str:
     ``~/.cache/cdmpp/<dataset folder name>``."""
     return os.environ.get("CDMPP_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "cdmpp",
                                                       os.path.basename(os.path.abspath(dataset_dir))))
+
+
+def assembly_dir(dataset_dir: str) -> str:
+    """The built programs' instruction counts of a dataset folder (``cdmpp.program.assembly``): ``assembly``
+    beside it (``datasets/assembly`` for ``datasets/measurements``), kept in git: builds take hours."""
+    return os.path.join(os.path.dirname(os.path.abspath(dataset_dir)), "assembly")

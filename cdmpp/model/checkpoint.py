@@ -90,11 +90,13 @@ class TrainedModel:
         return torch.from_numpy(matrix), rows
 
     def extra_inputs(self, packed: PackedPrograms) -> torch.Tensor | None:
-        """The members' program-level inputs ``[n, 3]``: standardized log2 FLOPs, bytes and unique bytes
-        (``program_stats``); None for a model without them."""
+        """The members' program-level inputs, standardized: log2 FLOPs, bytes and unique bytes (``program_stats``)
+        and, for a model trained with them, the assembly counts (``assembly_stats``): the first as many columns of
+        ``packed.stats`` as the model was trained on; None for a model without them."""
         if self.program_inputs is None or packed.stats is None:
             return None
-        return torch.from_numpy(((packed.stats - np.asarray(self.program_inputs["mean"]))
+        n = len(self.program_inputs["mean"])
+        return torch.from_numpy(((packed.stats[:, :n] - np.asarray(self.program_inputs["mean"]))
                                  / np.asarray(self.program_inputs["std"])).astype(np.float32))
 
     def add_device(self, name: str, spec: dict[str, float]) -> None:
@@ -306,7 +308,8 @@ class TrainedModel:
         gbt_file = directory / "gbt.ubj.gz"  # XGBoost's binary JSON, gzipped: a third of the text JSON's size
         if self.gbt is not None:
             gbt_file.write_bytes(gzip.compress(bytes(self.gbt.booster_.save_raw("ubj")), compresslevel=6, mtime=0))
-            meta["gbt"] = dict(file=gbt_file.name, target=self.gbt.target, loss=self.gbt.loss)
+            meta["gbt"] = dict(file=gbt_file.name, target=self.gbt.target, loss=self.gbt.loss,
+                               assembly_counts=self.gbt.assembly_counts)
         else:
             gbt_file.unlink(missing_ok=True)
         (directory / "predictor.json").write_text(json.dumps(meta, indent=1, default=_json_default))
@@ -335,7 +338,8 @@ class TrainedModel:
 
             from cdmpp.model.pooled_gbt import PooledGBT
 
-            gbt = PooledGBT({}, target=meta["gbt"]["target"], loss=meta["gbt"]["loss"])
+            gbt = PooledGBT({}, target=meta["gbt"]["target"], loss=meta["gbt"]["loss"],
+                            assembly_counts=meta["gbt"].get("assembly_counts", False))
             gbt.booster_ = xgb.Booster(params={"nthread": 1})
             gbt.booster_.load_model(bytearray(gzip.decompress((directory / meta["gbt"]["file"]).read_bytes())))
         model = cls(members, FeatureNormalizer.from_dict(meta["feature_normalizer"]),

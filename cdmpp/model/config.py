@@ -34,6 +34,9 @@ class TrainConfig:
     # `cdmpp train` on CPU and GPU programs fits one model per kind of code, each on its kind's programs alone
     # (cdmpp.model.kinds: beside the CPUs' programs the transformer did not rank a GPU's)
     per_kind: bool = True
+    # the built programs' instruction counts (cdmpp.program.assembly, ProgramFeatures.asm) as program-level inputs
+    # of the transformer and the blend's GBT: a program not built for its device's target has them marked absent
+    assembly_counts: bool = False
     # optimization: Adam, a triangular cyclic LR between lr and max_lr, grad-norm clipping
     lr: float = 1e-4
     max_lr: float = 1e-3

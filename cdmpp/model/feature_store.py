@@ -14,7 +14,7 @@ in chunks of programs (``program_chunks``), as the normalizer does.
 Files (format 3): ``leaves.npy`` float32 ``[n_leaves, F]`` (raw, as featurized), ``positions.npy`` int64
 ``[n_leaves]``, ``offsets.npy`` int64 ``[n + 1]``, ``seconds.npy`` float64, ``device.npy`` / ``task.npy`` int32
 codes into ``meta.json``'s lists, ``flops.npy`` and ``tensor_flops.npy`` float64 (``ProgramFeatures.flops`` and
-``tensor_flops``), ``hashes.npy`` bytes (program hashes), ``stats.npy`` float64 ``[n, 3]`` (TVM features only). An
+``tensor_flops``), ``hashes.npy`` bytes (program hashes), ``stats.npy`` float64 ``[n, N_STATS]`` (TVM features only; an older store's ``[n, 3]``: no assembly counts). An
 older format (1: before flops and hashes; 2: before tensor-core FLOPs) is refused.
 """
 
@@ -60,14 +60,15 @@ class _NpyWriter:
             raise RuntimeError(f"{self.f.name}: wrote {self.rows} rows, header says {self.shape[0]}")
 
 
-def _writers(path: Path, n: int, n_leaves: int, n_features: int, stats: bool, hash_dtype) -> dict:
+def _writers(path: Path, n: int, n_leaves: int, n_features: int, stats: int, hash_dtype) -> dict:
+    """``stats``: the stats column's width (0: none)."""
     path.mkdir(parents=True, exist_ok=True)
     (path / "meta.json").unlink(missing_ok=True)  # written last: a write cut short leaves no store, not a wrong one
     cols = dict(leaves=(np.float32, (n_leaves, n_features)), positions=(np.int64, (n_leaves,)),
                 offsets=(np.int64, (n + 1,)), seconds=(np.float64, (n,)), device=(np.int32, (n,)), task=(np.int32, (n,)),
                 flops=(np.float64, (n,)), tensor_flops=(np.float64, (n,)), hashes=(hash_dtype, (n,)))
     if stats:
-        cols["stats"] = (np.float64, (n, 3))
+        cols["stats"] = (np.float64, (n, stats))
     else:  # a store rewritten in place loses the column it no longer has
         (path / "stats.npy").unlink(missing_ok=True)
     return {name: _NpyWriter(path / f"{name}.npy", dt, shape) for name, (dt, shape) in cols.items()}
@@ -119,8 +120,9 @@ def write_store(path: str | Path, samples: Sequence, featurizer_version: str = "
         for a in range(0, len(idx), chunk):
             part, p = idx[a:a + chunk], PackedPrograms.from_programs(feats[a:a + chunk])
             if w is None:  # the header needs the feature count
-                w = _writers(path, n, int(offsets[-1]), p.leaves.shape[1], p.stats is not None, hashes.dtype)
-                stats = None if p.stats is None else np.zeros((n, 3))
+                width = 0 if p.stats is None else p.stats.shape[1]
+                w = _writers(path, n, int(offsets[-1]), p.leaves.shape[1], width, hashes.dtype)
+                stats = np.zeros((n, width)) if width else None
             if not np.array_equal(np.diff(p.offsets), lengths[part]):
                 raise RuntimeError(f"{path}: programs' rows disagree with their leaf counts (n_leaves); write it again")
             runs = [0, *(np.flatnonzero(np.diff(part) != 1) + 1), len(part)]
@@ -156,7 +158,7 @@ def replicate_store(src: "FeatureStore", path: str | Path, n: int) -> "FeatureSt
     counts = [len(src)] * reps + ([rest] if rest else [])
     total = int(src.offsets[-1])
     n_leaves = reps * total + int(src.offsets[rest])
-    w = _writers(path, n, n_leaves, src.leaves.shape[1], src.stats is not None, src.hashes.dtype)
+    w = _writers(path, n, n_leaves, src.leaves.shape[1], 0 if src.stats is None else src.stats.shape[1], src.hashes.dtype)
     w["offsets"].append([0])
     for copy, k in enumerate(counts):
         rows = int(src.offsets[k])

@@ -13,8 +13,8 @@ in the pre-order serialization of the compact AST. The network
 5. adds a device embedding computed from the device's spec vector, and decodes one scalar: the
    latency as standardized log seconds (see ``cdmpp.model.transforms.LogLatency``).
 
-``n_program_inputs`` adds program-level inputs (log FLOPs, bytes, unique bytes; ``program_stats``) to the
-embedding. What issue 19's study tried beside this network and dropped (sum and attention pooling, a device
+``n_program_inputs`` adds program-level inputs (log FLOPs, bytes, unique bytes; ``program_stats``; and, trained
+with ``assembly_counts``, the built program's instruction counts, ``assembly_stats``) to the embedding. What issue 19's study tried beside this network and dropped (sum and attention pooling, a device
 FiLM, loop tokens, pooled leaf inputs, a roofline offset) is in reports/study-issue19.md, "Options removed".
 
 ``PackedPrograms`` and ``collate`` turn ``ProgramFeatures`` objects into padded tensors with one
@@ -30,6 +30,8 @@ from typing import TYPE_CHECKING, Callable, Sequence
 import numpy as np
 import torch
 from torch import nn
+
+from cdmpp.program import assembly
 
 if TYPE_CHECKING:  # features.py belongs to the featurizer; the model only reads three attributes
     from cdmpp.program.features import ProgramFeatures
@@ -158,6 +160,18 @@ def program_stats(raw_leaves: np.ndarray, offsets: np.ndarray, flops: np.ndarray
     return np.log2(1.0 + np.stack([np.maximum(flops, 0.0), np.maximum(total, 0.0), np.maximum(unique, 0.0)], axis=1))
 
 
+N_ROOFLINE_STATS = 3  # program_stats' columns, the program-level inputs of every model
+N_STATS = N_ROOFLINE_STATS + assembly.N_INPUTS + 1  # with assembly_stats'
+
+
+def assembly_stats(counts: Sequence[np.ndarray | None]) -> np.ndarray:
+    """Per program ``[n, N_INPUTS + 1]``: ``count_inputs`` of its build's instruction counts (0 where it was not
+    built) and 1 where it was."""
+    x = np.stack([assembly.count_inputs(c) for c in counts]) if len(counts) else np.zeros((0, assembly.N_INPUTS))
+    built = ~np.isnan(x[:, :1])
+    return np.hstack([np.nan_to_num(x, nan=0.0), built.astype(np.float64)])
+
+
 class PackedPrograms:
     """Many programs as one leaf matrix plus offsets, so a padded batch is a single numpy gather.
 
@@ -181,7 +195,9 @@ class PackedPrograms:
         self.positions = np.ascontiguousarray(positions, dtype=np.int64)
         self.offsets = np.ascontiguousarray(offsets, dtype=np.int64)
         self.lengths = np.diff(self.offsets)
-        self.stats = stats  # [n, 3] log2 of FLOPs, bytes, unique bytes (program_stats), from raw features
+        # [n, N_STATS]: log2 of FLOPs, bytes, unique bytes (program_stats), from raw features; then the assembly's
+        # counts (assembly_stats), which a model reads only when trained with them (``TrainConfig.assembly_counts``)
+        self.stats = stats
 
     @classmethod
     def from_programs(cls, programs: Sequence["ProgramFeatures"],
@@ -206,7 +222,9 @@ class PackedPrograms:
         leaves = np.concatenate(feats).astype(np.float32, copy=False)
         flops = [getattr(p, "flops", None) for p in programs]
         flops = None if any(f is None for f in flops) else np.array(flops, dtype=np.float64)
-        stats = program_stats(leaves, offsets, flops) if n_features == _N_TVM_FEATURES else None
+        stats = None
+        if n_features == _N_TVM_FEATURES:
+            stats = np.hstack([program_stats(leaves, offsets, flops), assembly_stats([getattr(p, "asm", None) for p in programs])])
         if normalize is not None:
             leaves = normalize(leaves)
         return cls(leaves, np.concatenate(poss), offsets, stats)

@@ -13,6 +13,7 @@ from typing import Sequence
 
 import numpy as np
 
+from cdmpp.program.assembly import count_inputs
 from cdmpp.program.features import N_FEATURES
 
 
@@ -81,6 +82,18 @@ def pool_rows(rows: np.ndarray, offsets: np.ndarray, flops: np.ndarray) -> np.nd
     return np.hstack([np.add.reduceat(flat, starts, axis=0), m, lse, counts[:, None], flops[:, None]]).astype(np.float32)
 
 
+def store_count_inputs(store, a: int, b: int) -> np.ndarray:
+    """``count_inputs`` of a feature store's programs ``a:b``, from the assembly columns of its stats (NaN where a
+    program was not built), so a store and the same programs in memory give the GBT the same inputs."""
+    from cdmpp.model.network import N_ROOFLINE_STATS, N_STATS
+
+    if store.stats is None or store.stats.shape[1] < N_STATS:
+        raise ValueError(f"{store.path}: its stats have no assembly counts (written before them): write the store again")
+    x = np.array(store.stats[a:b, N_ROOFLINE_STATS:N_STATS - 1], dtype=np.float32)
+    x[store.stats[a:b, N_STATS - 1] == 0] = np.nan
+    return x
+
+
 class PooledGBT:
     """XGBoost on pooled leaves + program size + device specs → log(latency / FLOPs) (issue 19's peer).
 
@@ -95,7 +108,7 @@ class PooledGBT:
 
     def __init__(self, device_table: dict, max_depth: int = 8, learning_rate: float = 0.05, n_estimators: int = 4000,
                  nthread: int = 1, random_state: int = 0, target: str = "flops", loss: str = "l2",
-                 **booster_params):
+                 assembly_counts: bool = False, **booster_params):
         from cdmpp.model.transforms import DeviceSpecs
 
         if target not in ("flops", "roofline", "latency"):
@@ -105,11 +118,15 @@ class PooledGBT:
         self.specs = DeviceSpecs(device_table)
         self.max_depth, self.learning_rate, self.n_estimators = max_depth, learning_rate, n_estimators
         self.nthread, self.random_state, self.target, self.loss = nthread, random_state, target, loss
+        self.assembly_counts = assembly_counts  # the built programs' count_inputs as inputs too (NaN: not built)
         self.booster_params = {**self.booster_params, **booster_params}  # any other XGBRegressor setting
 
     def inputs(self, programs: Sequence) -> np.ndarray:
         dev = np.stack([self.specs.raw_vector(self.specs.table[p.device]) for p in programs])
-        return np.hstack([pooled_features(programs), dev.astype(np.float32)])
+        x = [pooled_features(programs), dev.astype(np.float32)]
+        if self.assembly_counts:
+            x.append(np.stack([count_inputs(getattr(p.features, "asm", None)) for p in programs]).astype(np.float32))
+        return np.hstack(x)
 
     def scale(self, programs) -> np.ndarray:
         """What the latency is divided by: FLOPs + 1, or (``target="roofline"``) the device's roofline
@@ -192,6 +209,8 @@ class PooledGBT:
         dev = np.stack([self.specs.raw_vector(self.specs.table[d]) for d in store.devices]).astype(np.float32)
         for a, b, rows, offsets in store.program_chunks():
             x = np.hstack([pool_rows(rows, offsets, store.flops[a:b]), dev[store.device[a:b]]])
+            if self.assembly_counts:
+                x = np.hstack([x, store_count_inputs(store, a, b)])
             yield x, np.log(store.seconds[a:b])
 
     def predict(self, programs: Sequence) -> np.ndarray:

@@ -46,7 +46,8 @@ from cdmpp.model.checkpoint import TrainedModel, current_featurizer_version
 from cdmpp.model.config import TrainConfig
 from cdmpp.model.distributed import Runner
 from cdmpp.model.feature_store import FeatureStore, TrainingColumns, check_store_recipe
-from cdmpp.model.network import CDMPPModel, PackedPrograms, bucketed_batches, length_sorted_batches
+from cdmpp.model.network import (N_ROOFLINE_STATS, N_STATS, CDMPPModel, PackedPrograms, bucketed_batches,
+                                 length_sorted_batches)
 from cdmpp.model.physics import fork_join_of
 from cdmpp.model.shots import median_log_error
 from cdmpp.model.transforms import DeviceSpecs, FeatureNormalizer, LogLatency
@@ -172,7 +173,11 @@ def fit(config: TrainConfig, train_set: Sequence[LabeledProgram] | FeatureStore,
     labels = LogLatency().fit(cols.seconds)
     program_inputs = None
     if raw.stats is not None:
-        program_inputs = dict(mean=raw.stats.mean(axis=0).tolist(), std=np.maximum(raw.stats.std(axis=0), 1e-6).tolist())
+        stats = raw.stats[:, :N_STATS if config.assembly_counts else N_ROOFLINE_STATS]
+        if stats.shape[1] < N_STATS and config.assembly_counts:
+            raise ValueError("assembly_counts: the training programs' stats have no assembly counts (a feature store "
+                             "written before them): write the store again")
+        program_inputs = dict(mean=stats.mean(axis=0).tolist(), std=np.maximum(stats.std(axis=0), 1e-6).tolist())
     trained = TrainedModel([], normalizer, labels, specs, config.to_dict(),
                            featurizer_version=featurizer_version or current_featurizer_version(),
                            program_inputs=program_inputs)
@@ -258,7 +263,7 @@ def _add_gbt_blend(trained: TrainedModel, train_set, val_set, val_pred: np.ndarr
     # as many threads as the transformer had: 2 for `cdmpp train` here, 1 per job in the protocol
     trees = {"n_estimators": max_trees} if max_trees > 0 else {}
     gbt = PooledGBT(trained.device_specs.table, nthread=torch.get_num_threads(), random_state=seed, target="latency",
-                    **trees)
+                    assembly_counts=bool(trained.config.get("assembly_counts")), **trees)
     saved = resume.last if resume is not None else None  # the transformer's run, just loaded or saved
     if saved is not None and saved.get("gbt") is not None:
         import xgboost as xgb

@@ -75,6 +75,10 @@ class ProgramFeatures:
     # FLOPs done by tensor-core intrinsics (part of ``flops``; ``tensor_core_flops``): 0 in CPU code; None where
     # features were cached before they were counted (``cdmpp.records.dataset`` recounts a GPU program's)
     tensor_flops: float | None = 0.0
+    # float64 [N_COUNTS]: instruction-class counts of the program built for the target it is asked about
+    # (``cdmpp.program.assembly``; one program has one per build key, so ``cdmpp.records.dataset`` gives each
+    # measured program a copy with its device's); None where it was not built
+    asm: np.ndarray | None = None
 
     @property
     def n_leaves(self) -> int:

@@ -11,6 +11,7 @@ tensor-core FLOPs were counted (``ProgramFeatures.tensor_flops`` None): its FLOP
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import os
 import sys
@@ -79,6 +80,7 @@ class CachedFeatures:
     path: str
     index: int
     tensor_flops: float | None = None  # None: cached before tensor-core FLOPs were counted
+    asm: np.ndarray | None = None  # ProgramFeatures.asm, given to the features read_cached reads
 
 
 def _read_chunk(path: str, rows: bool = True) -> dict | None:
@@ -123,6 +125,7 @@ def read_cached(refs) -> list[ProgramFeatures]:
                                "write the store again")
         for k in ks:
             out[k] = _features(z, refs[k].index)
+            out[k].asm = refs[k].asm
     return out
 
 
@@ -192,12 +195,14 @@ class FeatureCache:
 
 def load_dataset(dataset_dir: str, task_table, devices=None, networks=None, tasks=None,
                  cache_dir: str | None = None, limit: int | None = None, progress: bool = True,
-                 searched: bool = True, features_on_disk: bool = False) -> Dataset:
+                 searched: bool = True, features_on_disk: bool = False, assembly_dir: str | None = None) -> Dataset:
     """Every successfully measured record of ``dataset_dir`` (filtered), featurized (cached). ``searched=False``
     leaves out the candidates of ``cdmpp collect --from-search`` (the protocol's settings score random
     schedules, so a search collected later does not move their numbers). ``features_on_disk``: each program's
     ``features`` a ``CachedFeatures`` left in the cache (``read_cached`` reads them), so the dataset in memory is
-    its labels and ids; programs not featurized yet are featurized first, with the cache in memory."""
+    its labels and ids; programs not featurized yet are featurized first, with the cache in memory. Each program
+    carries the instruction counts of its build for its device's target where ``assembly_dir`` (default:
+    ``datasets/assembly`` beside the dataset) has them (``ProgramFeatures.asm``)."""
     from tqdm import tqdm
 
     from cdmpp.records.importers import with_imported_workloads
@@ -236,13 +241,32 @@ def load_dataset(dataset_dir: str, task_table, devices=None, networks=None, task
             del full
             cache = FeatureCache(cache_dir, on_disk=True)
     ds = Dataset(failed=failed, report=report)
+    with_counts = _assembly_counts(assembly_dir or defaults.assembly_dir(dataset_dir))
     for rec, y in records:
         f = cache.get(rec.program_hash)
         if f is None:
             continue  # its task is not in the table or its program no longer loads (reported above)
-        ds.programs.append(LabeledProgram(f, rec.device, y, rec.task, rec.task_name or "",
+        ds.programs.append(LabeledProgram(with_counts(f, rec.device), rec.device, y, rec.task, rec.task_name or "",
                                           list(rec.networks or []), rec.id))
     return ds.filter(devices, networks, tasks)
+
+
+def _assembly_counts(root: str):
+    """``(features, device) -> features``: a copy carrying the program's instruction counts built for the device's
+    target (``ProgramFeatures.asm``) where ``root`` has them, else the features as they are."""
+    from cdmpp.devices.table import DeviceTable
+    from cdmpp.program.assembly import AssemblyCounts, build_key
+
+    if not os.path.isdir(root):
+        return lambda f, device: f
+    counts, table, keys = AssemblyCounts(root), DeviceTable(), {}
+
+    def attach(f, device: str):
+        if device not in keys:
+            keys[device] = build_key(table.get(device).target) if device in table else None
+        c = counts.get(f.program_hash, keys[device]) if keys[device] else None
+        return f if c is None else dataclasses.replace(f, asm=c)
+    return attach
 
 
 def _workload_of(rec: Record, task_table, mods: dict):

@@ -29,6 +29,7 @@ class FakeProgram:
     program_hash: str = ""
     loops: np.ndarray | None = None
     tensor_flops: float | None = 0.0
+    asm: np.ndarray | None = None
 
 
 def random_program(rng, n_leaves=None) -> FakeProgram:

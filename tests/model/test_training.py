@@ -151,6 +151,41 @@ def test_program_inputs_train_save_and_load(tmp_path):
     assert finetune(model, val[:8], steps=2).predict([s.features for s in val], "cpu-a")[0].shape == (30,)
 
 
+def test_assembly_counts_train_save_and_load(tmp_path):
+    """With ``assembly_counts`` the members and the blend's GBT read the built programs' instruction counts (a
+    program without them marked absent), survive a checkpoint round trip, and their predictions move with the
+    counts; a model trained without them ignores them. SYNTHETIC programs and counts: the latency follows a count."""
+    from cdmpp.model.network import N_STATS
+    from cdmpp.program.assembly import N_COUNTS
+
+    rng = np.random.default_rng(5)
+
+    def sample(device, built=True):
+        n = int(rng.integers(1, 4))
+        x = np.abs(rng.normal(size=(n, 164))).astype(np.float32) * 4
+        asm = rng.integers(1, 200, N_COUNTS).astype(float)
+        y = float(1e-6 * asm[1] * (2.0 if device == "cpu-b" else 1.0))
+        return LabeledProgram(FakeProgram(x, np.arange(n), asm=asm if built else None), device, y)
+
+    train = [sample(d, built=i % 10 > 0) for i, d in enumerate(["cpu-a", "cpu-b"] * 60)]
+    val = [sample("cpu-a") for _ in range(30)]
+    model = fit(quick_config(epochs=2, ensemble=1, gbt_blend=True, gbt_max_trees=20, assembly_counts=True), train, val,
+                device_table=DEVICES)
+    assert model.members[0].hparams["n_program_inputs"] == N_STATS and model.gbt.assembly_counts
+    feats = [s.features for s in val]
+    mean = model.predict(feats, "cpu-a")[0]
+    model.save(tmp_path / "m")
+    again = TrainedModel.load(tmp_path / "m")
+    assert again.gbt.assembly_counts and np.array_equal(again.predict(feats, "cpu-a")[0], mean)
+    other = [copy.copy(f) for f in feats]
+    for f in other:
+        f.asm = f.asm * 3
+    assert not np.allclose(model.predict(other, "cpu-a")[0], mean)
+    plain = fit(quick_config(epochs=1, ensemble=1), train, val, device_table=DEVICES)
+    assert plain.members[0].hparams["n_program_inputs"] == 3
+    assert np.array_equal(plain.predict(other, "cpu-a")[0], plain.predict(feats, "cpu-a")[0])
+
+
 def test_a_checkpoint_of_an_older_format_says_to_retrain(trained, tmp_path):
     """Format 1 could name options the study dropped (reports/study-issue19.md, "Options removed"): it is
     refused with what to do, not read with a guess."""

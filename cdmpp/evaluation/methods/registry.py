@@ -47,7 +47,8 @@ class Context:
 def _gbt(c: Context, target: str = "flops", loss: str = "l2", label: str | None = None):
     from cdmpp.model.pooled_gbt import PooledGBT
 
-    gbt = PooledGBT(c.device_table, nthread=c.threads, random_state=c.seed, target=target, loss=loss)
+    gbt = PooledGBT(c.device_table, nthread=c.threads, random_state=c.seed, target=target, loss=loss,
+                    assembly_counts=bool(getattr(c.config, "assembly_counts", False)))  # what cdmpp is given
     if label:
         gbt.label = label
     return gbt

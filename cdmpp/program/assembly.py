@@ -1,0 +1,123 @@
+"""What the compiler made of a schedule: static instruction-class counts of a program's x86 assembly.
+
+TVM's per-store rows describe a schedule as asked (a loop marked ``vectorize``), not what LLVM made of it (the
+vector width reached, spills, shuffles). The counts of the built module say that, and as program-level inputs
+they take random-new from 39.4 to 29.8 % and cross-model from 43.6 to 34.4 % on the same programs
+(reports/assembly-counts.md). Only a build knows them (estimated from the rows they give nothing), and a build
+is for one target: a program has one set of counts per ``build_key`` (its target without the thread count),
+kept in an ``AssemblyCounts`` folder (``datasets/assembly/<build_key>/*.npz``) that ``cdmpp.records.dataset``
+attaches to each measured program (``ProgramFeatures.asm``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import numpy as np
+
+CLASSES = [  # (name, regex on one instruction line "mnemonic operands"); counts are static (a loop body once)
+    ("all", r"."),
+    ("fma_zmm", r"^vfn?m(add|sub)\w*ps\b.*%zmm"), ("fma_ymm", r"^vfn?m(add|sub)\w*ps\b.*%ymm"),
+    ("fma_xmm", r"^vfn?m(add|sub)\w*ps\b.*%xmm"), ("fma_scalar", r"^vfn?m(add|sub)\w*ss\b"),
+    ("arith_zmm", r"^v(add|sub|mul|div|max|min)ps\b.*%zmm"), ("arith_ymm", r"^v(add|sub|mul|div|max|min)ps\b.*%ymm"),
+    ("arith_xmm", r"^v(add|sub|mul|div|max|min)ps\b.*%xmm"), ("arith_scalar", r"^v(add|sub|mul|div|max|min)ss\b"),
+    ("mov_zmm", r"^vmov\w*\b.*%zmm"), ("mov_ymm", r"^vmov\w*\b.*%ymm"), ("mov_xmm", r"^vmov(ups|aps|dqu\w*|dqa\w*)\b.*%xmm"),
+    ("mov_scalar", r"^vmovss\b"), ("broadcast", r"^vbroadcast"), ("gather", r"^v(p)?gather"),
+    ("shuffle", r"^v(perm|shuf|insert|extract|punpck|unpck|blend|palignr|pshuf|movsh|movsl|movhl|movlh)"),
+    ("spill", r"\(%rsp\)|\(%rbp\)"), ("branch", r"^j[a-z]+\b"), ("call", r"^call"),
+    ("int", r"^(add|sub|imul|lea|inc|dec|cmp|test)[lq]?\b"),
+]
+COUNT_NAMES = [n for n, _ in CLASSES] + ["blocks"]  # the columns of a program's counts
+N_COUNTS = len(COUNT_NAMES)
+N_INPUTS = 2 * N_COUNTS - 2  # count_inputs: every count's log1p, each class's share of all instructions
+_COMPILED = [re.compile(p) for _, p in CLASSES]
+
+
+def instruction_counts(asm: str) -> tuple[np.ndarray, np.ndarray]:
+    """``COUNT_NAMES`` over one module's assembly (instructions per class, basic blocks), and the same classes over
+    its innermost loops' instructions (a backward jump's span holding no other: where a program spends its
+    time; their number in place of basic blocks)."""
+    instrs, labels, jumps = [], {}, []
+    for line in asm.splitlines():
+        s = line.strip()
+        if s.endswith(":") and not s.startswith("#"):
+            labels[s[:-1]] = len(instrs)
+        elif s and not s.startswith((".", "#")):
+            m = re.match(r"^j[a-z]+\s+(\.LBB\w+)", s)
+            if m:
+                jumps.append((len(instrs), m.group(1)))
+            instrs.append(s)
+    loops: dict[int, int] = {}
+    for at, name in jumps:
+        start = labels.get(name, at + 1)
+        if start <= at:  # a backward jump: one loop per header, to its last back-edge
+            loops[start] = max(loops.get(start, at), at)
+    inner = [(a, b) for a, b in loops.items()
+             if not any((a, b) != (c, d) and a <= c and d <= b for c, d in loops.items())]
+    in_inner = np.zeros(len(instrs), bool)
+    for a, b in inner:
+        in_inner[a:b + 1] = True
+    whole, innermost = np.zeros(N_COUNTS), np.zeros(N_COUNTS)
+    whole[-1] = sum(name.startswith(".LBB") for name in labels)
+    innermost[-1] = len(inner)
+    for s, inside in zip(instrs, in_inner):
+        hits = np.array([bool(rx.search(s)) for rx in _COMPILED], float)
+        whole[:-1] += hits
+        if inside:
+            innermost[:-1] += hits
+    return whole, innermost
+
+
+def count_inputs(counts: np.ndarray | None) -> np.ndarray:
+    """A program's model inputs from its counts (``N_INPUTS``): log1p of each count, and each class's share of all
+    instructions (vectorization reached, spills); NaN where the program was not built (``counts`` None)."""
+    if counts is None:
+        return np.full(N_INPUTS, np.nan)
+    c = np.asarray(counts, dtype=np.float64)
+    return np.concatenate([np.log1p(c), c[1:-1] / max(c[0], 1.0)])
+
+
+def build_key(target: dict) -> str:
+    """Which build a device's programs share: its target's kind, CPU and attributes, not its thread count (the
+    1- and 2-thread devices of a chip run one build). E.g. ``llvm-znver4``."""
+    parts = [target.get("kind", "llvm"), target.get("mcpu", "")]
+    attrs = target.get("mattr") or []
+    parts += sorted(attrs) if isinstance(attrs, (list, tuple)) else [str(attrs)]
+    return "-".join(p.strip("+").replace(",", "-") for p in parts if p)
+
+
+def build_counts(mod, target) -> np.ndarray:
+    """The whole module's ``instruction_counts`` of ``mod`` built by ``tvm.compile`` for ``target`` (an x86
+    LLVM target: the classes are x86 mnemonics). Raises what the build raises."""
+    import tvm
+
+    return instruction_counts(tvm.compile(mod, target=target).mod.inspect_source("asm"))[0]
+
+
+class AssemblyCounts:
+    """The counts built so far, per build key: ``root/<build_key>/*.npz``, each file ``hashes`` (program hashes)
+    and ``counts [n, N_COUNTS]`` (optionally ``inner``: the innermost loops', unused by the model yet). Files are
+    parts written by separate build jobs; a program built twice keeps its first file's counts (same build)."""
+
+    def __init__(self, root: str | os.PathLike):
+        self.root = Path(root)
+        self._tables: dict[str, dict[str, np.ndarray]] = {}
+
+    def table(self, key: str) -> dict[str, np.ndarray]:
+        """Program hash → counts of one build key (read once; empty where nothing was built for it)."""
+        if key not in self._tables:
+            out: dict[str, np.ndarray] = {}
+            for path in sorted((self.root / key).glob("*.npz")) if (self.root / key).is_dir() else []:
+                with np.load(path, allow_pickle=False) as z:
+                    if z["counts"].shape[1:] != (N_COUNTS,):
+                        raise ValueError(f"{path}: counts of shape {z['counts'].shape}, expected [n, {N_COUNTS}] "
+                                         f"(cdmpp.program.assembly.COUNT_NAMES)")
+                    for h, c in zip(z["hashes"].tolist(), z["counts"]):
+                        out.setdefault(str(h), c)
+            self._tables[key] = out
+        return self._tables[key]
+
+    def get(self, program_hash: str, key: str) -> np.ndarray | None:
+        return self.table(key).get(program_hash)

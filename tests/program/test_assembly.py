@@ -1,0 +1,90 @@
+"""Instruction counts of a built program (cdmpp.program.assembly): what they count, where they are kept, and that
+a dataset gives each measured program its device's build's counts."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cdmpp.program.assembly import (COUNT_NAMES, N_COUNTS, N_INPUTS, AssemblyCounts, build_counts, build_key,
+                                    count_inputs, instruction_counts)
+
+ASM = """\t.text
+main:
+\tpushq\t%rbp
+\tmovq\t%rsp, %rbp
+.LBB0_1:
+\tvbroadcastss\t(%rdi), %zmm1
+\tvfmadd231ps\t(%rsi,%rax), %zmm1, %zmm0
+\tvmovups\t%zmm0, -64(%rsp)
+\taddq\t$64, %rax
+\tcmpq\t%rdx, %rax
+\tjne\t.LBB0_1
+.LBB0_2:
+\tvaddss\t%xmm1, %xmm0, %xmm0
+\tcall\tfoo
+\tretq
+"""
+
+
+def test_counts_classes_and_the_innermost_loop():
+    whole, inner = instruction_counts(ASM)
+    at = {n: i for i, n in enumerate(COUNT_NAMES)}
+    assert whole.shape == inner.shape == (N_COUNTS,)
+    assert whole[at["all"]] == 11 and whole[at["blocks"]] == 2
+    assert whole[at["fma_zmm"]] == 1 and whole[at["broadcast"]] == 1 and whole[at["mov_zmm"]] == 1
+    assert whole[at["spill"]] == 1 and whole[at["arith_scalar"]] == 1 and whole[at["call"]] == 1
+    assert whole[at["branch"]] == 1 and whole[at["int"]] == 2
+    # the loop .LBB0_1 .. jne: six instructions, the FMA inside, the scalar add and the call outside
+    assert inner[at["all"]] == 6 and inner[at["fma_zmm"]] == 1 and inner[at["arith_scalar"]] == 0
+    assert inner[at["blocks"]] == 1  # one innermost loop
+
+
+def test_inputs_and_build_key():
+    whole, _ = instruction_counts(ASM)
+    x = count_inputs(whole)
+    assert x.shape == (N_INPUTS,) and np.all(np.isfinite(x)) and x[0] == pytest.approx(np.log1p(11))
+    assert np.isnan(count_inputs(None)).all()
+    assert build_key({"kind": "llvm", "num-cores": 2, "mcpu": "znver4"}) == "llvm-znver4"
+    assert build_key({"kind": "llvm", "num-cores": 1, "mcpu": "znver4"}) == "llvm-znver4"  # threads share a build
+    assert build_key({"kind": "llvm", "mcpu": "x86-64-v3"}) != "llvm-znver4"
+
+
+def test_the_count_folder(tmp_path):
+    (tmp_path / "llvm-znver4").mkdir()
+    c = np.arange(2 * N_COUNTS, dtype=float).reshape(2, N_COUNTS)
+    np.savez(tmp_path / "llvm-znver4" / "part-0.npz", hashes=np.array(["a", "b"]), counts=c)
+    np.savez(tmp_path / "llvm-znver4" / "part-1.npz", hashes=np.array(["b"]), counts=c[:1] + 100)
+    table = AssemblyCounts(tmp_path)
+    assert np.array_equal(table.get("b", "llvm-znver4"), c[1])  # the first file's counts of a program built twice
+    assert table.get("a", "llvm-x86-64-v3") is None and table.get("z", "llvm-znver4") is None
+    np.savez(tmp_path / "llvm-znver4" / "part-2.npz", hashes=np.array(["c"]), counts=np.zeros((1, 3)))
+    with pytest.raises(ValueError, match="expected"):
+        AssemblyCounts(tmp_path).get("a", "llvm-znver4")
+
+
+def test_a_real_build_counts_instructions(sampled, tvm):
+    counts = build_counts(sampled["matmul"][0].mod, tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "num-cores": 2}))
+    at = {n: i for i, n in enumerate(COUNT_NAMES)}
+    assert counts.shape == (N_COUNTS,) and counts[at["all"]] > 20 and counts[at["blocks"]] >= 1
+
+
+def test_a_dataset_attaches_its_devices_counts(real, tmp_path):
+    """The counts folder's programs carry their counts (``ProgramFeatures.asm``) on the device whose build they are;
+    the others none."""
+    from cdmpp.devices.table import DeviceTable
+    from cdmpp.records.dataset import load_dataset
+    from cdmpp.zoo.tasks import TaskTable
+    from tests.data import REAL_DEVICE, TASKS
+
+    folder, ds = real
+    hashes = sorted({p.features.program_hash for p in ds.programs})[:5]
+    key = build_key(DeviceTable().get(REAL_DEVICE).target)
+    (tmp_path / key).mkdir()
+    counts = np.ones((len(hashes), N_COUNTS))
+    np.savez(tmp_path / key / "part-0.npz", hashes=np.array(hashes), counts=counts)
+    again = load_dataset(str(folder), TaskTable.load(str(TASKS)), limit=len(ds), progress=False, assembly_dir=str(tmp_path))
+    built = [p for p in again.programs if p.features.asm is not None]
+    assert built and {p.features.program_hash for p in built} <= set(hashes)
+    assert all(p.device == REAL_DEVICE for p in built)
+    assert all(p.features.asm is None for p in ds.programs)  # the folder without counts beside it
