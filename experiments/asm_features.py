@@ -3,7 +3,7 @@
 (reports/random-new-levers.md): the error is spread among a task's programs, where the rows describe the
 schedule as asked, not what the compiler made of it: vector widths it reached, spills, unrolled copies.)
 
-    .venv/bin/python experiments/asm_features.py compile --part 0 --parts 2 &   # and --part 1: → experiments/data/asm-counts/
+    .venv/bin/python experiments/asm_features.py compile --part 0 --parts 2 &   # and --part 1: → datasets/assembly/llvm-znver4/
     .venv/bin/python experiments/asm_features.py study                           # the GBT with and without them
     .venv/bin/python experiments/asm_features.py network 0 --epochs 20           # the shipped recipe with and without them
     .venv/bin/python experiments/asm_features.py network 0 --arms recipe,predicted  # counts estimated from the TIR features
@@ -33,61 +33,14 @@ import argparse
 import glob
 import json
 import os
-import re
 import time
 
 import numpy as np
 
+from cdmpp.program.assembly import CLASSES, count_inputs as asm_inputs, instruction_counts as asm_counts
+
 DEVICE = "amd-epyc-znver4-2t/llvm-avx512"
-COUNTS = "experiments/data/asm-counts"  # one file per compile part (kept in git: ~40 minutes of builds per 10,000 programs)
-CLASSES = [  # (name, regex on one instruction line "mnemonic operands")
-    ("all", r"."),
-    ("fma_zmm", r"^vfn?m(add|sub)\w*ps\b.*%zmm"), ("fma_ymm", r"^vfn?m(add|sub)\w*ps\b.*%ymm"),
-    ("fma_xmm", r"^vfn?m(add|sub)\w*ps\b.*%xmm"), ("fma_scalar", r"^vfn?m(add|sub)\w*ss\b"),
-    ("arith_zmm", r"^v(add|sub|mul|div|max|min)ps\b.*%zmm"), ("arith_ymm", r"^v(add|sub|mul|div|max|min)ps\b.*%ymm"),
-    ("arith_xmm", r"^v(add|sub|mul|div|max|min)ps\b.*%xmm"), ("arith_scalar", r"^v(add|sub|mul|div|max|min)ss\b"),
-    ("mov_zmm", r"^vmov\w*\b.*%zmm"), ("mov_ymm", r"^vmov\w*\b.*%ymm"), ("mov_xmm", r"^vmov(ups|aps|dqu\w*|dqa\w*)\b.*%xmm"),
-    ("mov_scalar", r"^vmovss\b"), ("broadcast", r"^vbroadcast"), ("gather", r"^v(p)?gather"),
-    ("shuffle", r"^v(perm|shuf|insert|extract|punpck|unpck|blend|palignr|pshuf|movsh|movsl|movhl|movlh)"),
-    ("spill", r"\(%rsp\)|\(%rbp\)"), ("branch", r"^j[a-z]+\b"), ("call", r"^call"),
-    ("int", r"^(add|sub|imul|lea|inc|dec|cmp|test)[lq]?\b"),
-]
-_COMPILED = [(n, re.compile(p)) for n, p in CLASSES]
-
-
-def asm_counts(asm: str) -> tuple[np.ndarray, np.ndarray]:
-    """Static counts of ``CLASSES`` over the instructions of one module's assembly, plus its basic blocks; and the
-    same counts over the instructions of its innermost loops (a backward jump's span holding no other), where a
-    program spends its time."""
-    instrs, labels, jumps = [], {}, []
-    for line in asm.splitlines():
-        s = line.strip()
-        if s.endswith(":") and not s.startswith("#"):
-            labels[s[:-1]] = len(instrs)
-        elif s and not s.startswith((".", "#")):
-            m = re.match(r"^j[a-z]+\s+(\.LBB\w+)", s)
-            if m:
-                jumps.append((len(instrs), m.group(1)))
-            instrs.append(s)
-    loops = {}
-    for at, name in jumps:
-        start = labels.get(name, at + 1)
-        if start <= at:  # a backward jump: one loop per header, to its last back-edge
-            loops[start] = max(loops.get(start, at), at)
-    inner = [(a, b) for a, b in loops.items()
-             if not any((a, b) != (c, d) and a <= c and d <= b for c, d in loops.items())]
-    in_inner = np.zeros(len(instrs), bool)
-    for a, b in inner:
-        in_inner[a:b + 1] = True
-    whole, innermost = np.zeros(len(CLASSES) + 1), np.zeros(len(CLASSES) + 1)
-    whole[-1] = sum(name.startswith(".LBB") for name in labels)
-    innermost[-1] = len(inner)  # the innermost loops' number in place of basic blocks
-    for s, inside in zip(instrs, in_inner):
-        hits = np.array([bool(rx.search(s)) for _, rx in _COMPILED], float)
-        whole[:-1] += hits
-        if inside:
-            innermost[:-1] += hits
-    return whole, innermost
+COUNTS = "datasets/assembly/llvm-znver4"  # the package's counts folder for the Zen 4 devices' build (cdmpp assembly)
 
 
 def choose(seed: int, n_tasks: int) -> list:
@@ -160,11 +113,6 @@ def load_counts(inner: bool = False) -> dict:
         z = np.load(path)
         out.update(zip(z["hashes"], np.hstack([z["counts"], z["inner"]]) if inner else z["counts"]))
     return out
-
-
-def asm_inputs(c: np.ndarray) -> np.ndarray:
-    """log1p counts, and each class's share of all instructions (vectorization reached, spills)."""
-    return np.concatenate([np.log1p(c), c[1:-1] / max(c[0], 1.0)])
 
 
 GROUPS = {  # class groups for ``study --arms``: which part of the counts carries the gain

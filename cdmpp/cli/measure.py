@@ -15,6 +15,19 @@ def _sample_path(name: str = "conv2d.tvmscript") -> str:
     return str(resources.files("cdmpp") / "samples" / name)
 
 
+def cmd_assembly(args) -> int:
+    from cdmpp.program.assembly import build_device
+
+    try:
+        n = build_device(args.device, args.dataset, args.out or defaults.assembly_dir(args.dataset), args.task_table,
+                         args.part, args.parts)
+    except (KeyError, ValueError) as e:
+        print(f"cdmpp assembly: {e.args[0] if isinstance(e, KeyError) else e}", file=sys.stderr)
+        return 2
+    print(f"built {n} programs")
+    return 0
+
+
 def cmd_featurize(args) -> int:
     from cdmpp.program.features import FEATURE_NAMES, compact_ast_of, featurize
     from cdmpp.program.inputs import ProgramError, load_program
@@ -296,6 +309,16 @@ def add_measure_commands(sub):
     _add_artifacts_arg(c)
     _add_guard_args(c)
     c.set_defaults(func=cmd_collect)
+
+    asm = sub.add_parser("assembly", help="build a device's measured programs for its target and count their "
+                                          "instructions (the inputs of a recipe with assembly_counts; resumable)")
+    asm.add_argument("--device", required=True, metavar="ID", help="the device whose programs to build (its target)")
+    asm.add_argument("--dataset", default=defaults.DATASET, help="dataset folder (read)")
+    asm.add_argument("--task-table", default=defaults.TASK_TABLE, help="task table from `python -m cdmpp.zoo.tasks`")
+    asm.add_argument("--out", help="counts folder (default: assembly beside the dataset folder)")
+    asm.add_argument("--part", type=int, default=0, help="build this part of the programs (0-based; default 0)")
+    asm.add_argument("--parts", type=int, default=1, help="of this many, e.g. one process per core (default 1)")
+    asm.set_defaults(func=cmd_assembly)
 
     nz = sub.add_parser("noise", help="re-measure a device's fixed probe set and report run-to-run noise")
     nz.add_argument("--device", required=True, help="device id (datasets/devices.json) of this machine")

@@ -121,3 +121,61 @@ class AssemblyCounts:
 
     def get(self, program_hash: str, key: str) -> np.ndarray | None:
         return self.table(key).get(program_hash)
+
+
+def build_device(device: str, dataset_dir: str, root: str, task_table: str, part: int = 0, parts: int = 1,
+                 progress: bool = True) -> int:
+    """Build every labelled program of ``device`` in ``dataset_dir`` not yet in ``root`` for the device's target and
+    count its instructions (``root/<build_key>/build-<part>-of-<parts>.npz``; ``part`` of ``parts``: run the parts
+    side by side, one core each). Resumable: written every 100 programs (whole, then renamed), and a program built
+    before, in any file, is not built again. A build that fails is reported and skipped. Returns programs built."""
+    import sys
+    import time
+
+    from cdmpp.devices.table import DeviceTable
+    from cdmpp.records.dataset import scheduled_module
+    from cdmpp.records.importers import with_imported_workloads
+    from cdmpp.records.labels import label
+    from cdmpp.records.store import RecordStore
+    from cdmpp.zoo.tasks import TaskTable
+
+    spec = DeviceTable().get(device)
+    if spec.target.get("kind") != "llvm":
+        raise ValueError(f"{device}: assembly counts are of x86 LLVM builds, not {spec.target.get('kind')!r} code")
+    if not 0 <= part < parts:
+        raise ValueError(f"part {part} of {parts}: expected 0 <= part < parts")
+    key, target = build_key(spec.target), spec.make_target()
+    path = Path(root) / key / f"build-{part}-of-{parts}.npz"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    hashes, rows = [], []
+    if path.exists():
+        with np.load(path, allow_pickle=False) as z:
+            hashes, rows = z["hashes"].tolist(), list(z["counts"])
+    done = set(AssemblyCounts(root).table(key)) | set(hashes)
+    todo: dict[str, object] = {}
+    for rec in RecordStore(dataset_dir).records(device):
+        if label(rec) is not None and rec.program_hash not in done:
+            todo.setdefault(rec.program_hash, rec)
+    todo_list = [todo[h] for h in sorted(todo)][part::parts]
+    table, mods, t0 = with_imported_workloads(TaskTable.load(task_table), dataset_dir), {}, time.time()
+
+    def save() -> None:
+        tmp = path.with_suffix(".tmp.npz")
+        np.savez_compressed(tmp, hashes=np.array(hashes, dtype=str), counts=np.array(rows).reshape(-1, N_COUNTS))
+        os.replace(tmp, path)
+
+    built = 0
+    for i, rec in enumerate(todo_list):
+        try:
+            rows.append(build_counts(scheduled_module(rec, table, mods), target))
+            hashes.append(rec.program_hash)
+            built += 1
+        except Exception as e:  # noqa: BLE001 - one program's build failing stops none of the others
+            print(f"{rec.program_hash}: not built: {str(e).strip().splitlines()[-1][:160]}", file=sys.stderr)
+        if i % 100 == 99 or i == len(todo_list) - 1:
+            save()
+            if progress:
+                rate = (i + 1) / max(time.time() - t0, 1e-9)
+                print(f"{key} part {part}/{parts}: {i + 1}/{len(todo_list)} programs, {rate:.2f}/s, "
+                      f"ETA {(len(todo_list) - i - 1) / rate / 60:.1f} min", flush=True)
+    return built

@@ -289,6 +289,11 @@ def _scheduled(rec: Record, workload):
     return apply_trace(workload, rec.trace)
 
 
+def scheduled_module(rec: Record, task_table, mods: dict):
+    """The module a record measured, rebuilt (its task's workloads loaded once into ``mods``)."""
+    return _scheduled(rec, None if rec.program else _workload_of(rec, task_table, mods))
+
+
 def _featurize_records(records: list[Record], task_table, cache: FeatureCache, progress: bool) -> None:
     from tqdm import tqdm
 

@@ -88,3 +88,32 @@ def test_a_dataset_attaches_its_devices_counts(real, tmp_path):
     assert built and {p.features.program_hash for p in built} <= set(hashes)
     assert all(p.device == REAL_DEVICE for p in built)
     assert all(p.features.asm is None for p in ds.programs)  # the folder without counts beside it
+
+
+def test_building_a_devices_programs_resumes(tmp_path):
+    """``cdmpp assembly``: a device's labelled programs built for its target, counted, kept; a second run builds
+    none of them again."""
+    import gzip
+    import itertools
+
+    from cdmpp.devices.table import DeviceTable
+    from cdmpp.program.assembly import build_device
+    from cdmpp.records.store import slug
+    from tests.data import REAL_DEVICE, ROOT, TASKS
+
+    parts = sorted((ROOT / "datasets" / "measurements").glob(f"{slug(REAL_DEVICE)}.part-*.jsonl.gz"))
+    if not parts or not TASKS.exists():
+        pytest.skip("no measurements of the test device")
+    data = tmp_path / "measurements"
+    data.mkdir()
+    with gzip.open(parts[0], "rt") as f:
+        lines = list(itertools.islice(f, 3))
+    (data / f"{slug(REAL_DEVICE)}.active.jsonl").write_text("".join(lines))
+    root = tmp_path / "assembly"
+    assert build_device(REAL_DEVICE, str(data), str(root), str(TASKS), progress=False) == 3
+    key = build_key(DeviceTable().get(REAL_DEVICE).target)
+    table = AssemblyCounts(root).table(key)
+    assert len(table) == 3 and all(c[0] > 0 for c in table.values())
+    assert build_device(REAL_DEVICE, str(data), str(root), str(TASKS), progress=False) == 0
+    with pytest.raises(ValueError, match="x86 LLVM"):
+        build_device("nvidia-h100/cuda-sm90", str(data), str(root), str(TASKS))
