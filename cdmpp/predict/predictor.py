@@ -49,6 +49,9 @@ def target_kind_problem(features, kind: str) -> str | None:
 # validation error suggests.
 DEVICE_UNTRAINED = "device_untrained"  # the device had no training data (predicted from its specs only)
 FEATURES_OUT_OF_RANGE = "features_out_of_range"  # leaf features outside the training values move the prediction
+# the model reads built programs' instruction counts (``TrainConfig.assembly_counts``) and this one was not built for
+# the device's target: its prediction goes without them (a prediction does not build programs yet)
+ASSEMBLY_NOT_BUILT = "assembly_not_built"
 RISK_FACTOR = 1.1  # out-of-range inputs flag a prediction when holding them at the training range moves it this much
 
 
@@ -143,7 +146,8 @@ class Predictor:
         common = []
         if not device.trained:
             common.append(DEVICE_UNTRAINED)
-        norm = self.model_for(device).feature_normalizer
+        model = self.model_for(device)
+        norm, counted = model.feature_normalizer, bool(model.config.get("assembly_counts"))
         lo, hi = getattr(norm, "min_", None), getattr(norm, "max_", None)
         if lo is None or hi is None:  # the column's one training value, where it had only one
             const = norm.inv_scale_ == 0
@@ -159,7 +163,8 @@ class Predictor:
                 else:
                     far = const & (np.abs(x - center) > 1e-3 * (1.0 + np.abs(center)))
                 far = far | ~np.isfinite(x)
-            out.append((tuple(common + ([FEATURES_OUT_OF_RANGE] if far.any() else [])), far))
+            flags = common + ([FEATURES_OUT_OF_RANGE] if far.any() else [])
+            out.append((tuple(flags + ([ASSEMBLY_NOT_BUILT] if counted and getattr(f, "asm", None) is None else [])), far))
         return out
 
     def _at_risk(self, features: Sequence, device: Device, seconds: np.ndarray) -> list[bool]:

@@ -37,7 +37,8 @@ class PredictionOut(BaseModel):
                                                     "model was trained on (see ood)")
     ood: list[str] = Field(default_factory=list, description="why not: device_untrained (no training data for "
                            "the device), target_kind_mismatch (the device does not run this target kind), "
-                           "features_out_of_range (a feature far outside the training values)")
+                           "features_out_of_range (a feature far outside the training values), assembly_not_built "
+                           "(a model that reads built programs' instruction counts predicted one it did not build)")
 
 
 class PredictResponse(BaseModel):

@@ -47,7 +47,8 @@ def test_ood_flags_in_prediction(predictor, device, sampled):
     import copy
 
     from cdmpp.model.transforms import FeatureNormalizer
-    from cdmpp.predict.predictor import DEVICE_UNTRAINED, FEATURES_OUT_OF_RANGE, Predictor
+    from cdmpp.predict.predictor import ASSEMBLY_NOT_BUILT, DEVICE_UNTRAINED, FEATURES_OUT_OF_RANGE, Predictor
+    from cdmpp.program.assembly import N_COUNTS
     from cdmpp.program.features import featurize
 
     feats = [featurize(s.mod) for s in sampled["matmul"][:3]]
@@ -65,6 +66,12 @@ def test_ood_flags_in_prediction(predictor, device, sampled):
     assert p.predict_features([far], device, "llvm")[0].ood == (FEATURES_OUT_OF_RANGE,)
     if others:
         assert DEVICE_UNTRAINED in p.predict_features(feats[:1], others[0], "llvm")[0].ood
+    model.config = {**model.config, "assembly_counts": True}  # a model reading built programs' counts
+    assert p.predict_features(feats[:1], device, "llvm")[0].ood == (ASSEMBLY_NOT_BUILT,)
+    built = copy.copy(feats[0])
+    built.asm = np.ones(N_COUNTS)
+    assert p.predict_features([built], device, "llvm")[0].ood == ()  # built for its target: no flag
+    model.config = {**model.config, "assembly_counts": False}
     # a checkpoint without the range still flags values a constant training column never had
     del norm.min_, norm.max_
     const = int(np.nonzero(norm.inv_scale_ == 0)[0][0])
