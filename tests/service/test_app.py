@@ -154,7 +154,9 @@ def test_timeout_504(predictor, device, sampled):
     fresh = [s.mod.script() for s in sampled["conv2d"][3:6]]  # not seen by any server yet
     with app_server(predictor, timeout_s=0.001, allow_tvmscript=True) as u:
         r = httpx.post(u + "/v1/predict", json={"device": device, "programs": fresh})
-        assert r.status_code == 504 and "CDMPP_TIMEOUT_S" in r.json()["detail"]
+        # 504: the sandbox's work overran; on a loaded machine the 1 ms may pass while the body is still parsed (503)
+        assert (r.status_code == 504 or (r.status_code == 503 and "body parsing" in r.json()["detail"]))
+        assert "CDMPP_TIMEOUT_S" in r.json()["detail"]
         with pytest.raises(ServiceError) as e:
             Client(u, retries=0).predict(fresh, device)
         # the first overrun taught admission this server's pace: it may now refuse at once (503) instead
