@@ -4,6 +4,7 @@ records whose programs replay, whose hashes and labels are the collector's, and 
 import json
 import logging
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -43,7 +44,19 @@ def tuned(tmp_path_factory):
                 for h in [h for h in lg.handlers if h not in before.get(n, [])]:
                     lg.removeHandler(h)
                     h.close()
+    # a trial that timed out on a loaded machine is stored as a failed run ([1e10] s), which an import skips
+    # (test_bad_lines_are_reported_and_skipped): the tests below read a database of measured trials only
+    path = Path(work_dir) / "database_tuning_record.json"
+    lines = path.read_text().splitlines()
+    measured = [x for x in lines if max(json.loads(x)[1][1] or [1e10]) < 1e9]
+    if len(measured) < TRIALS - 4:
+        pytest.skip(f"the machine is too loaded: {len(lines) - len(measured)} of {len(lines)} trials failed")
+    path.write_text("".join(x + "\n" for x in measured))
     return work_dir
+
+
+def _trials(db) -> int:
+    return len((Path(db) / "database_tuning_record.json").read_text().splitlines())
 
 
 def _import(db, ds, **kw):
@@ -77,13 +90,13 @@ def test_every_record_replays_with_its_run_secs_and_label(tuned, tmp_path, monke
 
     ds = tmp_path / "ds"
     r = _import(tuned, ds, ids_out=str(tmp_path / "ids.txt"))
-    assert r["added"] == TRIALS and r["errors"] == 0 and r["spec"] and r["new_workloads"] == 1, r
+    assert r["added"] == _trials(tuned) and r["errors"] == 0 and r["spec"] and r["new_workloads"] == 1, r
     recs = {x["id"]: x for x in RecordStore(str(ds)).iter_records(DEVICE)}
-    assert len(recs) == TRIALS and sorted(_lines(tmp_path / "ids.txt")) == sorted(recs)
+    assert len(recs) == _trials(tuned) and sorted(_lines(tmp_path / "ids.txt")) == sorted(recs)
     # MetaSchedule's own reading of the database, against every record
     db = ms.database.JSONDatabase(work_dir=tuned, allow_missing=False)
     theirs = db.get_all_tuning_records()
-    assert len(theirs) == TRIALS
+    assert len(theirs) == _trials(tuned)
     for tr in theirs:
         wl = tr.workload.mod
         h = program_hash(apply_trace(wl, _plain(tr.trace.as_json())))
@@ -99,7 +112,7 @@ def test_every_record_replays_with_its_run_secs_and_label(tuned, tmp_path, monke
     # the loader featurizes them through the dataset's workloads.jsonl (the matmul is not a zoo task)
     monkeypatch.setenv("CDMPP_CACHE", str(tmp_path / "cache"))
     loaded = load_dataset(str(ds), TaskTable.load(str(TASKS)), progress=False)
-    assert len(loaded) == TRIALS and {p.record_id for p in loaded.programs} == set(recs)
+    assert len(loaded) == _trials(tuned) and {p.record_id for p in loaded.programs} == set(recs)
     assert sorted(p.seconds for p in loaded.programs) == pytest.approx(sorted(label(x) for x in recs.values()))
 
 
@@ -109,9 +122,9 @@ def test_reimport_adds_nothing(tuned, tmp_path):
     first = _import(tuned, ds)
     files = {p.name: p.read_bytes() for p in ds.iterdir()}
     again = _import(tuned, ds, ids_out=str(tmp_path / "ids.txt"))
-    assert again["added"] == 0 and again["already_present"] == first["added"] == TRIALS and again["run"] is None
+    assert again["added"] == 0 and again["already_present"] == first["added"] == _trials(tuned) and again["run"] is None
     assert {p.name: p.read_bytes() for p in ds.iterdir()} == files
-    assert len(_lines(tmp_path / "ids.txt")) == TRIALS
+    assert len(_lines(tmp_path / "ids.txt")) == _trials(tuned)
 
 
 @pytest.mark.slow
@@ -131,7 +144,7 @@ def test_bad_lines_are_reported_and_skipped(tuned, tmp_path):
         lines[i] = json.dumps(rec[i])
     path.write_text("\n".join(lines) + "\n")
     r = _import(db, tmp_path / "ds")
-    assert r["added"] == TRIALS - 6 and r["errors"] == 6
+    assert r["added"] == _trials(tuned) - 6 and r["errors"] == 6
     assert (r["unreadable"], r["no_run_secs"], r["failed_run"], r["workload_missing"], r["does_not_replay"]) == (1, 2, 1, 1, 1)
     assert [p.split(": ")[0].rsplit(":", 1)[1] for p in r["problems"]] == ["3", "5", "6", "7", "8", "9"]
     assert rec[8][1][0][0][0][0] == "GetSBlock"
@@ -149,10 +162,10 @@ def test_cli_and_finetune_from_the_imported_ids(tuned, tmp_path, monkeypatch, ca
     ds, ids = str(tmp_path / "ds"), str(tmp_path / "ids.txt")
     common = ["--dataset", ds, "--task-table", str(TASKS), "--devices", str(DEVICES_JSON)]
     assert main(["import", "metaschedule", tuned, "--device", DEVICE, "--ids-out", ids, *common]) == 0
-    assert json.loads(capsys.readouterr().out)["added"] == TRIALS
+    assert json.loads(capsys.readouterr().out)["added"] == _trials(tuned)
     assert main(["finetune", "--model", str(MODEL), "--device", DEVICE, "--ids", ids,
                  "--out", str(tmp_path / "ft"), *common]) == 0
-    assert f"({TRIALS} programs measured on {DEVICE})" in capsys.readouterr().out
+    assert f"({_trials(tuned)} programs measured on {DEVICE})" in capsys.readouterr().out
     assert main(["import", "metaschedule", str(tmp_path), "--device", DEVICE, *common]) == 2  # not a database
 
 
