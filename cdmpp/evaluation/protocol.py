@@ -316,6 +316,10 @@ def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | Non
         device_table = DeviceTable(opts.devices).spec_table()
     config = recipe_config(opts.recipe, seed=seed, max_minutes=opts.minutes, progress=opts.progress, **opts.overrides)
     common = dict(seed=seed, recipe=opts.recipe, overrides=opts.overrides, minutes=opts.minutes)
+    if config.assembly_counts and ds is not None:  # a program not built is marked absent: say how many are
+        common["assembly_built"] = round(sum(p.features.asm is not None for p in ds.programs) / max(len(ds), 1), 4)
+        print(f"protocol: seed {seed}: {common['assembly_built']:.1%} of {len(ds)} programs have assembly counts",
+              file=sys.stderr, flush=True)
     out = _Writer(opts.runs, common if opts.threads == 1 else {**common, "threads": opts.threads})
 
     def context(pool) -> registry.Context:
