@@ -224,7 +224,8 @@ class PackedPrograms:
         flops = None if any(f is None for f in flops) else np.array(flops, dtype=np.float64)
         stats = None
         if n_features == _N_TVM_FEATURES:
-            stats = np.hstack([program_stats(leaves, offsets, flops), assembly_stats([getattr(p, "asm", None) for p in programs])])
+            counts = [getattr(p, "asm", None) for p in programs]
+            stats = np.hstack([program_stats(leaves, offsets, flops), assembly_stats(counts)])
         if normalize is not None:
             leaves = normalize(leaves)
         return cls(leaves, np.concatenate(poss), offsets, stats)

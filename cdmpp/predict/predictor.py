@@ -164,7 +164,9 @@ class Predictor:
                     far = const & (np.abs(x - center) > 1e-3 * (1.0 + np.abs(center)))
                 far = far | ~np.isfinite(x)
             flags = common + ([FEATURES_OUT_OF_RANGE] if far.any() else [])
-            out.append((tuple(flags + ([ASSEMBLY_NOT_BUILT] if counted and getattr(f, "asm", None) is None else [])), far))
+            if counted and getattr(f, "asm", None) is None:
+                flags.append(ASSEMBLY_NOT_BUILT)
+            out.append((tuple(flags), far))
         return out
 
     def _at_risk(self, features: Sequence, device: Device, seconds: np.ndarray) -> list[bool]:

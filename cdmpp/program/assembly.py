@@ -2,8 +2,7 @@
 
 TVM's per-store rows describe a schedule as asked (a loop marked ``vectorize``), not what LLVM made of it (the
 vector width reached, spills, shuffles). The counts of the built module say that, and as program-level inputs
-they take random-new from 39.4 to 29.8 % and cross-model from 43.6 to 34.4 % on the same programs
-(reports/assembly-counts.md). Only a build knows them (estimated from the rows they give nothing), and a build
+they take the locked random-new from 34.2 to 22.8 % and cross-model from 55.3 to 37.5 % (reports/assembly-counts.md). Only a build knows them (estimated from the rows they give nothing), and a build
 is for one target: a program has one set of counts per ``build_key`` (its target without the thread count),
 kept in an ``AssemblyCounts`` folder (``datasets/assembly/<build_key>/*.npz``) that ``cdmpp.records.dataset``
 attaches to each measured program (``ProgramFeatures.asm``).
