@@ -92,12 +92,14 @@ class TrainedModel:
     def extra_inputs(self, packed: PackedPrograms) -> torch.Tensor | None:
         """The members' program-level inputs, standardized: log2 FLOPs, bytes and unique bytes (``program_stats``)
         and, for a model trained with them, the assembly counts (``assembly_stats``): the first as many columns of
-        ``packed.stats`` as the model was trained on; None for a model without them."""
+        ``packed.stats`` as the model was trained on, held in the training range; None for a model without them."""
         if self.program_inputs is None or packed.stats is None:
             return None
-        n = len(self.program_inputs["mean"])
-        return torch.from_numpy(((packed.stats[:, :n] - np.asarray(self.program_inputs["mean"]))
-                                 / np.asarray(self.program_inputs["std"])).astype(np.float32))
+        inputs = self.program_inputs
+        z = (packed.stats[:, :len(inputs["mean"])] - np.asarray(inputs["mean"])) / np.asarray(inputs["std"])
+        if "lo" in inputs:  # held in the training range (``training.program_input_scaling``; not in models before 6 Dec)
+            z = np.clip(z, inputs["lo"], inputs["hi"])
+        return torch.from_numpy(z.astype(np.float32))
 
     def add_device(self, name: str, spec: dict[str, float]) -> None:
         """Make a new device predictable (zero-shot) from its spec; normalization stays as trained."""

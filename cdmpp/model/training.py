@@ -113,6 +113,20 @@ def _prepare(samples: Sequence[LabeledProgram], trained: TrainedModel, dev_index
     return _Split(pack, rows, trained.label_transform.transform(seconds).astype(np.float32), seconds, extra)
 
 
+def program_input_scaling(stats: np.ndarray, clip: float) -> dict:
+    """``TrainedModel.program_inputs`` of the training programs' ``stats``: each column's mean and std, and the
+    range (``lo``, ``hi``) the standardized inputs are held in, in training and prediction alike: +-``clip`` sd (the
+    leaf features' bound), and for the assembly's columns also the training programs' own range. Why: a nearly
+    constant column (the "built" flag, a rare instruction class's share) standardizes a rare value to hundreds of
+    sd, which the first linear layer extrapolates without bound (reports/cross-model-tail.md). The roofline
+    columns (log FLOPs, bytes) may leave the training range: a larger program is meant to be predicted slower."""
+    mean, std = stats.mean(axis=0), np.maximum(stats.std(axis=0), 1e-6)
+    z = (stats - mean) / std
+    lo, hi = np.clip(z.min(axis=0), -clip, 0.0), np.clip(z.max(axis=0), 0.0, clip)
+    lo[:N_ROOFLINE_STATS], hi[:N_ROOFLINE_STATS] = -clip, clip
+    return dict(mean=mean.tolist(), std=std.tolist(), lo=lo.tolist(), hi=hi.tolist())
+
+
 def fit(config: TrainConfig, train_set: Sequence[LabeledProgram] | FeatureStore,
         val_set: Sequence[LabeledProgram] | None = None, target_pool: Sequence[LabeledProgram] | None = None, *,
         device_table: dict[str, dict[str, float]] | None = None, featurizer_version: str | None = None,
@@ -177,7 +191,7 @@ def fit(config: TrainConfig, train_set: Sequence[LabeledProgram] | FeatureStore,
         if stats.shape[1] < N_STATS and config.assembly_counts:
             raise ValueError("assembly_counts: the training programs' stats have no assembly counts (a feature store "
                              "written before them): write the store again")
-        program_inputs = dict(mean=stats.mean(axis=0).tolist(), std=np.maximum(stats.std(axis=0), 1e-6).tolist())
+        program_inputs = program_input_scaling(stats, normalizer.clip)
     trained = TrainedModel([], normalizer, labels, specs, config.to_dict(),
                            featurizer_version=featurizer_version or current_featurizer_version(),
                            program_inputs=program_inputs)

@@ -181,6 +181,17 @@ def test_assembly_counts_train_save_and_load(tmp_path):
     for f in other:
         f.asm = f.asm * 3
     assert not np.allclose(model.predict(other, "cpu-a")[0], mean)
+    # a program beyond the training range (a count 10^4 x any trained one) is read at the range's edge: its inputs,
+    # and so its prediction, are those of a program at the edge; the "built" flag of 12 absent programs is held at
+    # -3 sd (its 0, standardized over 120 programs) rather than far beyond, and nothing exceeds the leaves' 10 sd
+    lo, hi = np.asarray(model.program_inputs["lo"]), np.asarray(model.program_inputs["hi"])
+    assert np.all(lo >= -10) and np.all(hi <= 10) and np.all(lo[3:] > -10) and np.all(hi[3:] < 10)
+    far, edge = copy.copy(feats[0]), copy.copy(feats[0])
+    far.asm, edge.asm = feats[0].asm * 1e4, feats[0].asm * 1e5
+    z_far, z_edge = (model.extra_inputs(model.pack([f])).numpy() for f in (far, edge))
+    assert np.all(z_far <= hi + 1e-6) and np.all(z_far >= lo - 1e-6)
+    assert np.array_equal(z_far[0, 3:], z_edge[0, 3:])
+    assert model.predict([far], "cpu-a")[0][0] == pytest.approx(model.predict([edge], "cpu-a")[0][0], rel=1e-4)
     plain = fit(quick_config(epochs=1, ensemble=1), train, val, device_table=DEVICES)
     assert plain.members[0].hparams["n_program_inputs"] == 3
     assert np.array_equal(plain.predict(other, "cpu-a")[0], plain.predict(feats, "cpu-a")[0])
