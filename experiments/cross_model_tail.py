@@ -2,7 +2,8 @@
 counts predicts a few programs far too slow (locked seed 1001: its transformer 157.8 % MAPE, capped 30.9 %). Which
 programs, are their program-level inputs out of the training range, and does holding the standardized inputs in it
 (``training.program_input_scaling``: +-10 sd, the assembly's columns also within the training programs' range) cost
-anything where there is no tail?
+anything where there is no tail, and what does each model predict for a program whose build failed (its counts
+absent, as for the 2 labelled programs that failed to build)?
 
 Development seeds and held-out networks only (never the locked ones): each seed's model is trained once per arm
 (the `assembly` recipe, as the protocol trains it; saved under build/, resumable): ``held`` as the package trains
@@ -14,6 +15,7 @@ holds applied at prediction time only (the ``VARIANTS``). Scored on the split's 
 """
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -33,7 +35,10 @@ from cdmpp.model.training import fit
 
 ROWS = Path("reports/cross-model-tail-runs.jsonl")
 MODELS = Path("build/cross-model-tail")
-VARIANTS = ("as trained", "program inputs held", "leaves held", "both held", "GBT where inputs out of range")
+# scored at prediction time: as trained, with each program's counts removed (as if its build had failed: the
+# "built" flag off), and (the first rows' unheld cross-model models) with holds applied at prediction time only
+VARIANTS = ("as trained", "counts absent", "program inputs held", "leaves held", "both held",
+            "GBT where inputs out of range")
 
 
 def model_for(name: str, seed: int, split, table: dict) -> TrainedModel:
@@ -120,10 +125,11 @@ def run(seed: int, held_out: tuple, setting: str, arm: str) -> None:
         feats, devs = [p.features for p in programs], [p.device for p in programs]
         far = out_of_range(model, programs, lo, hi)
         y = np.array([p.seconds for p in programs])
-        for variant in VARIANTS if arm == "unheld" and setting == "cross-model" else VARIANTS[:1]:
-            m = model if variant in ("as trained", VARIANTS[-1]) else held(
+        absent = [dataclasses.replace(f, asm=None) for f in feats]
+        for variant in VARIANTS[:2] + (VARIANTS[2:] if arm == "unheld" and setting == "cross-model" else ()):
+            m = model if variant in VARIANTS[:2] + VARIANTS[-1:] else held(
                 model, lo, hi, stats=variant != "leaves held", leaves=variant != "program inputs held")
-            t, g = m.predict_parts(feats, devs)
+            t, g = m.predict_parts(absent if variant == "counts absent" else feats, devs)
             b, o = blend(t, g, w), blend(t, g, w_order)
             if variant == VARIANTS[-1]:  # the GBT alone where a program-level input is > 0.5 sd out of range
                 b, o = np.where(far > 0.5, g, b), np.where(far > 0.5, g, o)
