@@ -171,9 +171,11 @@ def table() -> None:
             kv[0][0] != "random-new", kv[0][1] != "val", kv[0][2], VARIANTS.index(kv[0][3]))):
         def f(part_, key, scale=100.0):
             v = np.array([r[part_][key] for r in rs]) * scale
-            return f"{v.mean():.1f} ± {v.std():.1f}" if scale == 100.0 else f"{v.mean():.3f}"
+            if scale != 100.0:
+                return f"{v.mean():.3f}"
+            return f"{v.mean():.1e}" if v.mean() > 1e4 else f"{v.mean():.1f}" + (f" ± {v.std():.1f}" if len(v) > 1 else "")
         print(f"| {setting} | {part} | {arm} | {variant} | {len(rs)} | {f('transformer', 'mape')} | "
-              f"{max(r['transformer']['max_ape'] for r in rs):.1f} | "
+              f"{max(r['transformer']['max_ape'] for r in rs):.4g} | "
               f"{f('blend', 'mape')} | {f('blend', 'mape_capped')} | {f('blend', 'fast10')} | "
               f"{f('blend', 'spearman', 1.0)} | {sum(r['blend']['over_200'] for r in rs)} |")
 
