@@ -15,6 +15,7 @@ holds applied at prediction time only (the ``VARIANTS``). Scored on the split's 
 """
 
 import argparse
+import copy
 import dataclasses
 import json
 import sys
@@ -69,9 +70,7 @@ def stats_range(model: TrainedModel, programs) -> tuple[np.ndarray, np.ndarray]:
 
 def held(model: TrainedModel, lo, hi, stats: bool, leaves: bool) -> TrainedModel:
     """The same model with its program-level inputs and/or leaf features clipped to the training range (a copy
-    sharing the members: only two bound methods change)."""
-    import copy
-
+    sharing the members: only the program inputs or the normalizer change)."""
     m = copy.copy(model)
     if stats:
         lo_t, hi_t = torch.from_numpy(lo), torch.from_numpy(hi)
@@ -85,7 +84,7 @@ def held(model: TrainedModel, lo, hi, stats: bool, leaves: bool) -> TrainedModel
     return m
 
 
-def out_of_range(model: TrainedModel, programs, lo, hi, slack: float = 0.5) -> np.ndarray:
+def out_of_range(model: TrainedModel, programs, lo, hi) -> np.ndarray:
     """Per program, how far (in training standard deviations) its furthest program-level input lies outside the
     training range; 0 inside it."""
     e = standardized(model, programs)
