@@ -87,12 +87,12 @@ def build_key(target: dict) -> str:
     return "-".join(p.strip("+").replace(",", "-") for p in parts if p)
 
 
-def build_counts(mod, target) -> np.ndarray:
-    """The whole module's ``instruction_counts`` of ``mod`` built by ``tvm.compile`` for ``target`` (an x86
-    LLVM target: the classes are x86 mnemonics). Raises what the build raises."""
+def build_counts(mod, target) -> tuple[np.ndarray, np.ndarray]:
+    """``instruction_counts`` (the whole module's, its innermost loops') of ``mod`` built by ``tvm.compile`` for
+    ``target`` (an x86 LLVM target: the classes are x86 mnemonics). Raises what the build raises."""
     import tvm
 
-    return instruction_counts(tvm.compile(mod, target=target).mod.inspect_source("asm"))[0]
+    return instruction_counts(tvm.compile(mod, target=target).mod.inspect_source("asm"))
 
 
 class AssemblyCounts:
@@ -146,10 +146,11 @@ def build_device(device: str, dataset_dir: str, root: str, task_table: str, part
     key, target = build_key(spec.target), spec.make_target()
     path = Path(root) / key / f"build-{part}-of-{parts}.npz"
     path.parent.mkdir(parents=True, exist_ok=True)
-    hashes, rows = [], []
+    hashes, rows, inner = [], [], []  # inner: the innermost loops' counts, kept for the study that may use them
     if path.exists():
         with np.load(path, allow_pickle=False) as z:
             hashes, rows = z["hashes"].tolist(), list(z["counts"])
+            inner = list(z["inner"]) if "inner" in z.files else [np.full(N_COUNTS, np.nan)] * len(rows)
     done = set(AssemblyCounts(root).table(key)) | set(hashes)
     todo: dict[str, object] = {}
     for rec in RecordStore(dataset_dir).records(device):
@@ -160,13 +161,16 @@ def build_device(device: str, dataset_dir: str, root: str, task_table: str, part
 
     def save() -> None:
         tmp = path.with_suffix(".tmp.npz")
-        np.savez_compressed(tmp, hashes=np.array(hashes, dtype=str), counts=np.array(rows).reshape(-1, N_COUNTS))
+        np.savez_compressed(tmp, hashes=np.array(hashes, dtype=str), counts=np.array(rows).reshape(-1, N_COUNTS),
+                            inner=np.array(inner).reshape(-1, N_COUNTS))
         os.replace(tmp, path)
 
     built = 0
     for i, rec in enumerate(todo_list):
         try:
-            rows.append(build_counts(scheduled_module(rec, table, mods), target))
+            whole, innermost = build_counts(scheduled_module(rec, table, mods), target)
+            rows.append(whole)
+            inner.append(innermost)
             hashes.append(rec.program_hash)
             built += 1
         except Exception as e:  # noqa: BLE001 - one program's build failing stops none of the others

@@ -64,9 +64,11 @@ def test_the_count_folder(tmp_path):
 
 
 def test_a_real_build_counts_instructions(sampled, tvm):
-    counts = build_counts(sampled["matmul"][0].mod, tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "num-cores": 2}))
+    counts, inner = build_counts(sampled["matmul"][0].mod,
+                                 tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "num-cores": 2}))
     at = {n: i for i, n in enumerate(COUNT_NAMES)}
-    assert counts.shape == (N_COUNTS,) and counts[at["all"]] > 20 and counts[at["blocks"]] >= 1
+    assert counts.shape == inner.shape == (N_COUNTS,) and counts[at["all"]] > 20 and counts[at["blocks"]] >= 1
+    assert 0 < inner[at["all"]] <= counts[at["all"]]  # a matmul's innermost loop is part of the module
 
 
 def test_a_dataset_attaches_its_devices_counts(real, tmp_path):
@@ -114,6 +116,8 @@ def test_building_a_devices_programs_resumes(tmp_path):
     key = build_key(DeviceTable().get(REAL_DEVICE).target)
     table = AssemblyCounts(root).table(key)
     assert len(table) == 3 and all(c[0] > 0 for c in table.values())
+    with np.load(next((root / key).glob("build-*.npz"))) as z:  # the innermost loops' counts kept beside
+        assert z["inner"].shape == z["counts"].shape and (z["inner"][:, 0] <= z["counts"][:, 0]).all()
     assert build_device(REAL_DEVICE, str(data), str(root), str(TASKS), progress=False) == 0
     with pytest.raises(ValueError, match="x86 LLVM"):
         build_device("nvidia-h100/cuda-sm90", str(data), str(root), str(TASKS))
