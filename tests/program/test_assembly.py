@@ -48,6 +48,8 @@ def test_inputs_and_build_key():
     assert build_key({"kind": "llvm", "num-cores": 2, "mcpu": "znver4"}) == "llvm-znver4"
     assert build_key({"kind": "llvm", "num-cores": 1, "mcpu": "znver4"}) == "llvm-znver4"  # threads share a build
     assert build_key({"kind": "llvm", "mcpu": "x86-64-v3"}) != "llvm-znver4"
+    assert build_key({"kind": "llvm", "mcpu": "znver5"}) == "llvm-znver4"  # measured: the same counts (SAME_COUNTS)
+    assert build_key({"kind": "llvm", "mcpu": "rocketlake"}) == "llvm-rocketlake"  # not: ymm where znver4 takes zmm
 
 
 def test_the_count_folder(tmp_path):
