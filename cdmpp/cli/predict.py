@@ -102,9 +102,10 @@ def _database_programs(folder: str) -> list[tuple[str, dict]]:
     return out
 
 
-def featurize_named(predictor, items: list, kind: str, trusted: bool) -> tuple[list, dict[int, str]]:
+def featurize_named(predictor, items: list, kind: str, trusted: bool, build: dict | None = None
+                    ) -> tuple[list, dict[int, str]]:
     """Features of each item (None where it failed) and {index: reason} of those that failed, so that one bad
-    program is named and the others are still predicted."""
+    program is named and the others are still predicted (``build``: ``Predictor.build_target`` of the device)."""
     from cdmpp.program.inputs import ProgramError, load_program
 
     errors: dict[int, str] = {}
@@ -117,13 +118,13 @@ def featurize_named(predictor, items: list, kind: str, trusted: bool) -> tuple[l
             except ProgramError as e:
                 errors[i] = str(e)
         ok = list(progs)
-        for i, f in zip(ok, predictor.featurize([progs[i] for i in ok], kind, trusted=True) if ok else []):
+        for i, f in zip(ok, predictor.featurize([progs[i] for i in ok], kind, trusted=True, build=build) if ok else []):
             feats[i] = f
     else:
         ok = list(range(len(items)))
         while ok:
             try:
-                got = predictor.featurize([items[i] for i in ok], kind)
+                got = predictor.featurize([items[i] for i in ok], kind, build=build)
             except ProgramError as e:
                 bad = getattr(e, "errors", None)
                 if not bad:
@@ -184,13 +185,15 @@ def cmd_predict(args) -> int:
     predictor = load_predictor(args.model, args.devices)
     named = [d.strip() for ds in args.device or [] for d in ds.split(",") if d.strip()]
     devices = [predictor.device(d) for d in named] or _default_devices(predictor, args.target or "llvm")
-    rows, errors, by_kind = [], [], {}
+    rows, errors, by_build, named = [], [], {}, set()
     for dev in devices:
-        d, kind = dev.id, args.target or dev.kind
-        if kind not in by_kind:
-            by_kind[kind] = featurize_named(predictor, [p for _, p in items], kind, args.trusted)
-            errors += [(items[i][0], None, r) for i, r in by_kind[kind][1].items()]
-        preds, errs = predict_named(predictor, by_kind[kind][0], dev, kind)
+        d, kind, build = dev.id, args.target or dev.kind, predictor.build_target(dev)
+        at = (kind, json.dumps(build, sort_keys=True))  # features once per target kind and build
+        if at not in by_build:
+            by_build[at] = featurize_named(predictor, [p for _, p in items], kind, args.trusted, build)
+            errors += [(items[i][0], None, r) for i, r in by_build[at][1].items() if (kind, i) not in named]
+            named |= {(kind, i) for i in by_build[at][1]}
+        preds, errs = predict_named(predictor, by_build[at][0], dev, kind)
         errors += [(items[i][0], d, r) for i, r in errs.items()]
         rows += [{"program": items[i][0], "device": d, "seconds": p.seconds, "lo90": p.lo90, "hi90": p.hi90,
                   "flags": list(p.ood)} for i, p in sorted(preds.items())]

@@ -6,7 +6,9 @@ are kept in one LRU, by a key that costs no parsing:
 
 * text and JSON items (TVMScript, workload+trace) by a digest of the item as sent, its target kind and
   the request's shared workload: equal bytes, equal program;
-* TVM objects (PrimFunc, IRModule, Schedule, a MetaSchedule candidate) by target kind and structural hash.
+* TVM objects (PrimFunc, IRModule, Schedule, a MetaSchedule candidate) by target kind and structural hash;
+* and, for a model that reads the built programs' instruction counts, by the build too (``build``: each program
+  is built for the device's target where it is featurized, ``cdmpp.program.assembly``).
 
 Text and JSON from callers that are not trusted are parsed and featurized in sandbox workers
 (``cdmpp.sandbox.pool``), never here; TVMScript items go to workers of their own (a worker that ran
@@ -16,6 +18,7 @@ that sent them. TVM objects were built in this process and are featurized here.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import threading
@@ -104,14 +107,17 @@ class FeatureCache:
 
     def featurize(self, programs: Sequence, target: Any = "llvm", trusted: bool = False, workload: Any = None,
                   tvmscript: bool = True, sandbox=None, deadline: float | None = None, cancel=None,
-                  stats: FeatureStats | None = None, keys: Sequence[bytes] | None = None) -> list:
+                  stats: FeatureStats | None = None, keys: Sequence[bytes] | None = None,
+                  build: dict | None = None) -> list:
         """``ProgramFeatures`` per program for ``target``: a kind ("llvm"/"cuda") or a TVM target.
 
         Text and dict items are parsed in ``sandbox`` (default: this process's ``default_sandbox``)
         unless ``trusted``; ``workload``: the unscheduled module shared by workload-less trace items;
         ``tvmscript=False`` refuses TVMScript items before any worker sees them; ``keys``: the items'
-        ``item_key``s when the caller has them already. Bad items raise ``ProgramError`` with ``errors`` =
-        ``[{"index", "reason"}]``; ``Cancelled`` when ``cancel`` is set or the monotonic ``deadline`` passes.
+        ``item_key``s when the caller has them already; ``build``: a CPU device's target (dict) each program is
+        also built for, its instruction counts in its features (``asm``, None where the build failed). Bad items
+        raise ``ProgramError`` with ``errors`` = ``[{"index", "reason"}]``; ``Cancelled`` when ``cancel`` is set
+        or the monotonic ``deadline`` passes.
         """
         from cdmpp.program.inputs import TARGET_KINDS, Program, ProgramError
         from cdmpp.sandbox.wire import TVMSCRIPT_OFF, is_tvmscript
@@ -134,6 +140,11 @@ class FeatureCache:
                 keyed[i] = _hash_key(where, loaded[i][1])
             elif keyed[i] is None:
                 keyed[i] = item_key(where, p, shared)
+        if build is not None:  # a program's counts are its build's: one entry per build key
+            from cdmpp.program.assembly import build_key
+
+            built_by = build_key(build).encode()
+            keyed = [_digest(k, b"asm", built_by) for k in keyed]
         with self._lock:
             out: list = [self._cache.get(k) for k in keyed]
             todo = [i for i, f in enumerate(out) if f is None]
@@ -152,7 +163,7 @@ class FeatureCache:
         parse_s = feat_s = 0.0
         if here:
             t0 = time.perf_counter()
-            feats = self._here(programs, here, loaded, kind if isinstance(target, str) else target)
+            feats = self._here(programs, here, loaded, kind if isinstance(target, str) else target, build)
             feat_s += time.perf_counter() - t0
             for i, f in zip(here, feats):
                 out[i] = f
@@ -162,7 +173,7 @@ class FeatureCache:
 
                 sandbox = default_sandbox(kind)
             feats, p_s, f_s = self._there(sandbox, [programs[i] for i in there], there, code, kind, workload,
-                                          deadline, cancel)
+                                          deadline, cancel, build)
             parse_s, feat_s = parse_s + p_s, feat_s + f_s
             for i, f in zip(there, feats):
                 out[i] = f
@@ -212,17 +223,26 @@ class FeatureCache:
             out[i] = (p, program_hash(p.mod))
         return out
 
-    def _here(self, programs: Sequence, idx: list[int], loaded: dict, target) -> list:
-        """Featurize in this process: TVM objects and text a trusted caller sent."""
+    def _here(self, programs: Sequence, idx: list[int], loaded: dict, target, build: dict | None = None) -> list:
+        """Featurize (and with ``build``, build) in this process: TVM objects and text a trusted caller sent."""
         from cdmpp.program.inputs import load_program
 
         progs = [loaded[i][0] if i in loaded else load_program(programs[i], target) for i in idx]
-        return self.featurizer()(progs)
+        feats = self.featurizer()(progs)
+        if build is None:
+            return feats
+        from cdmpp.program.assembly import with_counts
+        from cdmpp.program.inputs import parse_target
+
+        built_for = parse_target(build)
+        return [with_counts(f, p.mod, built_for) for f, p in zip(feats, progs)]
 
     @staticmethod
-    def _there(sandbox, items: list, where: list[int], code: set[int], kind: str, workload, deadline, cancel):
+    def _there(sandbox, items: list, where: list[int], code: set[int], kind: str, workload, deadline, cancel,
+               build: dict | None = None):
         """``Sandbox.run`` on the items at request positions ``where``, TVMScript items (positions in
-        ``code``) in workers of their own, which the sandbox retires after their job."""
+        ``code``) in workers of their own, which the sandbox retires after their job. Counts a worker sends
+        unasked are dropped."""
         rest = [j for j, w in enumerate(where) if w not in code]
         script = [j for j, w in enumerate(where) if w in code]
         feats: list = [None] * len(items)
@@ -232,7 +252,9 @@ class FeatureCache:
             if not js:
                 continue
             f, e, p, t = sandbox.run([items[j] for j in js], [where[j] for j in js], kind, workload, tvmscript,
-                                     deadline, cancel)
+                                     deadline, cancel, build=build)
+            if build is None:
+                f = [x if getattr(x, "asm", None) is None else dataclasses.replace(x, asm=None) for x in f]
             errors += e
             parse_s, feat_s = parse_s + p, feat_s + t
             for j, x in zip(js, f):

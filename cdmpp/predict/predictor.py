@@ -50,7 +50,8 @@ def target_kind_problem(features, kind: str) -> str | None:
 DEVICE_UNTRAINED = "device_untrained"  # the device had no training data (predicted from its specs only)
 FEATURES_OUT_OF_RANGE = "features_out_of_range"  # leaf features outside the training values move the prediction
 # the model reads built programs' instruction counts (``TrainConfig.assembly_counts``) and this one was not built for
-# the device's target: its prediction goes without them (a prediction does not build programs yet)
+# the device's target (its build failed, or it was featurized without ``Predictor.build_target``, as a tuner's
+# candidates are): its prediction goes without them
 ASSEMBLY_NOT_BUILT = "assembly_not_built"
 RISK_FACTOR = 1.1  # out-of-range inputs flag a prediction when holding them at the training range moves it this much
 
@@ -125,6 +126,13 @@ class Predictor:
     def target_kind(self, device: str | Device) -> str:
         """The target kind ``device`` runs ("llvm" or "cuda"), from its target in the device table."""
         return self.device(device).kind
+
+    def build_target(self, device: str | Device) -> dict | None:
+        """The target to build each program for before predicting it on ``device`` (its own), when the model that
+        predicts it reads the built programs' instruction counts (``TrainConfig.assembly_counts``); else None."""
+        dev = self.device(device)
+        counted = bool(self.model_for(dev).config.get("assembly_counts"))
+        return dict(dev.target) if counted and dev.kind == "llvm" and dev.target else None
 
     def trained_on(self, device: str | Device) -> bool:
         """Whether the model saw measurements of ``device`` (else its predictions rest on specs alone)."""
@@ -220,7 +228,8 @@ class Predictor:
         """
         dev = self.device(device)
         kind = target or dev.kind
-        return self.predict_features(self.featurize(programs, kind, trusted, workload), dev, kind, order)
+        feats = self.featurize(programs, kind, trusted, workload, build=self.build_target(dev))
+        return self.predict_features(feats, dev, kind, order)
 
     def predict_seconds(self, programs: Sequence, device: str | Device, trusted: bool = False) -> np.ndarray:
         return np.array([p.seconds for p in self.predict(programs, device, trusted=trusted)])

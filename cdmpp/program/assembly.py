@@ -102,6 +102,21 @@ def build_counts(mod, target) -> tuple[np.ndarray, np.ndarray]:
     return instruction_counts(tvm.compile(mod, target=target).mod.inspect_source("asm"))
 
 
+def with_counts(features, mod, target):
+    """``features`` (``ProgramFeatures``) with the counts of ``mod`` built for ``target`` (a dict or ``Target``) as
+    ``asm``; as they are (``asm`` None: not built) where the build fails. How a prediction gets the counts a model
+    trained with them reads: each asked program is built once for the device's target (~0.3 s)."""
+    import dataclasses
+
+    import tvm
+
+    try:
+        counts = build_counts(mod, target if isinstance(target, tvm.target.Target) else tvm.target.Target(target))[0]
+    except Exception:  # noqa: BLE001 - a program that does not build is predicted without counts (flagged)
+        return features
+    return dataclasses.replace(features, asm=counts)
+
+
 class AssemblyCounts:
     """The counts built so far, per build key: ``root/<build_key>/*.npz``, each file ``hashes`` (program hashes)
     and ``counts [n, N_COUNTS]`` (optionally ``inner``: the innermost loops', unused by the model yet). Files are

@@ -244,8 +244,10 @@ class Sandbox:
             self._retire(w)
 
     def run(self, items: list, indices: list[int], kind: str, workload: Any = None, tvmscript: bool = False,
-            deadline: float | None = None, cancel: threading.Event | None = None, _retried: bool = False):
-        """Parse and featurize ``items`` (wire forms; ``indices`` name them in errors) for target ``kind``.
+            deadline: float | None = None, cancel: threading.Event | None = None, _retried: bool = False,
+            build: dict | None = None):
+        """Parse and featurize ``items`` (wire forms; ``indices`` name them in errors) for target ``kind``; with
+        ``build`` (a CPU target dict) also build each for it, its instruction counts in its features.
 
         Returns ``(features, [(index, reason)], parse seconds, feature seconds)``. A worker that dies on a
         chunk of several items is replaced and the items retried one by one, so the culprit is named.
@@ -275,7 +277,7 @@ class Sandbox:
                     its, ixs = pending.pop(0)
                     try:
                         w.send({"items": its, "indices": ixs, "kind": kind, "workload": workload,
-                                "tvmscript": tvmscript})
+                                "tvmscript": tvmscript, "build": build})
                         busy[w.fd] = (w, its, ixs)
                     except (OSError, ValueError):
                         self._blame(its, ixs, self._retire(w), errors, retry, _retried)
@@ -316,7 +318,7 @@ class Sandbox:
             for w, _, _ in busy.values():  # still working at the deadline: kill, replace
                 self._retire(w)
         for item, i in retry:
-            f, e, p, t = self.run([item], [i], kind, workload, tvmscript, deadline, cancel, True)
+            f, e, p, t = self.run([item], [i], kind, workload, tvmscript, deadline, cancel, True, build)
             feats_by_index.update(zip([i], f) if not e else [])
             errors += e
             parse_s, feat_s = parse_s + p, feat_s + t

@@ -2,9 +2,11 @@
 
 Wire protocol (pipes, 4-byte big-endian length + JSON; no pickle from worker to parent, so a subverted
 worker cannot run code in the parent through its answers): parent → ``{"items", "indices", "kind",
-"workload", "tvmscript"}``; worker → ``{"feats": [{"rows": base64 float32, "n", "positions", "flops",
-"hash", "loops"?: base64 float32 [n_loops, 3], "tensor_flops"?}], "errors": [[index, reason]], "parse_s", "feat_s",
-"retiring"}``. ``loops`` and ``tensor_flops`` are optional both ways: features without them travel as before."""
+"workload", "tvmscript", "build"?}`` (``build``: a CPU target dict to build each program for, when the model reads
+the built programs' instruction counts); worker → ``{"feats": [{"rows": base64 float32, "n", "positions", "flops",
+"hash", "loops"?: base64 float32 [n_loops, 3], "tensor_flops"?, "asm"?: [N_COUNTS numbers] or null}], "errors":
+[[index, reason]], "parse_s", "feat_s", "retiring"}``. ``loops``, ``tensor_flops`` and ``asm`` are optional both
+ways: features without them travel as before."""
 
 from __future__ import annotations
 
@@ -74,7 +76,25 @@ def decode_features(f: dict):
     if not isinstance(tensor, (int, float)) or not tensor >= 0.0 or tensor > f["flops"]:  # NaN FLOPs: nonfinite
         raise ValueError("tensor-core FLOPs that are not a number between 0 and the program's FLOPs")
     return ProgramFeatures(rows.reshape(n, N_FEATURES).astype(np.float32), pos, float(f["flops"]),
-                           str(f["hash"])[:64], loops, float(tensor))
+                           str(f["hash"])[:64], loops, float(tensor), decode_counts(f.get("asm")))
+
+
+MAX_COUNT = 1e9  # instructions of one class in one built program: far above any real build's
+
+
+def decode_counts(asm) -> np.ndarray | None:
+    """A worker's instruction counts of a built program (``cdmpp.program.assembly``), checked as untrusted input:
+    None (not built), or ``N_COUNTS`` whole numbers in [0, ``MAX_COUNT``]."""
+    from cdmpp.program.assembly import N_COUNTS
+
+    if asm is None:
+        return None
+    if not isinstance(asm, list) or len(asm) != N_COUNTS or not all(isinstance(x, (int, float)) for x in asm):
+        raise ValueError(f"instruction counts that are not a list of {N_COUNTS} numbers")
+    c = np.asarray(asm, dtype=np.float64)
+    if not (np.all(c >= 0) and np.all(c <= MAX_COUNT) and np.all(c == np.round(c))):
+        raise ValueError(f"instruction counts that are not whole numbers in [0, {MAX_COUNT:.0e}]")
+    return c
 
 
 def encode_features(f) -> dict:
@@ -84,4 +104,7 @@ def encode_features(f) -> dict:
     loops = getattr(f, "loops", None)
     if loops is not None:
         out["loops"] = base64.b64encode(np.ascontiguousarray(loops, dtype="<f4").tobytes()).decode()
+    asm = getattr(f, "asm", None)
+    if asm is not None:
+        out["asm"] = [float(x) for x in asm]
     return out

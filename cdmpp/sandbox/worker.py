@@ -31,12 +31,14 @@ from cdmpp.sandbox.wire import NO_COMPUTATION, TVMSCRIPT_OFF, encode_features, i
 
 
 def featurize_items(items: list, indices: list[int], tgt, workload: Any = None, featurize=None,
-                    tvmscript: bool = True, item_limit=None):
+                    tvmscript: bool = True, item_limit=None, build: dict | None = None):
     """Parse and featurize wire items: ``(features, [(index, reason)], parse s, feature s)``.
 
     Each item is parsed on its own, so a bad one is named; the shared workload is parsed once. Features
     are extracted for the batch at once, item by item only when the batch fails (to name the bad ones).
-    ``item_limit(n)`` (the worker's) re-arms the CPU limit for the next ``n`` items.
+    ``item_limit(n)`` (the worker's) re-arms the CPU limit for the next ``n`` items. ``build``: a CPU target
+    (dict) each program is also built for, its instruction counts in its features (``asm``; None where the
+    build fails: ``cdmpp.program.assembly.with_counts``).
     """
     featurize = featurize or _process_featurizer()
     arm = item_limit or (lambda n: None)
@@ -82,6 +84,16 @@ def featurize_items(items: list, indices: list[int], tgt, workload: Any = None, 
                 errors.append((i, f"feature extraction failed: {error_message(e)}"))
     errors += [(i, NO_COMPUTATION) for i, f in zip(indices, feats) if f.n_leaves == 0]
     errors += [(i, why) for i, f in zip(indices, feats) if f.n_leaves and (why := nonfinite(f))]
+    if build is not None and not errors:
+        from cdmpp.program.assembly import with_counts
+        from cdmpp.program.inputs import parse_target
+
+        target = parse_target(build)
+        built = []
+        for prog, f in zip(parsed, feats):
+            arm(1)
+            built.append(with_counts(f, prog.mod, target))
+        feats = built
     return ([] if errors else feats), errors, t1 - t0, time.perf_counter() - t1
 
 
@@ -261,7 +273,7 @@ def worker_main(job_fd: int, answer_fd: int, folder: str, mem_mb: int, item_cpu_
         try:
             feats, errors, p, t = featurize_items(msg["items"], msg["indices"], targets[msg["kind"]],
                                                   msg.get("workload"), tvmscript=bool(msg.get("tvmscript")),
-                                                  item_limit=item_limit)
+                                                  item_limit=item_limit, build=msg.get("build"))
         except SharedWorkloadError as e:
             feats, errors, p, t = [], [(i, str(e)) for i in msg["indices"]], 0.0, 0.0
         resource.setrlimit(resource.RLIMIT_CPU, (cpu_hard, cpu_hard))

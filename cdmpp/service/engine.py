@@ -105,7 +105,7 @@ class PredictEngine:
         try:
             feats = p.featurize([programs[i] for i in todo], kind, workload=workload, tvmscript=self.allow_tvmscript,
                                 sandbox=self.sandbox, deadline=deadline, cancel=cancel, stats=self.stats,
-                                keys=[keys[i] for i in todo])
+                                keys=[keys[i] for i in todo], build=p.build_target(dev))
         except ProgramError as e:
             if getattr(e, "errors", None) is None:
                 raise

@@ -212,3 +212,34 @@ def test_a_device_is_resolved_once_and_its_target_kind_comes_from_the_table(pred
         p.predict_features(feats, dev)
     assert calls == ["odd-chip-2t/cuda-looking-id", "odd-gpu/sm90"]
     assert p.device(dev) is dev
+
+
+def test_a_model_that_reads_the_builds_builds_each_program_it_is_asked(sampled):
+    """A model trained with the built programs' instruction counts (``assembly_counts``) gets them when it predicts:
+    each asked program is built for the device's target, in this process (a TVM object) or in the sandbox worker
+    that parses it (text), with the same counts, and its features are cached per build; a model without them builds
+    nothing. SYNTHETIC training programs (the model's numbers are not the point), real asked programs."""
+    from cdmpp.devices.table import DeviceTable
+    from cdmpp.model.training import fit
+    from cdmpp.predict.predictor import ASSEMBLY_NOT_BUILT, Predictor
+    from cdmpp.program.assembly import N_COUNTS, build_counts
+    from cdmpp.records.dataset import LabeledProgram
+    from tests.model.synthetic import FakeProgram, quick_config
+
+    dev, table, rng = "amd-epyc-znver4-2t/llvm-avx512", DeviceTable(), np.random.default_rng(0)
+    train = [LabeledProgram(FakeProgram(np.abs(rng.normal(size=(2, N_FEATURES))).astype(np.float32), np.arange(2),
+                                        1e6, asm=rng.integers(1, 200, N_COUNTS).astype(float)),
+                            dev, float(rng.uniform(1e-4, 1e-3))) for _ in range(80)]
+    p = Predictor(fit(quick_config(epochs=1, ensemble=1, assembly_counts=True), train[:60], train[60:],
+                      device_table=table))
+    assert p.build_target(dev) == table.get(dev).target
+    mod = sampled["matmul"][1].mod
+    here, = p.predict([mod], dev)
+    there, = p.predict([mod.script()], dev)  # text from elsewhere: parsed and built in a sandbox worker
+    assert ASSEMBLY_NOT_BUILT not in here.ood and ASSEMBLY_NOT_BUILT not in there.ood
+    assert there.seconds == pytest.approx(here.seconds, rel=1e-5)
+    built = p.featurize([mod], "llvm", build=p.build_target(dev))[0]
+    assert np.array_equal(built.asm, build_counts(mod, table.get(dev).make_target())[0])
+    assert p.featurize([mod], "llvm")[0].asm is None  # the same program without a build: its own cache entry
+    plain = Predictor(fit(quick_config(epochs=1, ensemble=1), train[:60], train[60:], device_table=table))
+    assert plain.build_target(dev) is None

@@ -123,3 +123,21 @@ def test_building_a_devices_programs_resumes(tmp_path):
     assert build_device(REAL_DEVICE, str(data), str(root), str(TASKS), progress=False) == 0
     with pytest.raises(ValueError, match="x86 LLVM"):
         build_device("nvidia-h100/cuda-sm90", str(data), str(root), str(TASKS))
+
+
+def test_a_program_that_does_not_build_keeps_its_features(sampled, tvm):
+    """``with_counts``: the counts of a build where it succeeds, the features as they were (not built) where not;
+    a worker's counts are checked as untrusted input."""
+    from cdmpp.program.assembly import with_counts
+    from cdmpp.program.features import featurize
+    from cdmpp.sandbox.wire import decode_counts
+
+    mod = sampled["matmul"][0].mod
+    f = featurize(mod)
+    target = {"kind": "llvm", "mcpu": "znver4", "num-cores": 2}
+    assert with_counts(f, mod, target).asm.shape == (N_COUNTS,) and f.asm is None
+    assert with_counts(f, "not a module", target) is f
+    assert decode_counts(None) is None and decode_counts([1] * N_COUNTS).shape == (N_COUNTS,)
+    for bad in ([1] * (N_COUNTS - 1), [float("nan")] * N_COUNTS, [-1] * N_COUNTS, [0.5] * N_COUNTS, "x"):
+        with pytest.raises(ValueError, match="instruction counts"):
+            decode_counts(bad)
