@@ -64,9 +64,12 @@ def test_cpu_and_gpu_programs_train_one_model_per_kind(tiny_recipe, tmp_path):
         got = [x.seconds for x in p.predict_features([x.features for x in programs], programs[0].device, kind)]
         assert np.allclose(got, part.predict([x.features for x in programs], programs[0].device)[0])
 
-    # GPU data added: the GPU part retrained alone, the CPU part kept as it was
+    # GPU data added: the GPU part retrained alone, the CPU part kept as it was; a recipe with the assembly's counts
+    # (of x86 builds) gives the GPU part none
     again = tmp_path / "gpu-again"
-    train_checkpoint(tiny_recipe, str(folder), str(again), str(TASKS), str(ROOT / "datasets" / "devices.json"),
+    counted = tmp_path / "counted.toml"
+    counted.write_text(f'base = "{tiny_recipe}"\nassembly_counts = true\n')
+    train_checkpoint(str(counted), str(folder), str(again), str(TASKS), str(ROOT / "datasets" / "devices.json"),
                      max_minutes=0.1, seed=1, progress=False, device_ids=["nvidia-h100/cuda-sm90"],
                      other_parts_from=str(out))
     new = load_model(again)
@@ -74,6 +77,7 @@ def test_cpu_and_gpu_programs_train_one_model_per_kind(tiny_recipe, tmp_path):
         "llvm": model.parts["llvm"].summary["model_version"]}
     assert new.parts["llvm"].summary == model.parts["llvm"].summary
     assert new.parts["cuda"].summary["trained_at"] == new.summary["trained_at"]
+    assert not new.parts["cuda"].config.get("assembly_counts") and Predictor(new).build_target("nvidia-h100/cuda-sm90") is None
     assert new.summary["data"]["per_device"] == model.summary["data"]["per_device"]  # each part's own programs
     cpu = [x.features for x in ds.programs if x.device == "amd-epyc-znver4-1t/llvm-avx512"][:20]
     for a, b in zip(new.predict(cpu, "amd-epyc-znver4-1t/llvm-avx512"), model.predict(cpu, "amd-epyc-znver4-1t/llvm-avx512")):
