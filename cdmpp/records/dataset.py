@@ -197,8 +197,9 @@ def load_dataset(dataset_dir: str, task_table, devices=None, networks=None, task
                  cache_dir: str | None = None, limit: int | None = None, progress: bool = True,
                  searched: bool = True, features_on_disk: bool = False, assembly_dir: str | None = None) -> Dataset:
     """Every successfully measured record of ``dataset_dir`` (filtered), featurized (cached). ``searched=False``
-    leaves out the candidates of ``cdmpp collect --from-search`` (the protocol's settings score random
-    schedules, so a search collected later does not move their numbers). ``features_on_disk``: each program's
+    leaves out the candidates of ``cdmpp collect --from-search`` and their twins measured on the other devices
+    read (``--programs-from``: by program hash; the twin records carry no mark), as the protocol's settings
+    score random schedules, so a search collected later does not move their numbers. ``features_on_disk``: each program's
     ``features`` a ``CachedFeatures`` left in the cache (``read_cached`` reads them), so the dataset in memory is
     its labels and ids; programs not featurized yet are featurized first, with the cache in memory. Each program
     carries the instruction counts of its build for its device's target where ``assembly_dir`` (default:
@@ -212,14 +213,16 @@ def load_dataset(dataset_dir: str, task_table, devices=None, networks=None, task
     report = LoadReport()
     cache_dir = cache_dir or defaults.cache_dir(dataset_dir)
     cache = FeatureCache(cache_dir, on_disk=features_on_disk)
-    records, failed = [], 0
+    records, failed, search_programs = [], 0, set()
     def chosen(traces: bool, report: LoadReport):  # with ``devices``, only their files (in file order, as without)
         return (r for d in sorted(devices, key=slug) for r in store.records(d, report, traces)) if devices \
             else store.records(report=report, traces=traces)
 
     for rec in chosen(False, report):  # labels and ids only: a trace is read again where features are missing
-        if not searched and rec.extra.get("search"):
-            continue
+        if rec.extra.get("search"):
+            search_programs.add(rec.program_hash)
+            if not searched:
+                continue
         y = label(rec)
         if y is None:
             failed += 1
@@ -227,6 +230,8 @@ def load_dataset(dataset_dir: str, task_table, devices=None, networks=None, task
         records.append((rec, y))
         if limit and len(records) >= limit:
             break
+    if not searched:  # a candidate's twin on another device is a program of the search too
+        records = [(r, y) for r, y in records if r.program_hash not in search_programs]
     for p in report.problems:
         print(f"dataset: {p}", file=sys.stderr)
     def current(rec) -> bool:  # cached, and a GPU program's tensor-core FLOPs counted (CPU code has none)

@@ -77,7 +77,7 @@ def test_twins_are_featurized_once(real, tmp_path, monkeypatch):
 
 def test_searched_candidates_can_be_left_out(real, tmp_path):
     """The protocol loads with ``searched=False``: search candidates added to a pinned device later must
-    not change its splits."""
+    not change its splits, nor their twins measured on another device (`collect --programs-from`, unmarked)."""
     import dataclasses
 
     from cdmpp.records.dataset import load_dataset
@@ -90,11 +90,18 @@ def test_searched_candidates_can_be_left_out(real, tmp_path):
     tagged = [dataclasses.replace(r, extra={**r.extra, "search": {"strategy": "evolutionary", "trial": i}})
               if i % 3 == 0 else r for i, r in enumerate(records)]
     RecordStore(str(tmp_path)).append(records[0].device, tagged)
+    other = "amd-epyc-znver4-1t/llvm-avx512" if records[0].device != "amd-epyc-znver4-1t/llvm-avx512" \
+        else "amd-epyc-znver4-2t/llvm-avx512"
+    twins = [dataclasses.replace(r, device=other, id=r.id.replace(r.device, other, 1)) for r in records[:6]]
+    RecordStore(str(tmp_path)).append(other, twins)
+    tagged += twins
     table = TaskTable.load(str(TASKS))
     every = load_dataset(str(tmp_path), table, cache_dir=str(tmp_path / "cache"), progress=False)
     random_only = load_dataset(str(tmp_path), table, cache_dir=str(tmp_path / "cache"), progress=False,
                                searched=False)
     searched_ids = {r.id for r in tagged if r.extra.get("search")}
+    searched_ids |= {t.id for t in twins if t.program_hash in {r.program_hash for r in records if r.id in searched_ids}}
+    assert len(searched_ids) == 4 + 2  # records 0, 3, 6, 9 and the twins of 0 and 3
     assert {p.record_id for p in every.programs} >= searched_ids
     assert {p.record_id for p in random_only.programs} == {p.record_id for p in every.programs} - searched_ids
     assert len(random_only) == len(every) - len(searched_ids) > 0
