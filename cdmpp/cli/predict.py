@@ -185,14 +185,14 @@ def cmd_predict(args) -> int:
     predictor = load_predictor(args.model, args.devices)
     named = [d.strip() for ds in args.device or [] for d in ds.split(",") if d.strip()]
     devices = [predictor.device(d) for d in named] or _default_devices(predictor, args.target or "llvm")
-    rows, errors, by_build, named = [], [], {}, set()
+    rows, errors, by_build, reported = [], [], {}, set()
     for dev in devices:
         d, kind, build = dev.id, args.target or dev.kind, predictor.build_target(dev)
         at = (kind, json.dumps(build, sort_keys=True))  # features once per target kind and build
         if at not in by_build:
             by_build[at] = featurize_named(predictor, [p for _, p in items], kind, args.trusted, build)
-            errors += [(items[i][0], None, r) for i, r in by_build[at][1].items() if (kind, i) not in named]
-            named |= {(kind, i) for i in by_build[at][1]}
+            errors += [(items[i][0], None, r) for i, r in by_build[at][1].items() if (kind, i) not in reported]
+            reported |= {(kind, i) for i in by_build[at][1]}
         preds, errs = predict_named(predictor, by_build[at][0], dev, kind)
         errors += [(items[i][0], d, r) for i, r in errs.items()]
         rows += [{"program": items[i][0], "device": d, "seconds": p.seconds, "lo90": p.lo90, "hi90": p.hi90,
