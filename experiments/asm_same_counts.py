@@ -1,8 +1,8 @@
 """Do two CPUs of one ISA level get the same assembly counts? (issue 52/55: the counts are the largest lever
 measured, and a build per program and target costs ~0.35 s: 96,000 programs of the other chips wait to be built.)
 
-    .venv/bin/python experiments/asm_same_counts.py --n 200 --seed 0 --mcpu rocketlake,emeraldrapids,znver5 --part 0
-    .venv/bin/python experiments/asm_same_counts.py --n 200 --seed 0 --mcpu znver3,x86-64-v3,core-avx2 --part 1
+    .venv/bin/python experiments/asm_same_counts.py --n 200 --seed 0 --mcpu rocketlake,emeraldrapids,znver5
+    .venv/bin/python experiments/asm_same_counts.py --n 200 --seed 0 --mcpu znver3,x86-64-v3,core-avx2
     .venv/bin/python experiments/asm_same_counts.py --table
 
 Builds ``--n`` labelled programs of the 2-thread Zen 4 device (drawn with ``--seed``; the core set, which every CPU
@@ -90,7 +90,6 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--mcpu", default="")
     ap.add_argument("--table", action="store_true")
-    ap.add_argument("--part", type=int, default=0, help="unused: a label for the process list")
     a = ap.parse_args()
     if a.table:
         table()
