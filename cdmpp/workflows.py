@@ -105,9 +105,8 @@ def train_checkpoint(recipe: str, dataset: str, out: str, task_table: str = defa
     # a stopped `cdmpp train` started again goes on from its last epoch (one process only; torchrun restarts)
     states = {k: None if distributed.world()[1] > 1 else os.path.join(out, f"train-state-{k}.pt" if k else "train-state.pt")
               for k in jobs}
-    # the assembly's counts are of x86 builds: a GPU part reads none (its every program would be "not built")
-    configs = {k: dataclasses.replace(config, assembly_counts=False) if k == "cuda" else config for k in jobs}
-    parts = {k: fit(configs[k], t, v, device_table=d, device=device, resume=states[k]) for k, (t, v, d) in jobs.items()}
+    parts = {k: fit(config.for_kind(k), t, v, device_table=d, device=device, resume=states[k])
+             for k, (t, v, d) in jobs.items()}
     if kept:
         parts = {k: parts.get(k, kept.get(k)) for k in sorted({*kept, *parts})}
     model = parts[""] if "" in parts else KindModels(parts)

@@ -81,6 +81,8 @@ def run_chip(opts, seed: int, ds, device_table: dict, chip: str, out, context, k
     common = dict(chip=chip, kind="gpu" if kinds == {"cuda"} else "cpu", programs=len(base.test), n_train=len(base.train))
     common["chip_train"] = opts.chip_train
     made = context(base.target_pool)
+    if made.config is not None and kinds == {"cuda"}:
+        made.config = made.config.for_kind("cuda")  # its methods are made on first use, after this
     pool = _chip_pool(ds, base)  # the chip's programs outside the test: the reference's data, the seen-programs row
 
     def fitted(name: str):

@@ -108,6 +108,11 @@ class TrainConfig:
         """A copy with ``changes`` (flat keys, the network's included)."""
         return TrainConfig.from_dict({**self.to_dict(), **changes})
 
+    def for_kind(self, kind: str) -> "TrainConfig":
+        """This recipe for a model of ``kind`` code ("llvm", "cuda"; "" for every kind): the assembly's counts are of
+        x86 builds, so a GPU model reads none (its every program would stand "not built")."""
+        return dataclasses.replace(self, assembly_counts=False) if kind == "cuda" and self.assembly_counts else self
+
 
 def _read_recipe(path: Path, seen: tuple[Path, ...] = ()) -> dict:
     with open(path, "rb") as f:

@@ -28,6 +28,9 @@ def test_config_rejects_unknown_keys():
     assert default == TrainConfig()  # the defaults are the shipped recipe
     assert TrainConfig.from_dict(default.to_dict()) == default and default.replace(d_model=64).model.d_model == 64
     assert no_pe.model.use_pe is False and no_pe.model.d_model == default.model.d_model
+    counted = TrainConfig.recipe("assembly")  # the assembly's counts are of x86 builds: a GPU model reads none
+    assert counted.for_kind("llvm") is counted and counted.for_kind("") is counted
+    assert not counted.for_kind("cuda").assembly_counts and counted.for_kind("cuda").epochs == counted.epochs
 
 
 def test_short_fit_beats_constant_predictor(trained):
