@@ -34,19 +34,11 @@ from cdmpp.evaluation import splits
 from cdmpp.evaluation.protocol import ProtocolOptions, load_pinned, recipe_config
 from cdmpp.model.blend import blend
 from cdmpp.model.checkpoint import TrainedModel
-from cdmpp.model.training import fit
+from cdmpp.model.training import fit, withhold_counts
 
 ROWS = Path("reports/counts-dropout-runs.jsonl")
 MODELS = Path("build/counts-dropout")
 RECIPES = {"counts": "assembly", "drop": "assembly", "plain": "default"}
-
-
-def without_counts(programs, share: float, seed: int) -> list:
-    """``programs`` with the counts of ``share`` of them removed (drawn once with ``seed``), as a failed build."""
-    rng = np.random.default_rng(seed)
-    drop = rng.random(len(programs)) < share
-    return [dataclasses.replace(p, features=dataclasses.replace(p.features, asm=None)) if d else p
-            for p, d in zip(programs, drop)]
 
 
 def scored(programs, seconds, order) -> dict:
@@ -69,7 +61,7 @@ def run(seed: int, arm: str, setting: str, epochs: int, drop: float) -> None:
     else:
         where.parent.mkdir(parents=True, exist_ok=True)
         torch.set_num_threads(1)
-        train = without_counts(split.train, drop, seed) if arm == "drop" else split.train
+        train = withhold_counts(split.train, drop, seed) if arm == "drop" else split.train
         config = recipe_config(RECIPES[arm], seed=seed, progress=True, epochs=epochs)
         model = fit(config, train, split.val, target_pool=split.target_pool or None, device_table=table,
                     resume=str(where) + ".state.pt")

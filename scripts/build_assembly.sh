@@ -12,8 +12,8 @@ children=""
 trap 'kill -TERM $children 2>/dev/null; wait; rm -f datasets/build-assembly.pid; exit 130' TERM INT
 # the twins' chips first (leave-one-chip-out holds them out), then the rest; a device whose build key is done
 # finds nothing to build
-for device in amd-epyc-znver3-1t/llvm-avx2 amd-epyc-znver3-2t/llvm-avx2 intel-xeon-rocketlake-2t/llvm-avx512 \
-    intel-xeon-rocketlake-1t/llvm-avx512 intel-xeon-emeraldrapids-16t/llvm-avx512 amd-epyc-znver4-2t/llvm-avx2 \
+for device in amd-epyc-znver3-1t/llvm-avx2 amd-epyc-znver3-2t/llvm-avx2 intel-xeon-rocketlake-1t/llvm-avx512 \
+    intel-xeon-rocketlake-2t/llvm-avx512 intel-xeon-emeraldrapids-16t/llvm-avx512 amd-epyc-znver4-2t/llvm-avx2 \
     unknown-avx2-cpu-4t/llvm-avx2 amd-epyc-znver4-2t/llvm-avx512 amd-epyc-znver4-1t/llvm-avx512 \
     amd-epyc-znver5-1t/llvm-avx512; do
   echo "$(date -u +%H:%M) $device"

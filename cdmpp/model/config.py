@@ -37,6 +37,10 @@ class TrainConfig:
     # the built programs' instruction counts (cdmpp.program.assembly, ProgramFeatures.asm) as program-level inputs
     # of the transformer and the blend's GBT: a program not built for its device's target has them marked absent
     assembly_counts: bool = False
+    # with assembly_counts: the counts of this share of the training programs withheld (drawn with the seed), as if
+    # their builds had failed, so that one model also ranks a program asked unbuilt (a tuner's candidate) as the
+    # recipe without counts does (reports/assembly-counts.md, "One model for built and unbuilt programs")
+    assembly_withheld: float = 0.0
     # optimization: Adam, a triangular cyclic LR between lr and max_lr, grad-norm clipping
     lr: float = 1e-4
     max_lr: float = 1e-3
@@ -72,6 +76,8 @@ class TrainConfig:
         for name, allowed in dict(da=("cmd", "mmd", "none"), finetune_scope=("all", "head")).items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} = {getattr(self, name)!r}: expected one of {allowed}")
+        if not 0.0 <= self.assembly_withheld < 1.0:
+            raise ValueError(f"assembly_withheld = {self.assembly_withheld!r}: expected a share in [0, 1)")
 
     @classmethod
     def from_dict(cls, values: dict) -> "TrainConfig":

@@ -127,6 +127,14 @@ def program_input_scaling(stats: np.ndarray, clip: float) -> dict:
     return dict(mean=mean.tolist(), std=std.tolist(), lo=lo.tolist(), hi=hi.tolist())
 
 
+def withhold_counts(programs: Sequence[LabeledProgram], share: float, seed: int) -> list[LabeledProgram]:
+    """``programs`` with the assembly counts of ``share`` of them removed (drawn once with ``seed``), as a failed
+    build leaves them: ``TrainConfig.assembly_withheld``."""
+    drop = np.random.default_rng(seed).random(len(programs)) < share
+    return [dataclasses.replace(p, features=dataclasses.replace(p.features, asm=None)) if d else p
+            for p, d in zip(programs, drop)]
+
+
 def fit(config: TrainConfig, train_set: Sequence[LabeledProgram] | FeatureStore,
         val_set: Sequence[LabeledProgram] | None = None, target_pool: Sequence[LabeledProgram] | None = None, *,
         device_table: dict[str, dict[str, float]] | None = None, featurizer_version: str | None = None,
@@ -164,6 +172,11 @@ def fit(config: TrainConfig, train_set: Sequence[LabeledProgram] | FeatureStore,
         n_val = max(1, int(round(config.val_fraction * len(train_set))))
         val_set = [train_set[i] for i in perm[:n_val]]
         train_set = [train_set[i] for i in perm[n_val:]]
+    if config.assembly_counts and config.assembly_withheld > 0:
+        if isinstance(train_set, FeatureStore):
+            raise ValueError("assembly_withheld: train from programs in memory (a feature store's counts are written "
+                             "into its stats); drop --store, or set assembly_withheld = 0")
+        train_set = withhold_counts(train_set, config.assembly_withheld, config.seed)
     if device_table is not None:  # tensor-core programs learned as FP32-equivalent time; ``predict`` speeds them up
         table = DeviceSpecs(device_table).table
         val_set = physics.fp32_equivalent(val_set, table)

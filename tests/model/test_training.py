@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from cdmpp.model.checkpoint import TrainedModel
-from cdmpp.model.training import TrainConfig, checked_finetune, finetune, fit
+from cdmpp.model.training import TrainConfig, checked_finetune, finetune, fit, withhold_counts
 from cdmpp.records.dataset import LabeledProgram
 from tests.model.synthetic import DEVICES, FakeProgram, quick_config, synthetic_samples
 
@@ -31,6 +31,23 @@ def test_config_rejects_unknown_keys():
     counted = TrainConfig.recipe("assembly")  # the assembly's counts are of x86 builds: a GPU model reads none
     assert counted.for_kind("llvm") is counted and counted.for_kind("") is counted
     assert not counted.for_kind("cuda").assembly_counts and counted.for_kind("cuda").epochs == counted.epochs
+    assert counted.assembly_withheld == 0.25 and default.assembly_withheld == 0.0
+    with pytest.raises(ValueError, match="assembly_withheld"):
+        TrainConfig(assembly_withheld=1.0)
+
+
+def test_withheld_counts_are_a_seeded_share_of_the_training_programs():
+    """``assembly_withheld``: that share of the programs stands unbuilt, drawn with the seed (the same programs each
+    run), the others keep their counts, and the programs passed in are left as they were."""
+    programs = [LabeledProgram(FakeProgram(np.ones((1, 4), np.float32), np.arange(1), asm=np.full(3, i + 1.0)),
+                               "cpu-a", 1e-3) for i in range(2000)]
+    kept = withhold_counts(programs, 0.25, seed=7)
+    unbuilt = [q.features.asm is None for q in kept]
+    assert 0.22 < np.mean(unbuilt) < 0.28
+    assert unbuilt == [q.features.asm is None for q in withhold_counts(programs, 0.25, seed=7)]
+    assert unbuilt != [q.features.asm is None for q in withhold_counts(programs, 0.25, seed=8)]
+    assert all(q.features.asm[0] == i + 1 for i, q in enumerate(kept) if q.features.asm is not None)
+    assert all(p.features.asm is not None for p in programs)
 
 
 def test_short_fit_beats_constant_predictor(trained):
