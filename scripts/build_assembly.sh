@@ -7,6 +7,7 @@
 # Commit datasets/assembly/ as it grows: builds take hours (~0.35 s per program and core).
 cd "$(dirname "$0")/.." || exit 1
 echo $$ > datasets/build-assembly.pid
+renice -n 19 $$ >/dev/null 2>&1
 PARTS=${PARTS:-$(nproc)}
 children=""
 trap 'kill -TERM $children 2>/dev/null; wait; rm -f datasets/build-assembly.pid; exit 130' TERM INT

@@ -316,9 +316,13 @@ def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | Non
         device_table = DeviceTable(opts.devices).spec_table()
     config = recipe_config(opts.recipe, seed=seed, max_minutes=opts.minutes, progress=opts.progress, **opts.overrides)
     common = dict(seed=seed, recipe=opts.recipe, overrides=opts.overrides, minutes=opts.minutes)
-    if config.assembly_counts and ds is not None:  # a program not built is marked absent: say how many are
-        common["assembly_built"] = round(sum(p.features.asm is not None for p in ds.programs) / max(len(ds), 1), 4)
-        print(f"protocol: seed {seed}: {common['assembly_built']:.1%} of {len(ds)} programs have assembly counts",
+    if "leave-one-chip-out" in opts.settings:
+        every = every if every is not None else given if given is not None else load_pinned(opts, every_device=True)
+    read = ds if ds is not None else every
+    if config.assembly_counts and read is not None:  # a program not built is marked absent: say how many are
+        programs = getattr(read, "programs", read)
+        common["assembly_built"] = round(sum(p.features.asm is not None for p in programs) / max(len(programs), 1), 4)
+        print(f"protocol: seed {seed}: {common['assembly_built']:.1%} of {len(programs)} programs have assembly counts",
               file=sys.stderr, flush=True)
     out = _Writer(opts.runs, common if opts.threads == 1 else {**common, "threads": opts.threads})
 
@@ -341,7 +345,6 @@ def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | Non
     if "leave-one-chip-out" in opts.settings:
         from cdmpp.evaluation.chips import held_out_chips, of_chips_kind, run_chip
 
-        every = every if every is not None else given if given is not None else load_pinned(opts, every_device=True)
         for chip in held_out_chips(opts, every, device_table):
             data = of_chips_kind(every, chip, device_table) if opts.chip_train == "same-kind" else every
             run_chip(opts, seed, data, device_table, chip, out, context, _k_value, Resumable(opts, seed, "chip", chip))

@@ -149,7 +149,8 @@ def build_device(device: str, dataset_dir: str, root: str, task_table: str, part
     """Build every labelled program of ``device`` in ``dataset_dir`` not yet in ``root`` for the device's target and
     count its instructions (``root/<build_key>/build-<part>-of-<parts>.npz``; ``part`` of ``parts``: run the parts
     side by side, one core each). Resumable: written every 100 programs (whole, then renamed), and a program built
-    before, in any file, is not built again. A build that fails is reported and skipped. Returns programs built."""
+    before, in any file, is not built again. A build that fails is reported and skipped. Programs of random schedules
+    first, a search's candidates last. Returns programs built."""
     import sys
     import time
 
@@ -175,10 +176,13 @@ def build_device(device: str, dataset_dir: str, root: str, task_table: str, part
             inner = list(z["inner"]) if "inner" in z.files else [np.full(N_COUNTS, np.nan)] * len(rows)
     done = set(AssemblyCounts(root).table(key)) | set(hashes)
     todo: dict[str, object] = {}
-    for rec in RecordStore(dataset_dir).records(device):
+    store = RecordStore(dataset_dir)
+    for rec in store.records(device):
         if label(rec) is not None and rec.program_hash not in done:
             todo.setdefault(rec.program_hash, rec)
-    todo_list = [todo[h] for h in sorted(todo)][part::parts]
+    # a search's candidates (and their twins on other devices) last: the evaluation's splits leave them out
+    searched = {r.program_hash for r in store.records() if r.extra.get("search")} if todo else set()
+    todo_list = [todo[h] for h in sorted(todo, key=lambda h: (h in searched, h))][part::parts]
     table, mods, t0 = with_imported_workloads(TaskTable.load(task_table), dataset_dir), {}, time.time()
 
     def save() -> None:

@@ -95,10 +95,11 @@ def test_a_dataset_attaches_its_devices_counts(real, tmp_path):
 
 
 def test_building_a_devices_programs_resumes(tmp_path):
-    """``cdmpp assembly``: a device's labelled programs built for its target, counted, kept; a second run builds
-    none of them again."""
+    """``cdmpp assembly``: a device's labelled programs built for its target, counted, kept (a search's candidate
+    last: the evaluation's splits leave it out); a second run builds none of them again."""
     import gzip
     import itertools
+    import json
 
     from cdmpp.devices.table import DeviceTable
     from cdmpp.program.assembly import build_device
@@ -112,6 +113,8 @@ def test_building_a_devices_programs_resumes(tmp_path):
     data.mkdir()
     with gzip.open(parts[0], "rt") as f:
         lines = list(itertools.islice(f, 3))
+    first = json.loads(lines[0])
+    lines[0] = json.dumps({**first, "search": {"strategy": "evolutionary"}}) + "\n"
     (data / f"{slug(REAL_DEVICE)}.active.jsonl").write_text("".join(lines))
     root = tmp_path / "assembly"
     assert build_device(REAL_DEVICE, str(data), str(root), str(TASKS), progress=False) == 3
@@ -120,6 +123,7 @@ def test_building_a_devices_programs_resumes(tmp_path):
     assert len(table) == 3 and all(c[0] > 0 for c in table.values())
     with np.load(next((root / key).glob("build-*.npz"))) as z:  # the innermost loops' counts kept beside
         assert z["inner"].shape == z["counts"].shape and (z["inner"][:, 0] <= z["counts"][:, 0]).all()
+        assert z["hashes"].tolist()[-1] == first["program_hash"]
     assert build_device(REAL_DEVICE, str(data), str(root), str(TASKS), progress=False) == 0
     with pytest.raises(ValueError, match="x86 LLVM"):
         build_device("nvidia-h100/cuda-sm90", str(data), str(root), str(TASKS))
