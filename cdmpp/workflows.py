@@ -329,7 +329,8 @@ def adapt_by_choice(trained, shots: Sequence, device: str, new_devices: dict | N
         new.add_device(name, spec)
     new.shot_choices = {d: c for d, c in trained.shot_choices.items() if d != device}
     base = lambda ps: new.predict([p.features for p in ps], device)[0]  # noqa: E731
-    choice = ShotChoice(base, seed=0, base_bias=trained.calibration.get("val_log_bias", 0.0)).fit(list(shots))
+    choice = ShotChoice(base, seed=0, base_bias=trained.calibration.get("val_log_bias", 0.0),
+                        assembly_counts=bool(trained.config.get("assembly_counts"))).fit(list(shots))
     new.shot_choices = {**new.shot_choices, device: choice}
     new.summary = {**trained.summary, "finetune": dict(n=len(shots), device=device, how="choice",
                                                         choice=choice.describe())}

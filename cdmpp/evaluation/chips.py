@@ -84,6 +84,7 @@ def run_chip(opts, seed: int, ds, device_table: dict, chip: str, out, context, k
     if made.config is not None and kinds == {"cuda"}:
         made.config = made.config.for_kind("cuda")  # its methods are made on first use, after this
     pool = _chip_pool(ds, base)  # the chip's programs outside the test: the reference's data, the seen-programs row
+    counted = bool(made.config is not None and made.config.assembly_counts)  # every GBT reads what cdmpp reads
 
     def fitted(name: str):
         method = made.one(name)
@@ -102,7 +103,8 @@ def run_chip(opts, seed: int, ds, device_table: dict, chip: str, out, context, k
         val_, train_ = splits._split_by_key(pool, lambda p: p.features.program_hash, [0.1],
                                             splits._rng(seed, "chip-reference", chip))
         t = time.monotonic()
-        own = PooledGBT(device_table, nthread=opts.threads, random_state=seed, target="latency").fit(train_, val_)
+        own = PooledGBT(device_table, nthread=opts.threads, random_state=seed, target="latency",
+                        assembly_counts=counted).fit(train_, val_)
         out.row("leave-one-chip-out", "chip's own GBT (reference)", ev.score(base.test, own.predict(base.test)),
                 k=None, train_seconds=round(time.monotonic() - t, 1), n_reference=len(train_), **common)
     gbt = None
@@ -124,7 +126,7 @@ def run_chip(opts, seed: int, ds, device_table: dict, chip: str, out, context, k
             if model is not None:
                 if k:
                     choice = ShotChoice(cdmpp_base.predict, seed=seed, nthread=opts.threads,
-                                        base_bias=cdmpp_bias).fit(shots)
+                                        base_bias=cdmpp_bias, assembly_counts=counted).fit(shots)
                     out.row("leave-one-chip-out", opts.label + suffix,
                             ev.score(test, *shot_chosen(choice, cdmpp_base, test)), train_seconds=cdmpp_secs,
                             choice=choice.describe(), **n)
@@ -153,12 +155,13 @@ def run_chip(opts, seed: int, ds, device_table: dict, chip: str, out, context, k
                 out.row("leave-one-chip-out", "pooled GBT" + suffix, ev.score(test, g.predict(test)),
                         train_seconds=gbt_secs, **n)
                 moved = ShotChoice(transfer.predict, seed=seed, nthread=opts.threads,
-                                   base_bias=transfer_bias).fit(shots)
+                                   base_bias=transfer_bias, assembly_counts=counted).fit(shots)
                 out.row("leave-one-chip-out", "pooled GBT, spec transfer" + suffix,
                         ev.score(test, *shot_chosen(moved, transfer, test)),
                         train_seconds=gbt_secs, choice=moved.describe(), **n)
             if len(shots) >= MIN_SHOTS_FOR_MODELS:
-                alone = ShotChoice(None, seed=seed, nthread=opts.threads, only=("shots",)).fit(shots)
+                alone = ShotChoice(None, seed=seed, nthread=opts.threads, only=("shots",),
+                                   assembly_counts=counted).fit(shots)
                 out.row("leave-one-chip-out", "shots-only GBT" + suffix, ev.score(test, alone.predict(test)),
                         train_seconds=0.0, choice=alone.describe(), **n)
     if resume is not None:

@@ -273,16 +273,17 @@ def fit_methods(opts: ProtocolOptions, split, context, scope: str, resume=None) 
     return fitted
 
 
-def _adapt(method, shots, adapted: dict, seed: int, threads: int, memo=None, base_bias: float = 0.0):
+def _adapt(method, shots, adapted: dict, seed: int, threads: int, memo=None, base_bias: float = 0.0,
+           assembly_counts: bool = False):
     """``method`` adapted with ``shots``: through ``ShotChoice`` where it reaches the target by transfer
     (``shot_choice``: the shipped k-shot path; ``memo``: its predictions kept across shot counts, a
     ``derived.Memo``; ``base_bias``: its median log error on validation); one made of parts it can reuse
     (``on_parts``) on its parts as already adapted, so a shared part is adapted once (an adapt draws on
-    xgboost's process-wide random state)."""
+    xgboost's process-wide random state). ``assembly_counts``: the choice's GBTs read the counts (the recipe does)."""
     if getattr(method, "shot_choice", False):
         from cdmpp.evaluation.methods.derived import ShotChosen
 
-        return ShotChosen.for_shots(memo or method, shots, seed, threads, base_bias)
+        return ShotChosen.for_shots(memo or method, shots, seed, threads, base_bias, assembly_counts)
     reuse = getattr(method, "on_parts", None)
     if reuse is not None and all(id(p) in adapted for p in method.parts):
         return reuse([adapted[id(p)] for p in method.parts])
@@ -382,7 +383,8 @@ def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | Non
                     m = method
                     if k:
                         m = adapted[id(method)] = _adapt(method, sp.shots, adapted, seed, opts.threads,
-                                                         memos.get(id(method)), biases.get(id(method), 0.0))
+                                                         memos.get(id(method)), biases.get(id(method), 0.0),
+                                                         config.assembly_counts)
                     out.row(setting, m.label + suffix, score(m, test), train_seconds=secs, **fit_info(m), **n)
                     if k and finetune and hasattr(method, "embed") and sampler == "kmeans":  # for comparison
                         tuned = method.adapt(sp.shots)
@@ -393,7 +395,8 @@ def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | Non
                                        embed=lambda ps, e=method.embed: e([p.features for p in ps])).fit(sp.shots)
                         out.row(setting, m.label + " + twin" + suffix, score(tr, test), train_seconds=secs, **n)
                 if len(sp.shots) >= MIN_SHOTS_FOR_MODELS:  # the peer with no other device: XGBoost on the shots alone
-                    alone = ShotChoice(None, seed=seed, nthread=opts.threads, only=("shots",)).fit(sp.shots)
+                    alone = ShotChoice(None, seed=seed, nthread=opts.threads, only=("shots",),
+                                       assembly_counts=config.assembly_counts).fit(sp.shots)
                     out.row(setting, "shots-only GBT" + suffix, ev.score(test, alone.predict(test)), train_seconds=0.0,
                             choice=alone.describe(), **n)
                 for physics in priors if twins else ():

@@ -18,6 +18,7 @@ from typing import Callable, NamedTuple, Sequence
 import numpy as np
 
 from cdmpp.model.pooled_gbt import pooled_features
+from cdmpp.program.assembly import N_INPUTS, count_inputs
 
 RATIO_ROUNDS = (10, 30, 100)  # the log-ratio GBT's sizes cross-validation chooses from
 SHOTS_ROUNDS = (30, 100, 300)  # the shots-only GBT's sizes
@@ -71,6 +72,8 @@ class ShotChoice:
     MAPE, ``se_`` its standard error.
 
     ``only``: restrict the candidates to these kinds (``("shots",)`` is the shots-only GBT peer).
+    ``assembly_counts``: its GBTs also read the built programs' instruction counts (``count_inputs``; NaN where a
+    program was not built), as a model trained with them does.
 
     ``base_bias``: the base's median log(predicted / measured) on programs new to it (its validation
     programs). A prediction trained for MAPE sits below the median where it errs much (about -sigma^2 of
@@ -81,8 +84,10 @@ class ShotChoice:
     """
 
     def __init__(self, base: Callable[[Sequence], np.ndarray] | None, folds: int = 4, seed: int = 0,
-                 nthread: int = 1, only: Sequence[str] | None = None, base_bias: float = 0.0):
+                 nthread: int = 1, only: Sequence[str] | None = None, base_bias: float = 0.0,
+                 assembly_counts: bool = False):
         self.base, self.folds, self.seed, self.nthread = base, folds, seed, nthread
+        self.assembly_counts = assembly_counts
         self.only = tuple(only) if only else None
         self.base_bias = float(base_bias) if base is not None else 0.0
 
@@ -97,6 +102,10 @@ class ShotChoice:
     def _x(self, programs: Sequence, log_base: np.ndarray | None) -> np.ndarray:
         programs = _labelled(programs)
         x = pooled_features(programs)
+        if self.assembly_counts:
+            counts = np.stack([count_inputs(getattr(p.features, "asm", None)) for p in programs]) if programs \
+                else np.zeros((0, N_INPUTS))
+            x = np.hstack([x, counts.astype(np.float32)])
         return x if log_base is None else np.hstack([x, log_base[:, None].astype(np.float32)])
 
     def _log_base(self, programs: Sequence) -> np.ndarray | None:
@@ -228,13 +237,14 @@ class ShotChoice:
             trees = None if model is None else base64.b64encode(
                 gzip.compress(bytes(model.get_booster().save_raw("ubj")))).decode()
             parts.append(dict(kind=part.kind, rounds=part.rounds, weight=part.weight, shift=shift, trees=trees))
-        return dict(choice=self.choice_._asdict(), parts=parts, n_shots=self.n_shots_, described=self.describe())
+        return dict(choice=self.choice_._asdict(), parts=parts, n_shots=self.n_shots_, described=self.describe(),
+                    assembly_counts=self.assembly_counts)
 
     @classmethod
     def from_state(cls, state: dict, base: Callable[[Sequence], np.ndarray] | None = None) -> "ShotChoice":
         import xgboost as xgb
 
-        new = cls(base)
+        new = cls(base, assembly_counts=state.get("assembly_counts", False))
         new.choice_, new.n_shots_, new.cv_, new.se_ = Candidate(**state["choice"]), state["n_shots"], {}, {}
         new.parts_ = []
         for p in state["parts"]:

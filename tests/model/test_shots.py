@@ -147,3 +147,24 @@ def test_shot_chosen_moves_the_interval_and_the_order_as_a_checkpoint_with_shots
     assert np.allclose(order, row.choice_.predict(test, base_seconds=part_order))
     assert not np.allclose(order, mean)
     assert row.row_info()["choice"] == row.choice_.describe()
+
+
+def test_shots_read_the_assembly_counts_when_the_model_does(programs):
+    """``assembly_counts``: the shots' GBTs read the built programs' counts, so a count that carries the latency
+    is used, and a checkpoint's stored choice reads them again. SYNTHETIC counts: one of them is the label x 1e8."""
+    import json
+
+    from cdmpp.model.shots import ShotChoice
+    from cdmpp.program.assembly import N_COUNTS
+
+    def counted(p):
+        asm = np.ones(N_COUNTS)
+        asm[1] = round(p.seconds * 1e8)
+        return dataclasses.replace(p, features=dataclasses.replace(p.features, asm=asm))
+
+    shots, test = _split([counted(p) for p in programs], 120)
+    plain = ShotChoice(None, seed=0, only=("shots",)).fit(shots)
+    read = ShotChoice(None, seed=0, only=("shots",), assembly_counts=True).fit(shots)
+    assert _mape(read.predict(test), test) < 0.5 * _mape(plain.predict(test), test)
+    again = ShotChoice.from_state(json.loads(json.dumps(read.to_state())))
+    assert again.assembly_counts and np.allclose(again.predict(test), read.predict(test), rtol=1e-5)

@@ -182,10 +182,12 @@ class ShotChosen(Peer):
         self.label = part.label
 
     @classmethod
-    def for_shots(cls, part, shots: Sequence, seed: int, nthread: int = 1, base_bias: float = 0.0) -> "ShotChosen":
+    def for_shots(cls, part, shots: Sequence, seed: int, nthread: int = 1, base_bias: float = 0.0,
+                  assembly_counts: bool = False) -> "ShotChosen":
         from cdmpp.model.shots import ShotChoice
 
-        return cls(part, ShotChoice(part.predict, seed=seed, nthread=nthread, base_bias=base_bias).fit(shots))
+        return cls(part, ShotChoice(part.predict, seed=seed, nthread=nthread, base_bias=base_bias,
+                                    assembly_counts=assembly_counts).fit(shots))
 
     def predict(self, programs: Sequence) -> np.ndarray:
         return self.choice_.predict(programs)
