@@ -280,6 +280,10 @@ def finetune_checkpoint(model_path: str, dataset: str, device: str, ids: Sequenc
     whole = load_model(model_path)
     trained = _part(whole, device, table)
     extra = {} if device in trained.device_specs.table else {device: table.get(device).specs()}
+    unbuilt = sum(p.features.asm is None for p in shots) if trained.config.get("assembly_counts") else 0
+    if unbuilt:  # a query is built before it is predicted: shots predicted unbuilt would teach the wrong correction
+        print(f"finetune: {unbuilt} of {len(shots)} shots are not built for {device}'s target, and this model reads "
+              f"the builds' counts: run `cdmpp assembly --device {device}` first", file=sys.stderr)
     if how == "choice":
         new = adapt_by_choice(trained, shots, device, extra)
     else:
