@@ -13,7 +13,7 @@ from typing import Sequence
 
 import numpy as np
 
-from cdmpp.program.assembly import count_inputs
+from cdmpp.program.assembly import N_INPUTS, count_inputs
 from cdmpp.program.features import N_FEATURES
 
 
@@ -71,6 +71,13 @@ def pooled_features(programs: Sequence) -> np.ndarray:
     return pool_rows(np.concatenate(rows), offsets, np.array([p.features.flops for p in programs], dtype=np.float64))
 
 
+def programs_count_inputs(programs: Sequence) -> np.ndarray:
+    """``count_inputs`` of each program's built counts (NaN rows where a program was not built): what a GBT that
+    reads the assembly counts appends to ``pooled_features``."""
+    rows = [count_inputs(getattr(p.features, "asm", None)) for p in programs]
+    return (np.stack(rows) if rows else np.zeros((0, N_INPUTS))).astype(np.float32)
+
+
 def pool_rows(rows: np.ndarray, offsets: np.ndarray, flops: np.ndarray) -> np.ndarray:
     """``pooled_features`` of programs packed as ``rows`` (program i: ``offsets[i]:offsets[i+1]``, at least one
     row each) and their FLOPs: the same numbers from a pack or a chunk of a feature store."""
@@ -125,7 +132,7 @@ class PooledGBT:
         dev = np.stack([self.specs.raw_vector(self.specs.table[p.device]) for p in programs])
         x = [pooled_features(programs), dev.astype(np.float32)]
         if self.assembly_counts:
-            x.append(np.stack([count_inputs(getattr(p.features, "asm", None)) for p in programs]).astype(np.float32))
+            x.append(programs_count_inputs(programs))
         return np.hstack(x)
 
     def scale(self, programs) -> np.ndarray:

@@ -17,8 +17,7 @@ from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
 
-from cdmpp.model.pooled_gbt import pooled_features
-from cdmpp.program.assembly import N_INPUTS, count_inputs
+from cdmpp.model.pooled_gbt import pooled_features, programs_count_inputs
 
 RATIO_ROUNDS = (10, 30, 100)  # the log-ratio GBT's sizes cross-validation chooses from
 SHOTS_ROUNDS = (30, 100, 300)  # the shots-only GBT's sizes
@@ -103,9 +102,7 @@ class ShotChoice:
         programs = _labelled(programs)
         x = pooled_features(programs)
         if self.assembly_counts:
-            counts = np.stack([count_inputs(getattr(p.features, "asm", None)) for p in programs]) if programs \
-                else np.zeros((0, N_INPUTS))
-            x = np.hstack([x, counts.astype(np.float32)])
+            x = np.hstack([x, programs_count_inputs(programs)])
         return x if log_base is None else np.hstack([x, log_base[:, None].astype(np.float32)])
 
     def _log_base(self, programs: Sequence) -> np.ndarray | None:
