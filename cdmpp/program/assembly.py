@@ -181,8 +181,10 @@ def build_device(device: str, dataset_dir: str, root: str, task_table: str, part
         if label(rec) is not None and rec.program_hash not in done:
             todo.setdefault(rec.program_hash, rec)
     # a search's candidates (and their twins on other devices) last: the evaluation's splits leave them out
-    searched = {r.program_hash for r in store.records() if r.extra.get("search")} if todo else set()
+    # read without traces and untyped: the whole store typed with its traces held 7.5 GB per part
+    searched = {r["program_hash"] for r in store.iter_records(traces=False) if r.get("search")} if todo else set()
     todo_list = [todo[h] for h in sorted(todo, key=lambda h: (h in searched, h))][part::parts]
+    del todo
     table, mods, t0 = with_imported_workloads(TaskTable.load(task_table), dataset_dir), {}, time.time()
 
     def save() -> None:
