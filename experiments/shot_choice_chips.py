@@ -83,8 +83,7 @@ def study(paths) -> None:
     from cdmpp.evaluation import metrics as ev
     from cdmpp.evaluation.chips import of_chips_kind
     from cdmpp.evaluation.protocol import ProtocolOptions, load_pinned
-    from cdmpp.model.sampling import stand_for
-    from cdmpp.model.shots import _weighted_median
+    from collections import Counter
 
     opts = ProtocolOptions(threads=2)
     table = DeviceTable(opts.devices).spec_table()
@@ -112,21 +111,16 @@ def study(paths) -> None:
               f"{np.median(e_seen):+.3f} / {_robust_sd(e_seen):.3f}, validation {bias:+.3f} / {_robust_sd(e_val):.3f}, "
               f"test {np.median(e_test):+.3f} / {_robust_sd(e_test):.3f}; base test MAPE "
               f"{100 * np.mean(np.abs(base_test / y_test - 1)):.1f} %, noise to match {noise:.3f}", flush=True)
-        rules = {"shipped": dict(base_bias=bias)} if os.environ.get("ONLY_SHIPPED") else {
-            "shipped": dict(base_bias=bias), "weighted": dict(base_bias=bias, weighted=True),
-            "noise-matched": dict(base_bias=bias, noise=noise), "scale only": dict(base_bias=bias, only=("base", "scaled"))}
-        row_of = {key: i for i, key in enumerate(kept["pool"])}
+        rules = {"shipped": dict(base_bias=bias), "noise-matched": dict(base_bias=bias, noise=noise),
+                 "scale only": dict(base_bias=bias, only=("base", "scaled"))}
         for (k_name, sampler), keys in kept["shots"].items():
             shots = [by_key[k] for k in keys]
-            e_shots = log_err(keys)
-            weights = stand_for(kept["embedding"], [row_of[k] for k in keys])
-            print(f"  {k_name:>3s} {sampler:6s} shots median err {np.median(e_shots):+.3f}, weighted "
-                  f"{_weighted_median(e_shots, weights):+.3f}; weights {weights.min():.0f}..{weights.max():.0f}")
+            print(f"  {k_name:>3s} {sampler:6s} shots median log error {np.median(log_err(keys)):+.3f}, devices "
+                  + ", ".join(f"{d}: {n}" for d, n in sorted(Counter(d for d, _ in keys).items())))
             for rule, kw in rules.items():
                 kw = dict(kw)
-                sd, weighted = kw.pop("noise", 0.0), kw.pop("weighted", False)
-                choice = _NoisyChoice(base, seed=kept["seed"], nthread=2, assembly_counts=True, noise=sd, **kw).fit(
-                    shots, weights if weighted else None)
+                sd = kw.pop("noise", 0.0)
+                choice = _NoisyChoice(base, seed=kept["seed"], nthread=2, assembly_counts=True, noise=sd, **kw).fit(shots)
                 pred = choice.predict(test, base_seconds=base_test)
                 scored = ev.score(test, pred)
                 rows.append(dict(chip=kept["chip"], seed=kept["seed"], k=k_name, sampler=sampler, rule=rule,
@@ -189,10 +183,10 @@ def _noisy_choice():
                 log = log + np.random.default_rng(self.seed + 7).normal(0.0, self.noise, len(log))
             return log
 
-        def fit(self, shots, weights=None):
+        def fit(self, shots):
             self._fitting = True
             try:
-                return super().fit(shots, weights)
+                return super().fit(shots)
             finally:
                 self._fitting = False
 

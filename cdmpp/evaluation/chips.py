@@ -7,8 +7,8 @@ Rows (``protocol-runs.jsonl`` form, setting ``leave-one-chip-out``, ``chip`` nam
 * ``cdmpp``: the pretrained model's prediction (a new CPU chip through its anchor, moved by Amdahl's law
   and the two chips' reference-kernel levels, else per-thread peaks: ``cdmpp.model.physics.chip_ratio``; the
   reference kernels are not test programs; a new GPU through the trained GPU closest in peak FLOP/s, moved by
-  the ratio of the two GPUs' measured levels, else peaks; the level programs are not test programs); with shots, ``ShotChoice`` on it (the shipped
-  k-shot path: the prediction as is, × the shots' median ratio, × a GBT of the log ratio, a GBT of the
+  the ratio of the two GPUs' measured levels, else peaks; the level programs are not test programs); with shots, ``ShotChoice`` on it, one per device of the chip fitted on that device's shots
+  (``by_device``; the shots are chosen per device, ``splits.shots_by_device``) (the shipped k-shot path: the prediction as is, × the shots' median ratio, × a GBT of the log ratio, a GBT of the
   shots alone, or a blend, whichever cross-validation on the shots prefers; applied to its seconds and to
   its order prediction, as a checkpoint with shots applies it); ``cdmpp, direct`` (k = 0):
   the network asked for the new chip from its specs, without the transfer; ``cdmpp, seen programs`` (k = 0):
@@ -125,11 +125,11 @@ def run_chip(opts, seed: int, ds, device_table: dict, chip: str, out, context, k
             suffix = "" if not k else f" k={k_name} ({sampler})"
             if model is not None:
                 if k:
-                    choice = ShotChoice(cdmpp_base.predict, seed=seed, nthread=opts.threads,
-                                        base_bias=cdmpp_bias, assembly_counts=counted).fit(shots)
-                    out.row("leave-one-chip-out", opts.label + suffix,
-                            ev.score(test, *shot_chosen(choice, cdmpp_base, test)), train_seconds=cdmpp_secs,
-                            choice=choice.describe(), **n)
+                    chosen, described = by_device(lambda s: ShotChoice(
+                        cdmpp_base.predict, seed=seed, nthread=opts.threads, base_bias=cdmpp_bias,
+                        assembly_counts=counted).fit(s), shots, test, lambda c, ps: shot_chosen(c, cdmpp_base, ps))
+                    out.row("leave-one-chip-out", opts.label + suffix, ev.score(test, *chosen), train_seconds=cdmpp_secs,
+                            choice=described, **n)
                     if "cdmpp-finetune" in opts.methods and sampler == "kmeans":  # the comparison, at its cost
                         tuned = model.adapt(shots)
                         mean, lo, hi, order = tuned.predict_interval_and_order(test)
@@ -154,18 +154,40 @@ def run_chip(opts, seed: int, ds, device_table: dict, chip: str, out, context, k
                 g = gbt.adapt(shots) if k else gbt
                 out.row("leave-one-chip-out", "pooled GBT" + suffix, ev.score(test, g.predict(test)),
                         train_seconds=gbt_secs, **n)
-                moved = ShotChoice(transfer.predict, seed=seed, nthread=opts.threads,
-                                   base_bias=transfer_bias, assembly_counts=counted).fit(shots)
-                out.row("leave-one-chip-out", "pooled GBT, spec transfer" + suffix,
-                        ev.score(test, *shot_chosen(moved, transfer, test)),
-                        train_seconds=gbt_secs, choice=moved.describe(), **n)
-            if len(shots) >= MIN_SHOTS_FOR_MODELS:
-                alone = ShotChoice(None, seed=seed, nthread=opts.threads, only=("shots",),
-                                   assembly_counts=counted).fit(shots)
-                out.row("leave-one-chip-out", "shots-only GBT" + suffix, ev.score(test, alone.predict(test)),
-                        train_seconds=0.0, choice=alone.describe(), **n)
+                moved, described = by_device(lambda s: ShotChoice(
+                    transfer.predict, seed=seed, nthread=opts.threads, base_bias=transfer_bias,
+                    assembly_counts=counted).fit(s), shots, test, lambda c, ps: shot_chosen(c, transfer, ps))
+                out.row("leave-one-chip-out", "pooled GBT, spec transfer" + suffix, ev.score(test, *moved),
+                        train_seconds=gbt_secs, choice=described, **n)
+            if k and min(sum(p.device == d for p in shots) for d in {p.device for p in test}) >= MIN_SHOTS_FOR_MODELS:
+                alone, described = by_device(lambda s: ShotChoice(
+                    None, seed=seed, nthread=opts.threads, only=("shots",), assembly_counts=counted).fit(s),
+                    shots, test, lambda c, ps: (c.predict(ps),))
+                out.row("leave-one-chip-out", "shots-only GBT" + suffix, ev.score(test, *alone),
+                        train_seconds=0.0, choice=described, **n)
     if resume is not None:
         resume.forget()
+
+
+def by_device(fit, shots: Sequence, test: Sequence, predict) -> tuple[tuple, str]:
+    """One ``ShotChoice`` per device of the held-out chip, fitted on that device's shots (``fit(shots)``) and
+    applied to its test programs (``predict(choice, programs)``: a tuple of arrays or None), as a user
+    adapting each device with its own shots gets (``cdmpp finetune --device``): the choice reads device-free
+    features, so one fitted over two thread counts moved each by the other's shots. Returns the predictions of
+    ``test`` in order and the choices described."""
+    devices = sorted({p.device for p in test})
+    merged, described = None, []
+    for device in devices:
+        at = np.array([p.device == device for p in test])
+        choice = fit([p for p in shots if p.device == device])
+        got = predict(choice, [p for p, mine in zip(test, at) if mine])
+        if merged is None:
+            merged = [None if g is None else np.empty(len(test)) for g in got]
+        for whole, part in zip(merged, got):
+            if whole is not None:
+                whole[at] = part
+        described.append(choice.describe() if len(devices) == 1 else f"{device}: {choice.describe()}")
+    return tuple(merged), "; ".join(described)
 
 
 def held_out_chips(opts, ds, device_table: dict) -> list[str]:

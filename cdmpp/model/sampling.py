@@ -85,23 +85,6 @@ def sampler(name: str, k: int, random_state: int | None = 0):
 _by_name = sampler  # choose_shots's argument ``sampler`` is the name
 
 
-def stand_for(embedding: np.ndarray, indices: Sequence[int], chunk: int = 4096) -> np.ndarray:
-    """How many rows of ``embedding`` (the pool the shots came from) each shot ``indices[i]`` stands for: the
-    rows nearer to it than to any other shot, itself included. KMeans shots cover the pool's sparse corners
-    as much as its dense middle, so one shot of a corner stands for few programs; a fit on the shots that
-    weighs each by this count estimates the pool's level, not the corners' (``ShotChoice(weights=...)``)."""
-    X = np.asarray(embedding, dtype=np.float64)
-    idx = np.asarray(indices, dtype=np.int64)
-    counts = np.zeros(len(idx))
-    if len(idx) == 0:
-        return counts
-    centers = X[idx]
-    for start in range(0, len(X), chunk):
-        nearest = euclidean_distances(X[start:start + chunk], centers, squared=True).argmin(axis=1)
-        counts += np.bincount(nearest, minlength=len(idx))
-    return np.maximum(counts, 1.0)
-
-
 def model_free_embedding(reference: Sequence, programs: Sequence) -> np.ndarray:
     """Mean of each program's normalized leaf features; the normalizer is fitted on ``reference`` only
     (the training programs), so choosing shots never looks at test statistics."""

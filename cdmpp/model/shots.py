@@ -48,12 +48,6 @@ def _booster(rounds: int, base: float, seed: int, nthread: int, depth: int):
                             random_state=seed, base_score=base)
 
 
-def _weighted_median(x: np.ndarray, w: np.ndarray) -> float:
-    order = np.argsort(x)
-    cum = np.cumsum(w[order])
-    return float(x[order][np.searchsorted(cum, 0.5 * cum[-1])])
-
-
 def median_log_error(predicted, measured) -> float:
     """Median of log(predicted / measured): a prediction's level against the median, ``ShotChoice``'s
     ``base_bias`` when taken on the base's validation programs."""
@@ -79,11 +73,6 @@ class ShotChoice:
     ``only``: restrict the candidates to these kinds (``("shots",)`` is the shots-only GBT peer).
     ``assembly_counts``: its GBTs also read the built programs' instruction counts (``count_inputs``; NaN where a
     program was not built), as a model trained with them does.
-
-    ``fit(shots, weights)``: how many programs each shot stands for (``sampling.stand_for``: KMeans shots sit
-    in the pool's sparse corners as much as in its middle); every median, tree fit and cross-validated MAPE
-    weighs the shots by it. Unweighted, KMeans shots a base predicted 16 % too fast moved a test it predicted
-    at its median (Zen 3 held out, development seed 0: 39.1 -> 44.7 % MAPE at 1 %).
 
     ``base_bias``: the base's median log(predicted / measured) on programs new to it (its validation
     programs). A prediction trained for MAPE sits below the median where it errs much (about -sigma^2 of
@@ -119,11 +108,7 @@ class ShotChoice:
     def _log_base(self, programs: Sequence) -> np.ndarray | None:
         return None if self.base is None else np.log(np.maximum(np.asarray(self.base(programs), np.float64), 1e-12))
 
-    def fit(self, shots: Sequence, weights: Sequence[float] | None = None) -> "ShotChoice":
-        w = np.ones(len(shots)) if weights is None else np.asarray(weights, np.float64)
-        if len(w) != len(shots) or not np.all(np.isfinite(w)) or np.any(w <= 0):
-            raise ValueError(f"weights: expected {len(shots)} positive finite numbers, one per shot")
-        self.w_ = w / w.mean() if len(w) else w
+    def fit(self, shots: Sequence) -> "ShotChoice":
         if self.base is None and len(shots) < MIN_SHOTS_FOR_MODELS:
             raise ValueError(f"a shots-only model needs at least {MIN_SHOTS_FOR_MODELS} shots, got {len(shots)}")
         self.n_shots_ = len(shots)
@@ -146,57 +131,55 @@ class ShotChoice:
         folds = min(self.folds, n)
         fold = np.random.default_rng(self.seed).permutation(n) % folds
         err: dict[Candidate, np.ndarray] = {}
-        w = self.w_
         for f in range(folds):
             tr, held = fold != f, fold == f
             for c, pred in self._candidates(kinds, x[tr], y[tr], scale[tr], None if log_base is None else log_base[tr],
-                                            x[held], scale[held], None if log_base is None else log_base[held], w[tr]):
+                                            x[held], scale[held], None if log_base is None else log_base[held]):
                 err.setdefault(c, np.zeros(n))[held] = pred - y[held]
         corrections = [c for c in err if c.kind in ("base", "scaled", "ratio")]
         shots_only = [c for c in err if c.kind == "shots"]
         if corrections and shots_only and (self.only is None or "blend" in self.only):
-            best_c = min(corrections, key=lambda c: (w * self._score(err[c])).mean())
-            best_s = min(shots_only, key=lambda c: (w * self._score(err[c])).mean())
+            best_c = min(corrections, key=lambda c: self._score(err[c]).mean())
+            best_s = min(shots_only, key=lambda c: self._score(err[c]).mean())
             for w in BLEND_WEIGHTS:
                 err[Candidate("blend", best_s.rounds, w)] = w * err[best_s] + (1 - w) * err[best_c]
             self.blend_parts_ = (best_c, best_s)
-        self.cv_ = {c: float((w * _ape(e)).mean()) for c, e in err.items()}
-        self.se_ = {c: float((w * _ape(e)).std() / np.sqrt(n)) for c, e in err.items()}
-        self.choice_ = self._pick(err, w)
+        self.cv_ = {c: float(_ape(e).mean()) for c, e in err.items()}
+        self.se_ = {c: float(_ape(e).std() / np.sqrt(n)) for c, e in err.items()}
+        self.choice_ = self._pick(err)
 
     @staticmethod
     def _score(log_error: np.ndarray) -> np.ndarray:
         """What a candidate is judged by on each held-out shot: its APE, as the metric is MAPE."""
         return _ape(log_error)
 
-    def _pick(self, err: dict, w: np.ndarray | None = None) -> Candidate:
-        """The lowest mean score (``w``: each shot's weight), but the base unless the winner's paired gain over
-        it exceeds the gain's standard error (the one-standard-error rule, as TwinRatio's)."""
-        w = np.ones(len(next(iter(err.values())))) if w is None else w
-        choice = min(err, key=lambda c: (w * self._score(err[c])).mean())
+    def _pick(self, err: dict) -> Candidate:
+        """The lowest mean score, but the base unless the winner's paired gain over it exceeds the gain's
+        standard error (the one-standard-error rule, as TwinRatio's)."""
+        choice = min(err, key=lambda c: self._score(err[c]).mean())
         first = Candidate("base")
         if first in err and choice != first:
-            gain = w * (self._score(err[first]) - self._score(err[choice]))
+            gain = self._score(err[first]) - self._score(err[choice])
             if not gain.mean() > gain.std() / np.sqrt(len(gain)):
                 return first
         return choice
 
-    def _candidates(self, kinds, x, y, scale, log_base, x_new, scale_new, log_base_new, w):
-        """(Candidate, log prediction for the new rows) of each kind, fitted on (x, y) weighed by ``w``."""
+    def _candidates(self, kinds, x, y, scale, log_base, x_new, scale_new, log_base_new):
+        """(Candidate, log prediction for the new rows) of each kind, fitted on (x, y)."""
         if "base" in kinds:
             yield Candidate("base"), log_base_new
         bias = self.base_bias
         if "scaled" in kinds:
-            yield Candidate("scaled"), log_base_new + _weighted_median(y - log_base, w) + bias
+            yield Candidate("scaled"), log_base_new + float(np.median(y - log_base)) + bias
         if "ratio" in kinds:
             r = y - log_base
-            b = _booster(max(RATIO_ROUNDS), _weighted_median(r, w), self.seed, self.nthread, 3).fit(x, r, sample_weight=w)
+            b = _booster(max(RATIO_ROUNDS), float(np.median(r)), self.seed, self.nthread, 3).fit(x, r)
             for n in RATIO_ROUNDS:
                 yield Candidate("ratio", n), log_base_new + b.predict(x_new, iteration_range=(0, n)) + bias
         if "shots" in kinds:
             t = y - scale
             xs, xs_new = x[:, :-1] if log_base is not None else x, x_new[:, :-1] if log_base_new is not None else x_new
-            b = _booster(max(SHOTS_ROUNDS), _weighted_median(t, w), self.seed, self.nthread, 4).fit(xs, t, sample_weight=w)
+            b = _booster(max(SHOTS_ROUNDS), float(np.median(t)), self.seed, self.nthread, 4).fit(xs, t)
             for n in SHOTS_ROUNDS:
                 yield Candidate("shots", n), scale_new + b.predict(xs_new, iteration_range=(0, n)) + bias
 
@@ -208,18 +191,17 @@ class ShotChoice:
             parts[1] = Candidate("shots", c.rounds)
         self.parts_ = []
         x = self._x(shots, log_base) if shots else None
-        w = self.w_
         for part in parts:
             model, shift = None, 0.0 if part.kind == "base" else self.base_bias
             if part.kind == "scaled":
-                shift += _weighted_median(y - log_base, w)
+                shift += float(np.median(y - log_base))
             elif part.kind == "ratio":
                 r = y - log_base
-                model = _booster(part.rounds, _weighted_median(r, w), self.seed, self.nthread, 3).fit(x, r, sample_weight=w)
+                model = _booster(part.rounds, float(np.median(r)), self.seed, self.nthread, 3).fit(x, r)
             elif part.kind == "shots":
                 t = y - scale
                 xs = x[:, :-1] if log_base is not None else x
-                model = _booster(part.rounds, _weighted_median(t, w), self.seed, self.nthread, 4).fit(xs, t, sample_weight=w)
+                model = _booster(part.rounds, float(np.median(t)), self.seed, self.nthread, 4).fit(xs, t)
             self.parts_.append((part, shift, model))
 
     def predict(self, programs: Sequence, base_seconds: np.ndarray | None = None) -> np.ndarray:

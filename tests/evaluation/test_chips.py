@@ -113,3 +113,46 @@ def test_an_unknown_chip_is_a_clear_error(three_devices, chip_table):
 
     with pytest.raises(ValueError, match="unknown chip.*chips in the data"):
         held_out_chips(ProtocolOptions(chips=("no such chip",)), three_devices, chip_table)
+
+
+def test_shots_of_a_chip_with_two_devices_come_from_both():
+    """The embedding is device-free: over a pool holding two thread counts' copies of the same programs, KMeans
+    once took every shot from one device (Zen 3 held out, 416 of 416 at 1 thread). Each device's share now
+    comes from its own programs, in proportion to its share of the pool; one device is as before."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from cdmpp.evaluation.splits import choose_shots, shots_by_device
+
+    points = np.random.default_rng(0).normal(size=(60, 4))
+    pool = [SimpleNamespace(device=d) for d in ["a/1t"] * 60 + ["a/2t"] * 60]
+    embedding = np.vstack([points, points])
+    assert choose_shots(pool, 12, "kmeans", 0, embedding).max() < 60  # the failure: one device only
+    for sampler in ("kmeans", "random"):
+        chosen = shots_by_device(pool, 12, sampler, 0, embedding)
+        assert sum(i < 60 for i in chosen) == 6 and sum(i >= 60 for i in chosen) == 6
+    one = pool[:60]
+    assert shots_by_device(one, 5, "kmeans", 0, points) == set(choose_shots(one, 5, "kmeans", 0, points).tolist())
+
+
+def test_each_device_of_a_chip_gets_the_choice_fitted_on_its_own_shots():
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from cdmpp.evaluation.chips import by_device
+
+    shots = [SimpleNamespace(device=d, seconds=s) for d, s in [("a/1t", 1.0), ("a/1t", 1.0), ("a/2t", 5.0)]]
+    test = [SimpleNamespace(device=d) for d in ("a/2t", "a/1t", "a/2t")]
+
+    class Mean:  # a "choice" that predicts its shots' mean seconds
+        def __init__(self, s):
+            self.value = float(np.mean([p.seconds for p in s]))
+
+        def describe(self):
+            return f"mean {self.value}"
+
+    (got, none), described = by_device(Mean, shots, test, lambda c, ps: (np.full(len(ps), c.value), None))
+    assert got.tolist() == [5.0, 1.0, 5.0] and none is None
+    assert described == "a/1t: mean 1.0; a/2t: mean 5.0"
