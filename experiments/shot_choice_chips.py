@@ -17,8 +17,11 @@ sample of training programs (seen ones: the base's error where it trained), and 
 import os
 import pickle
 import sys
+from collections import Counter
 
 import numpy as np
+
+from cdmpp.model.shots import ShotChoice
 
 KS = ("1%", "5%")
 SAMPLERS = ("kmeans", "random")
@@ -83,7 +86,6 @@ def study(paths) -> None:
     from cdmpp.evaluation import metrics as ev
     from cdmpp.evaluation.chips import of_chips_kind
     from cdmpp.evaluation.protocol import ProtocolOptions, load_pinned
-    from collections import Counter
 
     opts = ProtocolOptions(threads=2)
     table = DeviceTable(opts.devices).spec_table()
@@ -120,7 +122,7 @@ def study(paths) -> None:
             for rule, kw in rules.items():
                 kw = dict(kw)
                 sd = kw.pop("noise", 0.0)
-                choice = _NoisyChoice(base, seed=kept["seed"], nthread=2, assembly_counts=True, noise=sd, **kw).fit(shots)
+                choice = NoisyChoice(base, seed=kept["seed"], nthread=2, assembly_counts=True, noise=sd, **kw).fit(shots)
                 pred = choice.predict(test, base_seconds=base_test)
                 scored = ev.score(test, pred)
                 rows.append(dict(chip=kept["chip"], seed=kept["seed"], k=k_name, sampler=sampler, rule=rule,
@@ -130,75 +132,54 @@ def study(paths) -> None:
                       f"{str(tuple(choice.choice_)):20s} test {100 * scored['mape']:5.1f} % "
                       f"fast-10 {100 * scored.get('mape_fast10', float('nan')):5.1f} %  spearman {scored.get('spearman', 0):.3f}",
                       flush=True)
-        rows += _per_device(kept, by_key, base, test, base_test, bias)
+        rows += _per_device(kept, by_key, base, test, bias)
     with open("runs/shot-choice/loco-study.pkl", "wb") as f:
         pickle.dump(rows, f)
 
 
-def _per_device(kept, by_key, base, test, base_test, bias) -> list:
-    """Shots drawn per device of the chip (k shared by the devices' pool sizes) and one ``ShotChoice`` per
-    device, as a user adapting each device with its own shots gets: the chip's thread counts share a
-    device-free embedding, so KMeans over both picks one device's copy of each program."""
+def _per_device(kept, by_key, base, test, bias) -> list:
+    """The protocol's rule since 6 Dec: each device's shots chosen among its own programs
+    (``splits.shots_by_device``) and one ``ShotChoice`` per device (``chips.by_device``)."""
     from cdmpp.evaluation import metrics as ev
-    from cdmpp.model.sampling import choose_shots
-    from cdmpp.model.shots import ShotChoice
+    from cdmpp.evaluation.chips import by_device
+    from cdmpp.evaluation.splits import shots_by_device
 
-    rows, devices = [], sorted({d for d, _ in kept["pool"]})
+    rows, pool = [], [by_key[k] for k in kept["pool"]]
     for (k_name, sampler), keys in kept["shots"].items():
-        pred = np.empty(len(test))
-        described = []
-        for d in devices:
-            rows_d = [i for i, (dev, _) in enumerate(kept["pool"]) if dev == d]
-            k_d = max(1, round(len(keys) * len(rows_d) / len(kept["pool"])))
-            picks = choose_shots(rows_d, k_d, sampler, kept["seed"], kept["embedding"][rows_d])
-            shots = [by_key[kept["pool"][rows_d[i]]] for i in picks]
-            choice = ShotChoice(base, seed=kept["seed"], nthread=2, assembly_counts=True, base_bias=bias).fit(shots)
-            at = np.array([p.device == d for p in test])
-            pred[at] = choice.predict([p for p, a in zip(test, at) if a], base_seconds=base_test[at])
-            described.append(f"{d.split('/')[0][-2:]}: {tuple(choice.choice_)}")
+        chosen = shots_by_device(pool, len(keys), sampler, kept["seed"], kept["embedding"])
+        (pred,), described = by_device(
+            lambda s: ShotChoice(base, seed=kept["seed"], nthread=2, assembly_counts=True, base_bias=bias).fit(s),
+            [pool[i] for i in sorted(chosen)], test, lambda c, ps: (c.predict(ps, base_seconds=base(ps)),))
         scored = ev.score(test, pred)
         rows.append(dict(chip=kept["chip"], seed=kept["seed"], k=k_name, sampler=sampler, rule="per device",
-                         choice="; ".join(described), mape=scored["mape"], fast10=scored.get("mape_fast10"),
+                         choice=described, mape=scored["mape"], fast10=scored.get("mape_fast10"),
                          spearman=scored.get("spearman")))
-        print(f"  {k_name:>3s} {sampler:6s} {'per device':16s} {'; '.join(described)} test {100 * scored['mape']:5.1f} % "
-              f"fast-10 {100 * scored.get('mape_fast10', float('nan')):5.1f} %  spearman {scored.get('spearman', 0):.3f}",
-              flush=True)
+        print(f"  {k_name:>3s} {sampler:6s} {'per device':16s} test {100 * scored['mape']:5.1f} % "
+              f"fast-10 {100 * scored.get('mape_fast10', float('nan')):5.1f} %  spearman {scored.get('spearman', 0):.3f}"
+              f"  ({described})", flush=True)
     return rows
 
 
-def _noisy_choice():
-    from cdmpp.model.shots import ShotChoice
+class NoisyChoice(ShotChoice):
+    """``ShotChoice`` whose base, while it is fitted and judged on the shots, carries extra log noise of sd
+    ``noise``: the base as far off on the shots as on programs new to it."""
 
-    class NoisyChoice(ShotChoice):
-        """``ShotChoice`` whose base, while it is fitted and judged on the shots, carries extra log noise of
-        sd ``noise``: the base as far off on the shots as on programs new to it."""
+    def __init__(self, *args, noise: float = 0.0, **kw):
+        super().__init__(*args, **kw)
+        self.noise, self._fitting = noise, False
 
-        def __init__(self, *args, noise: float = 0.0, **kw):
-            super().__init__(*args, **kw)
-            self.noise, self._fitting = noise, False
+    def _log_base(self, programs):
+        log = super()._log_base(programs)
+        if self._fitting and self.noise > 0 and log is not None:
+            log = log + np.random.default_rng(self.seed + 7).normal(0.0, self.noise, len(log))
+        return log
 
-        def _log_base(self, programs):
-            log = super()._log_base(programs)
-            if self._fitting and self.noise > 0 and log is not None:
-                log = log + np.random.default_rng(self.seed + 7).normal(0.0, self.noise, len(log))
-            return log
-
-        def fit(self, shots):
-            self._fitting = True
-            try:
-                return super().fit(shots)
-            finally:
-                self._fitting = False
-
-    return NoisyChoice
-
-
-class _Lazy:
-    def __call__(self, *a, **kw):
-        return _noisy_choice()(*a, **kw)
-
-
-_NoisyChoice = _Lazy()
+    def fit(self, shots):
+        self._fitting = True
+        try:
+            return super().fit(shots)
+        finally:
+            self._fitting = False
 
 
 if __name__ == "__main__":

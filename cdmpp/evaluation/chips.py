@@ -7,10 +7,12 @@ Rows (``protocol-runs.jsonl`` form, setting ``leave-one-chip-out``, ``chip`` nam
 * ``cdmpp``: the pretrained model's prediction (a new CPU chip through its anchor, moved by Amdahl's law
   and the two chips' reference-kernel levels, else per-thread peaks: ``cdmpp.model.physics.chip_ratio``; the
   reference kernels are not test programs; a new GPU through the trained GPU closest in peak FLOP/s, moved by
-  the ratio of the two GPUs' measured levels, else peaks; the level programs are not test programs); with shots, ``ShotChoice`` on it, one per device of the chip fitted on that device's shots
-  (``by_device``; the shots are chosen per device, ``splits.shots_by_device``) (the shipped k-shot path: the prediction as is, × the shots' median ratio, × a GBT of the log ratio, a GBT of the
-  shots alone, or a blend, whichever cross-validation on the shots prefers; applied to its seconds and to
-  its order prediction, as a checkpoint with shots applies it); ``cdmpp, direct`` (k = 0):
+  the ratio of the two GPUs' measured levels, else peaks; the level programs are not test programs); with
+  shots, ``ShotChoice`` on it (the shipped k-shot path: the prediction as is, × the shots' median ratio, × a
+  GBT of the log ratio, a GBT of the shots alone, or a blend, whichever cross-validation on the shots
+  prefers; applied to its seconds and to its order prediction, as a checkpoint with shots applies it), one
+  per device of the chip, fitted on that device's shots (``by_device``), which were chosen among its own
+  programs (``splits.shots_by_device``); ``cdmpp, direct`` (k = 0):
   the network asked for the new chip from its specs, without the transfer; ``cdmpp, seen programs`` (k = 0):
   the same prediction on the chip's programs outside the test, whose twins were in training on other chips
   (the chip new, the programs not: what the shots' cross-validation sees);
