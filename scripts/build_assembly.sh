@@ -10,7 +10,8 @@ echo $$ > datasets/build-assembly.pid
 renice -n 19 $$ >/dev/null 2>&1
 PARTS=${PARTS:-$(nproc)}
 children=""
-trap 'kill -TERM $children 2>/dev/null; wait; rm -f datasets/build-assembly.pid; exit 130' TERM INT
+forget() { [ "$(cat datasets/build-assembly.pid 2>/dev/null)" = "$$" ] && rm -f datasets/build-assembly.pid; }  # not a newer run's
+trap 'kill -TERM $children 2>/dev/null; wait; forget; exit 130' TERM INT
 # the twins' chips first (leave-one-chip-out holds them out), then the rest; a device whose build key is done
 # finds nothing to build
 for device in amd-epyc-znver3-1t/llvm-avx2 amd-epyc-znver3-2t/llvm-avx2 intel-xeon-rocketlake-1t/llvm-avx512 \
@@ -26,4 +27,4 @@ for device in amd-epyc-znver3-1t/llvm-avx2 amd-epyc-znver3-2t/llvm-avx2 intel-xe
   done
   wait
 done
-rm -f datasets/build-assembly.pid
+forget
