@@ -261,7 +261,7 @@ def network(seed: int, epochs: int, arms: list, threads: int, setting: str = "ra
             with_counts(counts)
         elif arm == "predicted":
             with_counts(predicted_counts(counts, train, val + test, threads, seed))
-        model = CDMPP(recipe_config("default", seed=seed, epochs=epochs, progress=False), table).fit(train, val)
+        model = CDMPP(recipe_config("ablation-no-counts", seed=seed, epochs=epochs, progress=False), table).fit(train, val)
         row = dict(setting=setting, seed=seed, arm=arm, epochs=epochs, n_train=len(train), describe=model.describe())
         for where, ps in (("val", val), ("test", test)):
             sc = score(ps, model.predict(ps), rank_key=model.predict_order(ps))

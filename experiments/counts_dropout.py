@@ -38,7 +38,7 @@ from cdmpp.model.training import fit, withhold_counts
 
 ROWS = Path("reports/counts-dropout-runs.jsonl")
 MODELS = Path("build/counts-dropout")
-RECIPES = {"counts": "assembly", "drop": "assembly", "plain": "default"}
+RECIPES = {"counts": "assembly", "drop": "assembly", "plain": "ablation-no-counts"}
 
 
 def scored(programs, seconds, order) -> dict:

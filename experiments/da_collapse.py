@@ -21,7 +21,7 @@ ds.programs = chips.of_chips_kind(ds, chip, table)
 sp = splits.leave_one_chip_out_split(ds, chip, table, 0, seed=1000)
 print("train", len(sp.train), "val", len(sp.val), "pool", len(sp.target_pool), flush=True)
 for arm in arms:
-    cfg = dataclasses.replace(TrainConfig.recipe("default"), epochs=epochs, da=arm, gbt_blend=False, ensemble=1,
+    cfg = dataclasses.replace(TrainConfig.recipe("ablation-no-counts"), epochs=epochs, da=arm, gbt_blend=False, ensemble=1,
                               seed=1000)
     t = time.monotonic()
     m = fit(cfg, sp.train, sp.val, target_pool=sp.target_pool, device_table=table)

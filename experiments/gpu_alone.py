@@ -33,7 +33,7 @@ def main() -> None:
     seen = np.array([p.record_id.rsplit("|", 1)[1] in trained_hashes for p in asked])
     rows = {"seen (twins of trained programs)": [], "new": []}
     for seed in map(int, args.seeds.split(",")):
-        cfg = TrainConfig.recipe("default").replace(epochs=args.epochs, gbt_blend=False, amdahl_transfer=False,
+        cfg = TrainConfig.recipe("ablation-no-counts").replace(epochs=args.epochs, gbt_blend=False, amdahl_transfer=False,
                                                     seed=seed, progress=False)
         model = fit(cfg, train, device_table=DeviceTable(defaults.DEVICES))
         pred = model.label_transform.inverse_transform(model.predict_z([p.features for p in asked], args.through).mean(axis=0))

@@ -95,7 +95,7 @@ def main() -> None:
             chip = splits.chip_of(device, table)
             base = splits.leave_one_chip_out_split(gpus, chip, table, 0, seed=seed)
             t = time.monotonic()
-            config = recipe_config("default", seed=seed, epochs=args.epochs, progress=False)
+            config = recipe_config("ablation-no-counts", seed=seed, epochs=args.epochs, progress=False)
             model = CDMPP(config, table, base.target_pool).fit(base.train, base.val).model_
             secs = round(time.monotonic() - t)
             preds = variants(model, base.test, device, table)

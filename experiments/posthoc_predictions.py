@@ -35,7 +35,7 @@ def train(setting: str, seed: int, minutes: float) -> str:
     ds = load_pinned(opts)
     table = DeviceTable(opts.devices).spec_table()
     (_, split), = setting_splits(ds, setting, seed)
-    model = CDMPP(recipe_config("default", seed=seed, max_minutes=minutes, progress=False), table,
+    model = CDMPP(recipe_config("ablation-no-counts", seed=seed, max_minutes=minutes, progress=False), table,
                   split.target_pool or None).fit(split.train, split.val)
     trained = model.model_
     members = copy.copy(trained)

@@ -53,7 +53,7 @@ def main() -> None:
     out = json.load(open(out_path)) if os.path.exists(out_path) else {}
     for arm in a.arms.split(","):
         train = on_pinned(split.train) if arm == "pinned" else split.train
-        model = CDMPP(recipe_config("default", seed=a.seed, epochs=a.epochs, progress=False), table).fit(
+        model = CDMPP(recipe_config("ablation-no-counts", seed=a.seed, epochs=a.epochs, progress=False), table).fit(
             train, split.val if arm != "pinned" else val)
         row = {"train": len(train), "epochs": a.epochs, "describe": model.describe()}
         for part, progs in (("val", val), ("test", test)):

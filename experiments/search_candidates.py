@@ -111,7 +111,7 @@ def run(seed: int, arms=ARMS[:2], before: str = SEARCHED_BEFORE, rows: str = ROW
     os.makedirs(os.path.dirname(rows), exist_ok=True)
     for arm in arms:
         train = train_random + train_search * {"random": 0, "random+search": 1, "random+search x4": 4}[arm]
-        context = registry.Context(seed, table, 2, recipe_config("default", seed=seed, progress=True))
+        context = registry.Context(seed, table, 2, recipe_config("ablation-no-counts", seed=seed, progress=True))
         for method, _ in registry.build(list(methods), context):
             method.fit(train, val, None)
             if "Amdahl transfer" in method.label:  # one device: the transfer is the identity

@@ -91,7 +91,7 @@ def trained(args, gpus, chip, base, table, seed, device):
     path = os.path.join(args.cache, f"{device.replace('/', '_')}.{seed}.{args.epochs}.pkl")
     if not os.path.exists(path):
         t = time.monotonic()
-        config = recipe_config("default", seed=seed, epochs=args.epochs, progress=False)
+        config = recipe_config("ablation-no-counts", seed=seed, epochs=args.epochs, progress=False)
         model = CDMPP(config, table, base.target_pool).fit(base.train, base.val)
         secs = round(time.monotonic() - t)
         chips = [p for p in gpus if splits.chip_of(p.device, table) == chip]

@@ -37,7 +37,7 @@ def train(seed: int) -> str:
     ds = load_pinned(opts)
     table = DeviceTable(opts.devices).spec_table()
     base = splits.cross_device_split(ds, opts.target_device, 0, seed=seed, programs="new")
-    config = recipe_config("default", seed=seed, progress=True)
+    config = recipe_config("ablation-no-counts", seed=seed, progress=True)
     context = registry.Context(seed, table, 2, config, base.target_pool)
     model = context.one("cdmpp").fit(base.train, base.val)
     memo = Memo(model)

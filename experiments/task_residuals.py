@@ -32,7 +32,7 @@ def train(setting: str, seed: int, epochs: int, threads: int) -> str:
     ds = load_pinned(opts)
     table = DeviceTable(opts.devices).spec_table()
     (_, split), = setting_splits(ds, setting, seed)
-    model = CDMPP(recipe_config("default", seed=seed, epochs=epochs, progress=True), table,
+    model = CDMPP(recipe_config("ablation-no-counts", seed=seed, epochs=epochs, progress=True), table,
                   split.target_pool or None).fit(split.train, split.val)
     trained = model.model_
     rng = np.random.default_rng(seed)

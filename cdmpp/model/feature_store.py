@@ -29,7 +29,7 @@ from typing import Sequence
 
 import numpy as np
 
-from cdmpp.model.network import PackedPrograms
+from cdmpp.model.network import N_ROOFLINE_STATS, N_STATS, PackedPrograms
 
 FORMAT = 3  # 2: flops.npy and hashes.npy (the pooled GBT's log FLOPs input; programs rebuilt from a store); 3: tensor_flops.npy
 # (labels learned as FP32-equivalent time, physics.fp32_equivalent)
@@ -282,6 +282,19 @@ class FeatureStore:
             raise ValueError(f"{len(seconds)} labels for a store of {len(self)} programs")
         view = copy.copy(self)
         view.seconds = np.asarray(seconds, dtype=np.float64)
+        return view
+
+    def without_counts(self, withheld: np.ndarray) -> "FeatureStore":
+        """The same store read with the assembly counts of the ``withheld`` programs (a boolean mask) removed, as a
+        failed build leaves them (``TrainConfig.assembly_withheld``); this one keeps its own. A store written without
+        counts has none to remove."""
+        if len(withheld) != len(self):
+            raise ValueError(f"{len(withheld)} programs to withhold counts of in a store of {len(self)}")
+        if self.stats is None or self.stats.shape[1] < N_STATS:
+            return self
+        view = copy.copy(self)
+        view.stats = np.array(self.stats)
+        view.stats[np.asarray(withheld, bool), N_ROOFLINE_STATS:] = 0.0  # assembly_stats of no counts
         return view
 
     def device_names(self) -> list[str]:

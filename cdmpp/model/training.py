@@ -130,9 +130,15 @@ def program_input_scaling(stats: np.ndarray, clip: float) -> dict:
 def withhold_counts(programs: Sequence[LabeledProgram], share: float, seed: int) -> list[LabeledProgram]:
     """``programs`` with the assembly counts of ``share`` of them removed (drawn once with ``seed``), as a failed
     build leaves them: ``TrainConfig.assembly_withheld``."""
-    drop = np.random.default_rng(seed).random(len(programs)) < share
+    drop = withheld_share(len(programs), share, seed)
     return [dataclasses.replace(p, features=dataclasses.replace(p.features, asm=None)) if d else p
             for p, d in zip(programs, drop)]
+
+
+def withheld_share(n: int, share: float, seed: int) -> np.ndarray:
+    """Which of ``n`` training programs have their counts withheld: one seeded draw, the same in memory and from a
+    feature store."""
+    return np.random.default_rng(seed).random(n) < share
 
 
 def fit(config: TrainConfig, train_set: Sequence[LabeledProgram] | FeatureStore,
@@ -174,9 +180,9 @@ def fit(config: TrainConfig, train_set: Sequence[LabeledProgram] | FeatureStore,
         train_set = [train_set[i] for i in perm[n_val:]]
     if config.assembly_counts and config.assembly_withheld > 0:
         if isinstance(train_set, FeatureStore):
-            raise ValueError("assembly_withheld: train from programs in memory (a feature store's counts are written "
-                             "into its stats); drop --store, or set assembly_withheld = 0")
-        train_set = withhold_counts(train_set, config.assembly_withheld, config.seed)
+            train_set = train_set.without_counts(withheld_share(len(train_set), config.assembly_withheld, config.seed))
+        else:
+            train_set = withhold_counts(train_set, config.assembly_withheld, config.seed)
     if device_table is not None:  # tensor-core programs learned as FP32-equivalent time; ``predict`` speeds them up
         table = DeviceSpecs(device_table).table
         val_set = physics.fp32_equivalent(val_set, table)

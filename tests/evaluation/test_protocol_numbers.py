@@ -36,7 +36,8 @@ def one_epoch_recipe(tmp_path_factory):
     from cdmpp.defaults import RECIPES
 
     path = tmp_path_factory.mktemp("recipe") / "one-epoch.toml"
-    path.write_text(f'base = "{RECIPES / "default"}"\nd_model = 32\nd_ff = 64\nepochs = 1\nensemble = 1\n'
+    # the recipe without the assembly's counts: the sample holds no builds, and the record predates them
+    path.write_text(f'base = "{RECIPES / "ablation-no-counts"}"\nd_model = 32\nd_ff = 64\nepochs = 1\nensemble = 1\n'
                     "lr_cycle_epochs = 1\ngbt_minutes = 1\n")
     return str(path)
 

@@ -1,6 +1,6 @@
 """The shipped model's answers on a fixed sample of real programs: what a refactor of the model code must not
 change (issue 57). ``shipped_sample.npz`` holds the features of 51 programs (17 drawn at random from each of
-three devices' records) and ``shipped_sample.json`` the shipped checkpoint's ``predict_orders`` of them, each
+three devices' records), with their builds' instruction counts where ``datasets/assembly`` has them, and ``shipped_sample.json`` the shipped checkpoint's ``predict_orders`` of them, each
 on its own device and all on a device it predicts through an Amdahl anchor; ``test_shipped_sample.py``
 compares. Regenerate (only when the shipped model is retrained on purpose) from the repository root:
 
@@ -31,8 +31,10 @@ def load_sample():
 
     z = np.load(FEATURES)
     off = z["offsets"]
-    programs = [ProgramFeatures(z["leaves"][a:b], z["positions"][a:b], float(fl), str(h))
-                for a, b, fl, h in zip(off[:-1], off[1:], z["flops"], z["hashes"])]
+    asm = z["asm"] if "asm" in z else np.full((len(z["flops"]), 1), np.nan)
+    programs = [ProgramFeatures(z["leaves"][a:b], z["positions"][a:b], float(fl), str(h),
+                                asm=None if np.isnan(c).any() else c)
+                for a, b, fl, h, c in zip(off[:-1], off[1:], z["flops"], z["hashes"], asm)]
     return programs, [str(d) for d in z["devices"]]
 
 
@@ -48,7 +50,8 @@ def answers(model, programs, devices) -> dict:
 def main() -> None:
     from cdmpp import defaults
     from cdmpp.model.kinds import load_model
-    from cdmpp.records.dataset import FeatureCache, _featurize_records
+    from cdmpp.program.assembly import N_COUNTS
+    from cdmpp.records.dataset import FeatureCache, _assembly_counts, _featurize_records
     from cdmpp.records.labels import label
     from cdmpp.records.record import Record
     from cdmpp.records.store import RecordStore
@@ -65,13 +68,16 @@ def main() -> None:
     table = with_imported_workloads(TaskTable.load(defaults.TASK_TABLE), defaults.DATASET)
     _featurize_records([Record.from_dict(r) for r in chosen if cache.get(r["program_hash"]) is None], table, cache,
                        progress=False)
+    with_counts = _assembly_counts(defaults.assembly_dir(defaults.DATASET))  # its build's, where it was built
     feats = [cache.get(r["program_hash"]) for r in chosen]
     assert all(f is not None for f in feats), "a sampled program did not featurize"
+    feats = [with_counts(f, r["device"]) for f, r in zip(feats, chosen)]
+    asm = np.array([np.full(N_COUNTS, np.nan) if f.asm is None else f.asm for f in feats], dtype=np.float64)
     offsets = np.cumsum([0] + [f.n_leaves for f in feats])
     np.savez_compressed(FEATURES, leaves=np.concatenate([f.leaf_features for f in feats]).astype(np.float32),
                         positions=np.concatenate([f.positions for f in feats]).astype(np.int64), offsets=offsets,
                         flops=np.array([f.flops for f in feats]), hashes=np.array([f.program_hash for f in feats]),
-                        devices=np.array([r["device"] for r in chosen]))
+                        devices=np.array([r["device"] for r in chosen]), asm=asm)
     programs, devices = load_sample()
     model = load_model(defaults.MODEL)
     from tests.machine import this_machine

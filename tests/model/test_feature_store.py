@@ -64,6 +64,30 @@ def test_training_from_a_store_gives_the_in_memory_result(real, tmp_path):
     assert in_memory.summary["members"][0]["history"] == from_store.summary["members"][0]["history"]
 
 
+def test_counts_withheld_from_a_store_are_those_withheld_in_memory(real, tmp_path):
+    """``assembly_withheld`` from a store: the same programs stand unbuilt as in memory (one seeded draw), their
+    stats as a failed build's, the store on disk untouched, and the model the same."""
+    from cdmpp.model.network import N_ROOFLINE_STATS, assembly_stats
+    from cdmpp.model.training import withheld_share
+    from cdmpp.program.assembly import N_COUNTS
+
+    _, ds = real
+    rng = np.random.default_rng(3)  # SYNTHETIC: instruction counts standing in for the programs' builds
+    programs = [dataclasses.replace(p, features=dataclasses.replace(p.features, asm=rng.integers(1, 500, N_COUNTS)
+                                                                    .astype(np.float64))) for p in ds.programs[:240]]
+    train, val = programs[:192], programs[192:]
+    store = write_store(tmp_path / "s", train)
+    drop = withheld_share(len(train), 0.25, seed=0)
+    view = store.without_counts(drop)
+    assert np.all(view.stats[drop, N_ROOFLINE_STATS:] == assembly_stats([None]))
+    assert np.array_equal(view.stats[~drop], store.stats[~drop]) and store.stats[drop, -1].all()
+    config = _tiny(assembly_counts=True, assembly_withheld=0.25)
+    table = _table()
+    in_memory, from_store = fit(config, train, val, device_table=table), fit(config, store, val, device_table=table)
+    feats, devs = [p.features for p in val], [p.device for p in val]
+    assert np.array_equal(in_memory.predict_z(feats, devs), from_store.predict_z(feats, devs))
+
+
 def test_the_shipped_recipe_trains_from_a_store_as_in_memory(real, tmp_path, monkeypatch):
     """GBT blend and Amdahl anchors on: the store's chunks (several, forced small) give the pooled GBT the inputs
     the programs give it in memory, the anchors the same fork/join costs, and the model the same predictions;

@@ -28,10 +28,13 @@ def test_config_rejects_unknown_keys():
     assert default == TrainConfig()  # the defaults are the shipped recipe
     assert TrainConfig.from_dict(default.to_dict()) == default and default.replace(d_model=64).model.d_model == 64
     assert no_pe.model.use_pe is False and no_pe.model.d_model == default.model.d_model
-    counted = TrainConfig.recipe("assembly")  # the assembly's counts are of x86 builds: a GPU model reads none
+    counted = default  # the assembly's counts are of x86 builds: a GPU model reads none
     assert counted.for_kind("llvm") is counted and counted.for_kind("") is counted
-    assert not counted.for_kind("cuda").assembly_counts and counted.for_kind("cuda").epochs == counted.epochs
-    assert counted.assembly_withheld == 0.25 and default.assembly_withheld == 0.0
+    gpu = counted.for_kind("cuda")
+    assert not gpu.assembly_counts and gpu.assembly_withheld == 0.0 and gpu.epochs == counted.epochs
+    assert counted.assembly_counts and counted.assembly_withheld == 0.25 and TrainConfig.recipe("assembly") == default
+    plain = TrainConfig.recipe("ablation-no-counts")
+    assert not plain.assembly_counts and plain.assembly_withheld == 0.0 and plain.epochs == default.epochs
     with pytest.raises(ValueError, match="assembly_withheld"):
         TrainConfig(assembly_withheld=1.0)
 
@@ -161,7 +164,7 @@ def test_program_inputs_train_save_and_load(tmp_path):
 
     train = [sample(d) for d in ["cpu-a", "cpu-b"] * 60]
     val = [sample("cpu-a") for _ in range(30)]
-    model = fit(quick_config(epochs=3, ensemble=1), train, val, device_table=DEVICES)
+    model = fit(quick_config(epochs=3, ensemble=1, assembly_counts=False), train, val, device_table=DEVICES)
     assert model.members[0].hparams["n_program_inputs"] == 3 and model.program_inputs is not None
     mean, lo, hi = model.predict([s.features for s in val], "cpu-b")
     assert np.all(np.isfinite(mean)) and np.all(mean > 0) and np.all(lo <= hi)
