@@ -75,9 +75,10 @@ class Client:
 
     # ---- the Predictor API --------------------------------------------------------------------------
     def predict(self, programs: Sequence, device: str | Device, target: str | None = None,
-                workload: Any = None, order: bool = False, *, trusted: bool = False) -> list[Prediction]:
+                workload: Any = None, order: bool = False, build: bool = True, *,
+                trusted: bool = False) -> list[Prediction]:
         """Latency with a 90 % interval per program on ``device``, as ``Predictor.predict`` returns it
-        (``order`` too; ``trusted`` is the server's to decide: it parses what it is sent in its sandbox).
+        (``order`` and ``build`` too; ``trusted`` is the server's to decide: it parses what it is sent in its sandbox).
 
         ``workload``: the unscheduled task shared by the programs (``Workload.as_json()``, or the TVM
         module itself). With it, workload+trace items may leave out their workload, and ``Schedule``s of
@@ -101,6 +102,8 @@ class Client:
                 body["workload"] = workload
             if order:
                 body["order"] = True
+            if not build:
+                body["build"] = False
             try:
                 data = self._request("POST", "/v1/predict", json=body, device=device)
             except ProgramError as e:

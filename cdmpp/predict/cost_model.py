@@ -244,14 +244,14 @@ class CDMPPCostModel(PyCostModel):
         seconds = np.full(len(candidates), np.nan)
         try:
             preds = self.predictor.predict(items, device, target=str(context.target.kind.name), workload=workload,
-                                        order=True)
+                                        order=True, build=False)
             seconds[:] = [p.seconds for p in preds]
         except ProgramError as e:  # score the bad candidates 0 and ask again for the rest
             bad = {int(x["index"]) for x in getattr(e, "errors", None) or []}
             keep = [i for i in range(len(items)) if i not in bad]
             if bad and keep:
                 preds = self.predictor.predict([items[i] for i in keep], device, target=str(context.target.kind.name),
-                                            workload=workload, order=True)
+                                            workload=workload, order=True, build=False)
                 seconds[keep] = [p.seconds for p in preds]
         return seconds
 

@@ -215,7 +215,7 @@ class Predictor:
 
     # ---- prediction -----------------------------------------------------------------------------
     def predict(self, programs: Sequence, device: str | Device, target: str | None = None, workload: Any = None,
-                order: bool = False, *, trusted: bool = False) -> list[Prediction]:
+                order: bool = False, build: bool = True, *, trusted: bool = False) -> list[Prediction]:
         """Latency (seconds) with a 90 % interval and OOD flags for each program on ``device``.
 
         Programs: PrimFunc, IRModule, Schedule, TVMScript text or workload+trace JSON (see
@@ -224,11 +224,13 @@ class Predictor:
         ``workload``: the unscheduled module (``Workload.as_json()``) shared by trace items that leave it out.
         ``order=True``: seconds that order the programs of one task best (a compiler's search; see
         ``TrainedModel.predict``), not the best estimate of each program's latency.
+        ``build=False``: the programs predicted unbuilt, as a tuner's candidates are (a model that reads built
+        programs' counts goes without them, flagged ``assembly_not_built``; no ~0.3 s build per new program).
         Raises ``UnknownDeviceError`` or ``cdmpp.program.inputs.ProgramError``.
         """
         dev = self.device(device)
         kind = target or dev.kind
-        feats = self.featurize(programs, kind, trusted, workload, build=self.build_target(dev))
+        feats = self.featurize(programs, kind, trusted, workload, build=self.build_target(dev) if build else None)
         return self.predict_features(feats, dev, kind, order)
 
     def predict_seconds(self, programs: Sequence, device: str | Device, trusted: bool = False) -> np.ndarray:

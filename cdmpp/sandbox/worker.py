@@ -155,8 +155,9 @@ _WARM: dict[str, Any] = {}
 
 def warm_up(kinds: Sequence[str] = ("llvm",)) -> None:
     """Import TVM, build the targets of ``kinds`` (cuda: ~25 s) and run the featurizer once on the shipped
-    sample (trusted package data), so every module a job needs is loaded before a worker drops
-    privileges (the interpreter's own files may be unreadable to ``nobody``) and a forked worker starts
+    sample (trusted package data), built for the CPU as a model that reads the assembly's counts asks, so every
+    module a job needs (TVM's compile pipeline too) is loaded before a worker drops privileges (the interpreter's
+    own files may be unreadable to ``nobody``: a wheel installed under a 0700 folder) and a forked worker starts
     warm."""
     if _WARM:
         return
@@ -175,9 +176,9 @@ def warm_up(kinds: Sequence[str] = ("llvm",)) -> None:
     sample = (resources.files("cdmpp") / "samples" / "conv2d.tvmscript").read_text()
     mod = load_program(sample, llvm).mod
     wt = {"workload": Workload(mod).as_json(), "trace": to_json_value(Schedule(mod).trace.as_json())}
-    _, errors, _, _ = featurize_items([sample, json.dumps(wt)], [0, 1], llvm)
-    if errors:
-        raise RuntimeError(f"sandbox warm-up failed: {errors}")
+    feats, errors, _, _ = featurize_items([sample, json.dumps(wt)], [0, 1], llvm, build={"kind": "llvm"})
+    if errors or any(f.asm is None for f in feats):
+        raise RuntimeError(f"sandbox warm-up failed: {errors or 'the sample did not build'}")
 
 
 def worker_main(job_fd: int, answer_fd: int, folder: str, mem_mb: int, item_cpu_s: float, uid: int, gid: int,

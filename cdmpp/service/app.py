@@ -240,13 +240,13 @@ def create_app(settings: Settings | None = None, predictor: Predictor | None = N
             raise _unknown_device(e) from None
         cancel = threading.Event()
         small, large = request.app.state.small, request.app.state.large
-        args = (req.programs, device, req.target, req.workload, cancel, deadline, req.order)
+        args = (req.programs, device, req.target, req.workload, cancel, deadline, req.order, req.build)
 
         async def work():
             # the cache first, on a thread of its own (a hash and a lookup per item): a wholly cached
             # request never queues behind new work, and the rest is weighed by its new programs
             cached = await anyio.to_thread.run_sync(engine.cached, req.programs, device, req.target,
-                                                    req.workload, req.order)
+                                                    req.workload, req.order, req.build)
             new = len(req.programs) if cached is None else sum(p is None for p in cached)
             if new == 0:
                 return cached
@@ -387,7 +387,7 @@ def _unknown_device(e: UnknownDeviceError) -> ApiError:
     return ApiError(404, ErrorBody(detail=str(e), known_devices=e.known))
 
 
-def _in_chunks(engine: PredictEngine, programs, device, target, workload, cancel, deadline, order, progress):
+def _in_chunks(engine: PredictEngine, programs, device, target, workload, cancel, deadline, order, build, progress):
     """A large request as jobs of ``SMALL`` programs, so that between two of them the sandbox workers can
     take a small request's job; ``progress`` learns the lane's pace from each. Bad programs of every chunk
     are reported together, by request index."""
@@ -397,7 +397,7 @@ def _in_chunks(engine: PredictEngine, programs, device, target, workload, cancel
             raise Cancelled("request timed out")
         chunk = programs[start:start + SMALL]
         try:
-            out += engine.predict(chunk, device, target, workload, cancel, deadline, order)
+            out += engine.predict(chunk, device, target, workload, cancel, deadline, order, build)
         except BadPrograms as e:
             errors += [(i + start, r) for i, r in e.errors]
         progress(len(chunk) + JOB_UNITS)

@@ -72,9 +72,9 @@ class PredictEngine:
 
     def predict(self, programs: Sequence[Any], device: str | Device, target: str | None = None, workload: Any = None,
                 cancel: threading.Event | None = None, deadline: float | None = None,
-                order: bool = False) -> list[Prediction]:
+                order: bool = False, build: bool = True) -> list[Prediction]:
         """Predictions for wire-format items (TVMScript text or workload+trace dicts) on ``device``
-        (``order``: as in ``Predictor.predict``).
+        (``order``, ``build``: as in ``Predictor.predict``).
 
         A program already predicted on ``device`` is answered from the prediction cache. Raises
         ``UnknownDeviceError``, ``ProgramError`` (bad target), ``BadPrograms`` (bad items), ``Cancelled``
@@ -93,7 +93,7 @@ class PredictEngine:
         todo: list[int] = []
         with self._lock:
             for i, k in enumerate(keys):
-                hit = self._preds.get((k, dev.id, order))
+                hit = self._preds.get((k, dev.id, order, build))
                 if hit is None:
                     todo.append(i)
                 else:
@@ -105,7 +105,7 @@ class PredictEngine:
         try:
             feats = p.featurize([programs[i] for i in todo], kind, workload=workload, tvmscript=self.allow_tvmscript,
                                 sandbox=self.sandbox, deadline=deadline, cancel=cancel, stats=self.stats,
-                                keys=[keys[i] for i in todo], build=p.build_target(dev))
+                                keys=[keys[i] for i in todo], build=p.build_target(dev) if build else None)
         except ProgramError as e:
             if getattr(e, "errors", None) is None:
                 raise
@@ -123,7 +123,7 @@ class PredictEngine:
             for i, pr in zip(todo, preds):
                 out[i] = pr
                 if i not in code:  # from a worker that ran TVMScript: never for other callers
-                    self._preds.put((keys[i], dev.id, order), pr)
+                    self._preds.put((keys[i], dev.id, order, build), pr)
         return out
 
     @staticmethod
@@ -132,7 +132,7 @@ class PredictEngine:
         return {i for i, it in enumerate(programs) if is_tvmscript(it)}
 
     def cached(self, programs: Sequence[Any], device: str | Device, target: str | None = None, workload: Any = None,
-               order: bool = False) -> list[Prediction | None] | None:
+               order: bool = False, build: bool = True) -> list[Prediction | None] | None:
         """Each program's cached prediction, None where there is none: a hash and a lookup per item, no
         sandbox, no model, so the server answers a wholly cached request without queueing it behind new
         work, and weighs the rest by its new programs (``cdmpp.service.lanes``). Bad devices and targets
@@ -143,7 +143,7 @@ class PredictEngine:
         except (UnknownDeviceError, ProgramError):
             return None
         shared = workload_digest(workload)
-        keys = [(item_key(kind, item, shared), dev.id, order) for item in programs]
+        keys = [(item_key(kind, item, shared), dev.id, order, build) for item in programs]
         with self._lock:
             out = [self._preds.get(k) for k in keys]
             if any(x is None for x in out):

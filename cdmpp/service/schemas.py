@@ -27,6 +27,10 @@ class PredictRequest(BaseModel):
                                             "(the candidates of one tuning task share it; saves ~50 KB per item)")
     order: bool = Field(False, description="true: seconds that order the programs of one task best (a compiler's "
                                            "search asks this), not the best estimate of each one's latency")
+    build: bool = Field(True, description="false: predict the programs unbuilt, as a tuner's candidates (a model that "
+                                          "reads built programs' instruction counts then goes without them, flagged "
+                                          "assembly_not_built; a new program costs its featurizing only, not its "
+                                          "~0.3 s build)")
 
 
 class PredictionOut(BaseModel):

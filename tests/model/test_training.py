@@ -192,7 +192,7 @@ def test_assembly_counts_train_save_and_load(tmp_path):
 
     train = [sample(d, built=i % 10 > 0) for i, d in enumerate(["cpu-a", "cpu-b"] * 60)]
     val = [sample("cpu-a") for _ in range(30)]
-    model = fit(quick_config(epochs=2, ensemble=1, gbt_blend=True, gbt_max_trees=20, assembly_counts=True), train, val,
+    model = fit(quick_config(epochs=2, ensemble=1, gbt_blend=True, gbt_max_trees=20, assembly_withheld=0.0), train, val,
                 device_table=DEVICES)
     assert model.members[0].hparams["n_program_inputs"] == N_STATS and model.gbt.assembly_counts
     feats = [s.features for s in val]
@@ -215,7 +215,7 @@ def test_assembly_counts_train_save_and_load(tmp_path):
     assert np.all(z_far <= hi + 1e-6) and np.all(z_far >= lo - 1e-6)
     assert np.array_equal(z_far[0, 3:], z_edge[0, 3:])
     assert model.predict([far], "cpu-a")[0][0] == pytest.approx(model.predict([edge], "cpu-a")[0][0], rel=1e-4)
-    plain = fit(quick_config(epochs=1, ensemble=1), train, val, device_table=DEVICES)
+    plain = fit(quick_config(epochs=1, ensemble=1, assembly_counts=False), train, val, device_table=DEVICES)
     assert plain.members[0].hparams["n_program_inputs"] == 3
     assert np.array_equal(plain.predict(other, "cpu-a")[0], plain.predict(feats, "cpu-a")[0])
 

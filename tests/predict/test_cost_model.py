@@ -70,7 +70,8 @@ def test_scores_in_process_and_over_http_agree(tvm, predictor, device):
     scores = local.predict(ctx, cands)
     assert scores.dtype == np.float64 and scores.shape == (len(cands),)
     assert (scores > 0).all() and np.isclose(scores.max(), 1.0)
-    seconds = np.array([p.seconds for p in predictor.predict([c.sch.mod for c in cands], device, order=True)])
+    seconds = np.array([p.seconds for p in predictor.predict([c.sch.mod for c in cands], device, order=True,
+                                                             build=False)])  # a tuner's candidates go unbuilt
     np.testing.assert_allclose(scores, seconds.min() / seconds, rtol=1e-5)
     with BackgroundServer(create_app(Settings(), predictor)) as url:
         remote = CDMPPCostModel(url=url, device=device)
@@ -93,7 +94,8 @@ def test_candidates_score_as_their_programs_do(tvm, predictor, device):
     target = tvm_env.make_target("llvm", num_cores=2)
     cands = _candidates(mod, target, 24, seed=1)
     cm = CDMPPCostModel(predictor=predictor, device=device, online_finetune=False)
-    via_programs = np.array([p.seconds for p in predictor.predict([c.sch.mod for c in cands], device, order=True)])
+    via_programs = np.array([p.seconds for p in predictor.predict([c.sch.mod for c in cands], device, order=True,
+                                                                  build=False)])  # a tuner's candidates go unbuilt
     for threads in (1, 2):  # 2: chunks featurized and scored on two threads at once
         context = ms.TuneContext(mod, target=target, num_threads=threads)
         np.testing.assert_allclose(cm._local(context, cands, device, "t"), via_programs, rtol=1e-5)

@@ -1,6 +1,6 @@
 """The shipped model's answers on a fixed sample, stored before issue 57 moved prediction behind one
 ``Predictor`` (``golden.json``): in process (trusted, and parsed in the sandbox) and through the
-service's engine, seconds and order, on a device the model trained on and one it knows from the table
+service's engine, seconds and order, built and unbuilt, on a device the model trained on and one it knows from the table
 alone. A refactoring that changes a number or a flag fails here.
 
 ``python -m tests.predict.test_golden`` rewrites the file (only when a new model is shipped on purpose).
@@ -39,6 +39,7 @@ def answers(predictor, engine, programs) -> dict:
         out.setdefault("engine", {})[d] = rows(engine.predict(programs, d))
         out.setdefault("engine_order", {})[d] = rows(engine.predict(programs, d, order=True))
         out.setdefault("engine_cached", {})[d] = rows(engine.predict(programs, d))
+        out.setdefault("engine_unbuilt", {})[d] = rows(engine.predict(programs, d, build=False))  # a tuner's way
     return out
 
 

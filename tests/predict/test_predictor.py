@@ -57,6 +57,7 @@ def test_ood_flags_in_prediction(predictor, device, sampled):
     model.feature_normalizer = norm  # a model "trained" on two programs, on one device only
     others = [d for d in predictor.devices() if d != device]
     model.summary = {**predictor.model.summary, "train_devices": [device]}
+    model.config = {**model.config, "assembly_counts": False}  # first a model that reads no built programs' counts
     p = Predictor(model)
     assert [x.ood for x in p.predict_features(feats[:2], device, "llvm")] == [(), ()]
     assert all(x.in_distribution for x in p.predict_features(feats[:2], device, "llvm"))

@@ -199,16 +199,17 @@ def test_browser_requests_are_refused(server, device, task):
 # ---- item 4: admission and fairness ---------------------------------------------------------------------
 @pytest.mark.slow
 def test_cached_request_is_not_stuck_behind_two_large_ones(predictor, device, task):
-    """Was: two requests of 1,024 new programs made a one-program cached request wait 16.5 s."""
+    """Was: two requests of 1,024 new programs made a one-program cached request wait 16.5 s. A tuner's candidates,
+    as a tuner sends them (unbuilt: ``build`` false)."""
     wl, tr = task
     with app_server(predictor, featurize_procs=2, threads=2, timeout_s=120) as u:
-        small = {"device": device, "programs": [tr], "workload": wl}
+        small = {"device": device, "programs": [tr], "workload": wl, "build": False}
         assert httpx.post(u + "/v1/predict", json=small, timeout=60).status_code == 200  # now cached
         done: dict[str, float] = {}
         codes: dict[str, int] = {}
 
         def large(tag: int):
-            body = {"device": device, "programs": fresh(tr, 1024, tag), "workload": wl}
+            body = {"device": device, "programs": fresh(tr, 1024, tag), "workload": wl, "build": False}
             r = httpx.post(u + "/v1/predict", json=body, timeout=300)
             codes[f"large{tag}"], done[f"large{tag}"] = r.status_code, time.monotonic()
 
@@ -233,20 +234,20 @@ def test_cached_request_is_not_stuck_behind_two_large_ones(predictor, device, ta
 
 @pytest.mark.slow
 def test_work_that_cannot_start_in_time_is_refused_at_once(predictor, device, task):
-    """Was: queued requests waited to a 504 at the deadline while /healthz said ok."""
+    """Was: queued requests waited to a 504 at the deadline while /healthz said ok. A tuner's candidates (unbuilt)."""
     from cdmpp.predict.predictor import Predictor
 
     wl, tr = task
     cold = Predictor(predictor.model)  # a feature cache of its own: the session's has seen fresh(tr, 1024, 1)
     with app_server(cold, featurize_procs=1, threads=1, timeout_s=6) as u:
-        small = {"device": device, "programs": [tr], "workload": wl}
+        small = {"device": device, "programs": [tr], "workload": wl, "build": False}
         assert httpx.post(u + "/v1/predict", json=small, timeout=60).status_code == 200
-        warm = {"device": device, "programs": fresh(tr, 128, 3), "workload": wl}  # the large lane learns its pace
+        warm = {**small, "programs": fresh(tr, 128, 3)}  # the large lane learns its pace
         assert httpx.post(u + "/v1/predict", json=warm, timeout=60).status_code == 200
         assert httpx.get(u + "/readyz").status_code == 200
         first: list = []
         t = threading.Thread(target=lambda: first.append(httpx.post(
-            u + "/v1/predict", json={"device": device, "programs": fresh(tr, 1024, 1), "workload": wl}, timeout=60)))
+            u + "/v1/predict", json={**small, "programs": fresh(tr, 1024, 1)}, timeout=60)))
         t.start()
         deadline = time.monotonic() + 30
         while httpx.get(u + "/healthz").json()["saturated"] is False:  # parsed and started
@@ -255,8 +256,7 @@ def test_work_that_cannot_start_in_time_is_refused_at_once(predictor, device, ta
         ready = httpx.get(u + "/readyz")
         assert ready.status_code == 503 and ready.headers["retry-after"]
         t0 = time.monotonic()
-        r = httpx.post(u + "/v1/predict", json={"device": device, "programs": fresh(tr, 1024, 2), "workload": wl},
-                       timeout=60)
+        r = httpx.post(u + "/v1/predict", json={**small, "programs": fresh(tr, 1024, 2)}, timeout=60)
         refused_in = time.monotonic() - t0
         assert r.status_code == 503 and int(r.headers["retry-after"]) >= 1 and "saturated" in r.json()["detail"]
         assert refused_in < 3.0  # at once, not at the 6 s deadline
