@@ -36,7 +36,7 @@ class TrainConfig:
     per_kind: bool = True
     # the built programs' instruction counts (cdmpp.program.assembly, ProgramFeatures.asm) as program-level inputs
     # of the transformer and the blend's GBT: a program not built for its device's target has them marked absent;
-    # random-new 34.2 -> 23.9 %, cross-model 55.3 -> 35.7 % on the locked test, a quarter withheld (reports/assembly-counts.md)
+    # random-new 34.2 -> 23.9 %, cross-model 55.3 -> 35.7 % on the locked test (reports/assembly-counts.md)
     assembly_counts: bool = True
     # with assembly_counts: the counts of this share of the training programs withheld (drawn with the seed), as if
     # their builds had failed, so that one model also ranks a program asked unbuilt (a tuner's candidate) as the
