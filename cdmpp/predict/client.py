@@ -78,7 +78,8 @@ class Client:
                 workload: Any = None, order: bool = False, build: bool = True, *,
                 trusted: bool = False) -> list[Prediction]:
         """Latency with a 90 % interval per program on ``device``, as ``Predictor.predict`` returns it
-        (``order`` and ``build`` too; ``trusted`` is the server's to decide: it parses what it is sent in its sandbox).
+        (``order`` and ``build`` too; ``trusted`` is the server's to decide: it parses what it is sent in its
+        sandbox).
 
         ``workload``: the unscheduled task shared by the programs (``Workload.as_json()``, or the TVM
         module itself). With it, workload+trace items may leave out their workload, and ``Schedule``s of

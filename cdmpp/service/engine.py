@@ -89,11 +89,13 @@ class PredictEngine:
             raise BadPrograms(odd, len(programs))
         shared = workload_digest(workload)
         keys = [item_key(kind, item, shared) for item in programs]
+        build_for = p.build_target(dev) if build else None
+        built = build_for is not None  # in the cache key only where the model reads builds
         out: list = [None] * len(programs)
         todo: list[int] = []
         with self._lock:
             for i, k in enumerate(keys):
-                hit = self._preds.get((k, dev.id, order, build))
+                hit = self._preds.get((k, dev.id, order, built))
                 if hit is None:
                     todo.append(i)
                 else:
@@ -105,7 +107,7 @@ class PredictEngine:
         try:
             feats = p.featurize([programs[i] for i in todo], kind, workload=workload, tvmscript=self.allow_tvmscript,
                                 sandbox=self.sandbox, deadline=deadline, cancel=cancel, stats=self.stats,
-                                keys=[keys[i] for i in todo], build=p.build_target(dev) if build else None)
+                                keys=[keys[i] for i in todo], build=build_for)
         except ProgramError as e:
             if getattr(e, "errors", None) is None:
                 raise
@@ -123,7 +125,7 @@ class PredictEngine:
             for i, pr in zip(todo, preds):
                 out[i] = pr
                 if i not in code:  # from a worker that ran TVMScript: never for other callers
-                    self._preds.put((keys[i], dev.id, order, build), pr)
+                    self._preds.put((keys[i], dev.id, order, built), pr)
         return out
 
     @staticmethod
@@ -143,7 +145,8 @@ class PredictEngine:
         except (UnknownDeviceError, ProgramError):
             return None
         shared = workload_digest(workload)
-        keys = [(item_key(kind, item, shared), dev.id, order, build) for item in programs]
+        built = build and self.predictor.build_target(dev) is not None
+        keys = [(item_key(kind, item, shared), dev.id, order, built) for item in programs]
         with self._lock:
             out = [self._preds.get(k) for k in keys]
             if any(x is None for x in out):

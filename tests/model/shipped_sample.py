@@ -1,8 +1,9 @@
 """The shipped model's answers on a fixed sample of real programs: what a refactor of the model code must not
 change (issue 57). ``shipped_sample.npz`` holds the features of 51 programs (17 drawn at random from each of
-three devices' records), with their builds' instruction counts where ``datasets/assembly`` has them, and ``shipped_sample.json`` the shipped checkpoint's ``predict_orders`` of them, each
-on its own device and all on a device it predicts through an Amdahl anchor; ``test_shipped_sample.py``
-compares. Regenerate (only when the shipped model is retrained on purpose) from the repository root:
+three devices' records), with their builds' instruction counts where ``datasets/assembly`` has them, and
+``shipped_sample.json`` the shipped checkpoint's ``predict_orders`` of them, each on its own device and all on a
+device it predicts through an Amdahl anchor; ``test_shipped_sample.py`` compares. Regenerate (only when the
+shipped model is retrained on purpose) from the repository root:
 
     CDMPP_CACHE=/tmp/cdmpp-sample-cache python -m tests.model.shipped_sample
 
@@ -31,10 +32,9 @@ def load_sample():
 
     z = np.load(FEATURES)
     off = z["offsets"]
-    asm = z["asm"] if "asm" in z else np.full((len(z["flops"]), 1), np.nan)
     programs = [ProgramFeatures(z["leaves"][a:b], z["positions"][a:b], float(fl), str(h),
-                                asm=None if np.isnan(c).any() else c)
-                for a, b, fl, h, c in zip(off[:-1], off[1:], z["flops"], z["hashes"], asm)]
+                                asm=None if np.isnan(c).any() else c)  # NaN: not built
+                for a, b, fl, h, c in zip(off[:-1], off[1:], z["flops"], z["hashes"], z["asm"])]
     return programs, [str(d) for d in z["devices"]]
 
 
