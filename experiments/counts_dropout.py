@@ -38,7 +38,9 @@ from cdmpp.model.training import fit, withhold_counts
 
 ROWS = Path("reports/counts-dropout-runs.jsonl")
 MODELS = Path("build/counts-dropout")
-RECIPES = {"counts": "assembly", "drop": "assembly", "plain": "ablation-no-counts"}
+RECIPES = {"counts": "assembly", "drop": "assembly", "augment": "assembly", "copies": "assembly",
+           "plain": "ablation-no-counts"}
+SHARED = ("drop", "augment", "copies")  # the arms that withhold a share
 
 
 def scored(programs, seconds, order) -> dict:
@@ -53,7 +55,7 @@ def run(seed: int, arm: str, setting: str, epochs: int, drop: float) -> None:
     table = DeviceTable(opts.devices).spec_table()
     split = (splits.random_split(ds, seed) if setting == "random-new"
              else splits.cross_model_split(ds, splits.HELD_OUT_NETWORKS, seed=seed))
-    name = f"{setting}-{arm}{drop if arm == 'drop' else ''}-e{epochs}-seed{seed}"
+    name = f"{setting}-{arm}{drop if arm in SHARED else ''}-e{epochs}-seed{seed}"
     where = MODELS / name
     print(f"{name}: {len(split.train)} train, {len(split.val)} val", file=sys.stderr, flush=True)
     if (where / "predictor.json").exists():
@@ -61,8 +63,13 @@ def run(seed: int, arm: str, setting: str, epochs: int, drop: float) -> None:
     else:
         where.parent.mkdir(parents=True, exist_ok=True)
         torch.set_num_threads(1)
-        train = withhold_counts(split.train, drop, seed) if arm == "drop" else split.train
-        config = recipe_config(RECIPES[arm], seed=seed, progress=True, epochs=epochs)
+        train = split.train
+        if arm == "augment":  # every program with its counts, and a copy of ``drop`` of them without, as a list
+            unbuilt = withhold_counts(split.train, drop, seed)
+            train = [*split.train, *(u for u, p in zip(unbuilt, split.train) if u is not p)]
+        config = recipe_config(RECIPES[arm], seed=seed, progress=True, epochs=epochs,
+                               assembly_withheld=drop if arm in ("drop", "copies") else 0.0,
+                               assembly_unbuilt_copies=arm == "copies")
         model = fit(config, train, split.val, target_pool=split.target_pool or None, device_table=table,
                     resume=str(where) + ".state.pt")
         model.save(where)
@@ -72,7 +79,7 @@ def run(seed: int, arm: str, setting: str, epochs: int, drop: float) -> None:
     for counts in ("built", "none"):
         feats = [p.features if counts == "built" else dataclasses.replace(p.features, asm=None) for p in programs]
         t, g = model.predict_parts(feats, [p.device for p in programs])
-        row = dict(seed=seed, setting=setting, arm=arm, drop=drop if arm == "drop" else 0.0, epochs=epochs,
+        row = dict(seed=seed, setting=setting, arm=arm, drop=drop if arm in SHARED else 0.0, epochs=epochs,
                    counts=counts, weight=w, transformer=scored(programs, t, t), gbt=scored(programs, g, g),
                    blend=scored(programs, blend(t, g, w), blend(t, g, w_order)), when=time.strftime("%Y-%m-%dT%H:%M:%S"))
         with ROWS.open("a") as f:
@@ -98,7 +105,10 @@ def table() -> None:
             v = np.array([r[part][key] for r in rs])
             return f"{v.mean():.3f}" if key == "spearman" else f"{100 * v.mean():.1f}" + (
                 f" ± {100 * v.std():.1f}" if len(v) > 1 and part == "blend" and key == "mape" else "")
-        label = {"counts": "counts", "plain": "no counts (shipped recipe)"}.get(arm, f"counts, {drop:.0%} of training without")
+        label = {"counts": "counts", "plain": "no counts (recipe until 6 Dec)",
+                 "augment": f"counts, and {drop:.0%} of training again without (a list)",
+                 "copies": f"counts, and {drop:.0%} of training again without (`assembly_unbuilt_copies`)"}.get(
+                     arm, f"counts, {drop:.0%} of training without")
         print(f"| {setting} | {epochs} | {label} | {'built' if counts == 'built' else 'not built'} | {len(rs)} | "
               f"{f('blend', 'mape')} | {f('blend', 'mape_capped')} | {f('blend', 'fast10')} | {f('blend', 'spearman')} | "
               f"{f('transformer', 'mape')} | {f('gbt', 'mape')} |")

@@ -95,8 +95,12 @@ class TrainedModel:
         ``packed.stats`` as the model was trained on, held in the training range; None for a model without them."""
         if self.program_inputs is None or packed.stats is None:
             return None
+        return self.scaled_stats(packed.stats)
+
+    def scaled_stats(self, stats: np.ndarray) -> torch.Tensor:
+        """``extra_inputs`` of programs' ``stats`` rows (a model with program inputs)."""
         inputs = self.program_inputs
-        z = (packed.stats[:, :len(inputs["mean"])] - np.asarray(inputs["mean"])) / np.asarray(inputs["std"])
+        z = (stats[:, :len(inputs["mean"])] - np.asarray(inputs["mean"])) / np.asarray(inputs["std"])
         if "lo" in inputs:  # held in the training range (``training.program_input_scaling``; not in models before 6 Dec)
             z = np.clip(z, inputs["lo"], inputs["hi"])
         return torch.from_numpy(z.astype(np.float32))

@@ -38,10 +38,13 @@ class TrainConfig:
     # of the transformer and the blend's GBT: a program not built for its device's target has them marked absent;
     # random-new 34.2 -> 23.9 %, cross-model 55.3 -> 35.7 % on the locked test (reports/assembly-counts.md)
     assembly_counts: bool = True
-    # with assembly_counts: the counts of this share of the training programs withheld (drawn with the seed), as if
-    # their builds had failed, so that one model also ranks a program asked unbuilt (a tuner's candidate) as the
-    # recipe without counts does (reports/assembly-counts.md, "One model for built and unbuilt programs")
+    # with assembly_counts: this share of the training programs (drawn with the seed) also stands unbuilt, as if its
+    # builds had failed, so that one model also ranks a program asked unbuilt (a tuner's candidate) as the recipe
+    # without counts does (reports/assembly-counts.md, "One model for built and unbuilt programs")
     assembly_withheld: float = 0.25
+    # true: those programs are trained on twice, with their counts and as a copy without them; false: their counts
+    # are removed (the recipe shipped 6 Dec, which lost what it withheld: reports/assembly-counts.md, "Copies")
+    assembly_unbuilt_copies: bool = True
     # optimization: Adam, a triangular cyclic LR between lr and max_lr, grad-norm clipping
     lr: float = 1e-4
     max_lr: float = 1e-3

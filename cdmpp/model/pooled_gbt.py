@@ -155,13 +155,19 @@ class PooledGBT:
     def _target(self, programs) -> np.ndarray:
         return np.log(np.array([p.seconds for p in programs]) / self.scale(programs))
 
-    def fit(self, train, val: Sequence | None = None, time_budget_s: float | None = None) -> "PooledGBT":
+    def fit(self, train, val: Sequence | None = None, time_budget_s: float | None = None,
+            unbuilt_copies: np.ndarray | None = None) -> "PooledGBT":
         """Fit on labelled programs ``train`` or on a ``FeatureStore`` (its rows pooled chunk by chunk into
-        XGBoost's quantized matrix: no matrix of every program's inputs); early stopping on ``val``."""
+        XGBoost's quantized matrix: no matrix of every program's inputs); early stopping on ``val``.
+        ``unbuilt_copies``: a mask of the training programs fitted a second time without their assembly counts
+        (``TrainConfig.assembly_unbuilt_copies``)."""
         from cdmpp.model.feature_store import FeatureStore
+        from cdmpp.model.training import unbuilt
 
         if isinstance(train, FeatureStore):
-            return self._fit_store(train, val, time_budget_s)
+            return self._fit_store(train, val, time_budget_s, unbuilt_copies)
+        if unbuilt_copies is not None:
+            train = [*train, *(unbuilt(p) for p, c in zip(train, unbuilt_copies) if c)]
         deadline = time.monotonic() + (time_budget_s if time_budget_s else 1e9)
         evals = [(self.inputs(val), self._target(val))] if val else None
         objective = {}
@@ -187,7 +193,8 @@ class PooledGBT:
         self.booster_ = booster[: best + 1] if best is not None else booster
         return self
 
-    def _fit_store(self, store, val: Sequence | None, time_budget_s: float | None) -> "PooledGBT":
+    def _fit_store(self, store, val: Sequence | None, time_budget_s: float | None,
+                   unbuilt_copies: np.ndarray | None = None) -> "PooledGBT":
         """What ``fit`` does with the regressor's own parameters, its training matrix XGBoost's external-memory
         one: the store's chunks (``store_inputs``) quantized into pages in a temporary folder (``$TMPDIR``) and
         read back from there while boosting, so the quantized data (~1 KB a program) is not held in memory. The
@@ -200,7 +207,7 @@ class PooledGBT:
         deadline = time.monotonic() + (time_budget_s if time_budget_s else 1e9)
         reg = self._regressor(deadline, bool(val))
         with tempfile.TemporaryDirectory(prefix="cdmpp-gbt-pages-") as pages:
-            dtrain = xgb.ExtMemQuantileDMatrix(_data_iter(lambda: self.store_inputs(store), f"{pages}/page"),
+            dtrain = xgb.ExtMemQuantileDMatrix(_data_iter(lambda: self.store_inputs(store, unbuilt_copies), f"{pages}/page"),
                                                nthread=self.nthread, max_bin=reg.max_bin)
             evals = [(xgb.QuantileDMatrix(self.inputs(val), self._target(val), ref=dtrain, nthread=self.nthread,
                                           max_bin=reg.max_bin), "validation_0")] if val else []
@@ -210,15 +217,22 @@ class PooledGBT:
             del dtrain, evals  # XGBoost removes its pages when the matrix goes, before their folder does
         return self._keep_best(booster)
 
-    def store_inputs(self, store):
+    def store_inputs(self, store, unbuilt_copies: np.ndarray | None = None):
         """``(inputs, log seconds)`` of a ``FeatureStore``'s programs, chunk by chunk: the numbers ``inputs``
-        and the latency target give the same programs in memory."""
+        and the latency target give the same programs in memory; each chunk's ``unbuilt_copies`` (a mask) after
+        it, their counts absent."""
         dev = np.stack([self.specs.raw_vector(self.specs.table[d]) for d in store.devices]).astype(np.float32)
         for a, b, rows, offsets in store.program_chunks():
-            x = np.hstack([pool_rows(rows, offsets, store.flops[a:b]), dev[store.device[a:b]]])
+            x, y = np.hstack([pool_rows(rows, offsets, store.flops[a:b]), dev[store.device[a:b]]]), np.log(store.seconds[a:b])
             if self.assembly_counts:
-                x = np.hstack([x, store_count_inputs(store, a, b)])
-            yield x, np.log(store.seconds[a:b])
+                counts = store_count_inputs(store, a, b)
+                x = np.hstack([x, counts])
+                copies = None if unbuilt_copies is None else np.asarray(unbuilt_copies[a:b], bool)
+                if copies is not None and copies.any():
+                    yield x, y
+                    x, y = x[copies].copy(), y[copies]
+                    x[:, -counts.shape[1]:] = np.nan
+            yield x, y
 
     def predict(self, programs: Sequence) -> np.ndarray:
         import xgboost as xgb

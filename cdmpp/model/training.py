@@ -97,6 +97,8 @@ class _Split:
     extra: torch.Tensor | None = None
     da_source: np.ndarray | None = None  # per program: whether domain adaptation aligns it with the target
     weight: np.ndarray | None = None  # per program: its weight in the loss / validation MAPE (device_balance)
+    copies: np.ndarray | None = None  # programs trained on a second time, unbuilt (``assembly_unbuilt_copies``)
+    unbuilt: torch.Tensor | None = None  # the assembly columns of ``extra`` as a program without counts has them
 
     def inputs(self, idx) -> torch.Tensor | None:
         """The program-level input rows of the batch ``idx`` (None for a model without them)."""
@@ -131,8 +133,19 @@ def withhold_counts(programs: Sequence[LabeledProgram], share: float, seed: int)
     """``programs`` with the assembly counts of ``share`` of them removed (drawn once with ``seed``), as a failed
     build leaves them: ``TrainConfig.assembly_withheld``."""
     drop = withheld_share(len(programs), share, seed)
-    return [dataclasses.replace(p, features=dataclasses.replace(p.features, asm=None)) if d else p
-            for p, d in zip(programs, drop)]
+    return [unbuilt(p) if d else p for p, d in zip(programs, drop)]
+
+
+def unbuilt(program: LabeledProgram) -> LabeledProgram:
+    """``program`` without its assembly counts, as a failed or skipped build leaves it."""
+    return dataclasses.replace(program, features=dataclasses.replace(program.features, asm=None))
+
+
+def unbuilt_stats(stats: np.ndarray) -> np.ndarray:
+    """Program stats (``PackedPrograms.stats``) as programs without counts have them: the assembly columns zero."""
+    stats = np.array(stats)
+    stats[:, N_ROOFLINE_STATS:] = 0.0
+    return stats
 
 
 def withheld_share(n: int, share: float, seed: int) -> np.ndarray:
@@ -178,9 +191,13 @@ def fit(config: TrainConfig, train_set: Sequence[LabeledProgram] | FeatureStore,
         n_val = max(1, int(round(config.val_fraction * len(train_set))))
         val_set = [train_set[i] for i in perm[:n_val]]
         train_set = [train_set[i] for i in perm[n_val:]]
+    copies = None  # which training programs are trained on a second time, unbuilt
     if config.assembly_counts and config.assembly_withheld > 0:
-        if isinstance(train_set, FeatureStore):
-            train_set = train_set.without_counts(withheld_share(len(train_set), config.assembly_withheld, config.seed))
+        withheld = withheld_share(len(train_set), config.assembly_withheld, config.seed)
+        if config.assembly_unbuilt_copies:
+            copies = withheld
+        elif isinstance(train_set, FeatureStore):
+            train_set = train_set.without_counts(withheld)
         else:
             train_set = withhold_counts(train_set, config.assembly_withheld, config.seed)
     if device_table is not None:  # tensor-core programs learned as FP32-equivalent time; ``predict`` speeds them up
@@ -210,6 +227,8 @@ def fit(config: TrainConfig, train_set: Sequence[LabeledProgram] | FeatureStore,
         if stats.shape[1] < N_STATS and config.assembly_counts:
             raise ValueError("assembly_counts: the training programs' stats have no assembly counts (a feature store "
                              "written before them): write the store again")
+        if copies is not None:  # the copies' absent counts inside the scaled range, as withheld ones would be
+            stats = np.vstack([stats, unbuilt_stats(stats[copies])])
         program_inputs = program_input_scaling(stats, normalizer.clip)
     trained = TrainedModel([], normalizer, labels, specs, config.to_dict(),
                            featurizer_version=featurizer_version or current_featurizer_version(),
@@ -220,6 +239,9 @@ def fit(config: TrainConfig, train_set: Sequence[LabeledProgram] | FeatureStore,
     train = _Split(cols.normalized(normalizer), np.array([dev_index[d] for d in cols.devices]), None, cols.seconds)
     train.z = labels.transform(train.seconds).astype(np.float32)
     train.extra = trained.extra_inputs(train.pack)
+    if copies is not None and train.extra is not None:
+        train.copies = np.flatnonzero(copies)
+        train.unbuilt = trained.scaled_stats(unbuilt_stats(np.zeros((1, train.extra.shape[1]))))[0, N_ROOFLINE_STATS:]
     val = _prepare(val_set, trained, dev_index)
     target = _prepare(target_pool, trained, dev_index, labeled=False) if target_pool else None
     train.weight = device_weights(cols.devices, cols.devices, config.device_balance)
@@ -263,7 +285,7 @@ def fit(config: TrainConfig, train_set: Sequence[LabeledProgram] | FeatureStore,
         # stopped early left; never under 10 s); the blend weight chosen after it is not counted
         gbt_budget = max(deadline + 60.0 * config.gbt_minutes - time.monotonic(), 10.0)
         factor = _add_gbt_blend(trained, train_set, val_set, pred, config.seed, gbt_budget, config.blend_rank_slack,
-                                config.gbt_max_trees, run_state)
+                                config.gbt_max_trees, run_state, copies)
         pred, lo_s, hi_s = pred * factor, lo_s * factor, hi_s * factor
     rel = np.abs(pred - val.seconds) / val.seconds
     # where a prediction trained for MAPE sits against the median on programs new to it: the level a device's
@@ -286,10 +308,12 @@ def fit(config: TrainConfig, train_set: Sequence[LabeledProgram] | FeatureStore,
 
 
 def _add_gbt_blend(trained: TrainedModel, train_set, val_set, val_pred: np.ndarray, seed: int,
-                   budget_s: float, rank_slack: float, max_trees: int = 0, resume: RunState | None = None) -> np.ndarray:
+                   budget_s: float, rank_slack: float, max_trees: int = 0, resume: RunState | None = None,
+                   copies: np.ndarray | None = None) -> np.ndarray:
     """Fit the pooled GBT on log latency (early stopping on val), choose the blend weight on val; return
     the factor the blend multiplies the members' validation predictions by. With ``resume`` the fitted trees
-    are saved beside the run (a resumed run reads them instead of boosting again)."""
+    are saved beside the run (a resumed run reads them instead of boosting again). ``copies``: the training
+    programs it also fits unbuilt, as the transformer does."""
     from cdmpp.model.pooled_gbt import PooledGBT
     from cdmpp.model.blend import blend, blend_weight, ranked_tasks
 
@@ -304,7 +328,7 @@ def _add_gbt_blend(trained: TrainedModel, train_set, val_set, val_pred: np.ndarr
         gbt.booster_ = xgb.Booster(params={"nthread": gbt.nthread})
         gbt.booster_.load_model(bytearray(saved["gbt"]))
     else:
-        gbt.fit(train_set, val_set, time_budget_s=budget_s)
+        gbt.fit(train_set, val_set, time_budget_s=budget_s, unbuilt_copies=copies)
         if saved is not None:
             resume.save(**saved, gbt=bytes(gbt.booster_.save_raw("ubj")))
     gbt.specs = trained.device_specs
@@ -387,7 +411,10 @@ def _train_run(config: TrainConfig, train: _Split, val: _Split, target: _Split |
     step = runner.forward_module(model)
     # foreach: one fused update over all tensors; PyTorch's CPU default loops over them in Python
     opt = torch.optim.Adam(model.parameters(), lr=config.lr, foreach=True)
-    steps_per_epoch = math.ceil(len(train.pack) / config.batch_size)
+    # every program once, then the copies trained unbuilt (``assembly_unbuilt_copies``): positions past n
+    n = len(train.pack)
+    rows = np.arange(n) if train.copies is None else np.concatenate([np.arange(n), train.copies])
+    steps_per_epoch = math.ceil(len(rows) / config.batch_size)
     sched = torch.optim.lr_scheduler.CyclicLR(
         opt, base_lr=config.lr, max_lr=config.max_lr, mode="triangular", cycle_momentum=False,
         step_size_up=max(1, round(steps_per_epoch * config.lr_cycle_epochs / 2)))
@@ -419,13 +446,16 @@ def _train_run(config: TrainConfig, train: _Split, val: _Split, target: _Split |
     for epoch in range(first, config.epochs):
         model.train()
         total, count = 0.0, 0
-        for idx in runner.shares(bucketed_batches(train.pack.lengths, config.batch_size, rng)):
+        for at in runner.shares(bucketed_batches(train.pack.lengths[rows], config.batch_size, rng)):
+            idx, inputs = rows[at], train.inputs(rows[at])
+            if train.copies is not None:
+                inputs[torch.from_numpy(at >= n), N_ROOFLINE_STATS:] = train.unbuilt
             dev, z = on(dev_matrix[train.dev_rows[idx]]), on(z_all[idx])
             t_inputs = None
             if target is not None:
                 t_idx = matcher.sample(train.pack.lengths[idx], da_rng)
                 t_inputs = on((*target.pack.batch(t_idx), target.inputs(t_idx)))
-            emb, pred, t_emb = step(*on(train.pack.batch(idx)), dev, on(train.inputs(idx)), t_inputs)
+            emb, pred, t_emb = step(*on(train.pack.batch(idx)), dev, on(inputs), t_inputs)
             loss = mape_loss(pred, z, sigma, None if train.weight is None else on(torch.from_numpy(train.weight[idx])))
             if target is not None:
                 source = on(torch.from_numpy(train.da_source[idx]))

@@ -64,9 +64,11 @@ def test_training_from_a_store_gives_the_in_memory_result(real, tmp_path):
     assert in_memory.summary["members"][0]["history"] == from_store.summary["members"][0]["history"]
 
 
-def test_counts_withheld_from_a_store_are_those_withheld_in_memory(real, tmp_path):
+@pytest.mark.parametrize("copies", [False, True])
+def test_counts_withheld_from_a_store_are_those_withheld_in_memory(real, tmp_path, copies):
     """``assembly_withheld`` from a store: the same programs stand unbuilt as in memory (one seeded draw), their
-    stats as a failed build's, the store on disk untouched, and the model the same."""
+    stats as a failed build's, the store on disk untouched, and the model the same, whether those programs lose
+    their counts or are trained on twice, with and without them (``assembly_unbuilt_copies``; the GBT blend on)."""
     from cdmpp.model.network import N_ROOFLINE_STATS, assembly_stats
     from cdmpp.model.training import withheld_share
     from cdmpp.program.assembly import N_COUNTS
@@ -81,11 +83,13 @@ def test_counts_withheld_from_a_store_are_those_withheld_in_memory(real, tmp_pat
     view = store.without_counts(drop)
     assert np.all(view.stats[drop, N_ROOFLINE_STATS:] == assembly_stats([None]))
     assert np.array_equal(view.stats[~drop], store.stats[~drop]) and store.stats[drop, -1].all()
-    config = _tiny(assembly_counts=True, assembly_withheld=0.25)
+    config = _tiny(assembly_counts=True, assembly_withheld=0.25, assembly_unbuilt_copies=copies, gbt_blend=True,
+                   gbt_max_trees=20)
     table = _table()
     in_memory, from_store = fit(config, train, val, device_table=table), fit(config, store, val, device_table=table)
     feats, devs = [p.features for p in val], [p.device for p in val]
     assert np.array_equal(in_memory.predict_z(feats, devs), from_store.predict_z(feats, devs))
+    assert np.allclose(in_memory.gbt.predict(val), from_store.gbt.predict(val), rtol=1e-5)
 
 
 def test_the_shipped_recipe_trains_from_a_store_as_in_memory(real, tmp_path, monkeypatch):
@@ -284,3 +288,41 @@ def test_a_replicated_store_repeats_the_programs(real, tmp_path):
     assert np.array_equal(b.lengths, np.concatenate([a.lengths, a.lengths, a.lengths[:15]]))
     assert np.array_equal(b.leaves[b.offsets[60]:b.offsets[75]], a.leaves[:a.offsets[15]])
     assert np.array_equal(big.seconds, np.concatenate([src.seconds] * 2 + [src.seconds[:15]]))
+
+
+def test_unbuilt_copies_are_trained_on_beside_their_programs(real, monkeypatch):
+    """``assembly_unbuilt_copies``: an epoch runs every training program with its counts and, after them, the
+    withheld share again with its counts absent (the program inputs a program asked unbuilt gets)."""
+    from cdmpp.model import training
+    from cdmpp.model.network import N_ROOFLINE_STATS, N_STATS
+    from cdmpp.program.assembly import N_COUNTS
+
+    def store_stats(programs):
+        return PackedPrograms.from_programs([p.features for p in programs]).stats
+
+    _, ds = real
+    rng = np.random.default_rng(4)  # SYNTHETIC: instruction counts standing in for the programs' builds
+    programs = [dataclasses.replace(p, features=dataclasses.replace(p.features, asm=rng.integers(1, 500, N_COUNTS)
+                                                                    .astype(np.float64))) for p in ds.programs[:240]]
+    train, val = programs[:192], programs[192:]
+    seen = []
+    forward = training.Runner.forward_module
+
+    def recording(self, model):
+        step = forward(self, model)
+
+        def run(leaves, positions, mask, dev, inputs, target):
+            seen.append(inputs.detach().clone())
+            return step(leaves, positions, mask, dev, inputs, target)
+        return run
+
+    monkeypatch.setattr(training.Runner, "forward_module", recording)
+    model = fit(_tiny(assembly_counts=True, assembly_withheld=0.25), train, val, device_table=_table())  # 3 epochs
+    rows = torch.cat(seen)
+    copies = int(training.withheld_share(len(train), 0.25, seed=0).sum())
+    absent = model.scaled_stats(training.unbuilt_stats(np.zeros((1, N_STATS))))[0, N_ROOFLINE_STATS:]
+    assert 30 < copies < 70 and len(rows) == 3 * (len(train) + copies)
+    unbuilt = torch.isclose(rows[:, N_ROOFLINE_STATS:], absent).all(dim=1)
+    assert int(unbuilt.sum()) == 3 * copies
+    sizes = model.scaled_stats(np.array(store_stats(train)))[:, :N_ROOFLINE_STATS]  # a copy keeps its program's size
+    assert all(torch.isclose(sizes, r[:N_ROOFLINE_STATS]).all(dim=1).any() for r in rows[unbuilt])

@@ -33,6 +33,7 @@ def test_config_rejects_unknown_keys():
     gpu = counted.for_kind("cuda")
     assert not gpu.assembly_counts and gpu.assembly_withheld == 0.0 and gpu.epochs == counted.epochs
     assert counted.assembly_counts and counted.assembly_withheld == 0.25 and TrainConfig.recipe("assembly") == default
+    assert counted.assembly_unbuilt_copies  # the withheld share is trained on twice, with and without its counts
     plain = TrainConfig.recipe("ablation-no-counts")
     assert not plain.assembly_counts and plain.assembly_withheld == 0.0 and plain.epochs == default.epochs
     with pytest.raises(ValueError, match="assembly_withheld"):
