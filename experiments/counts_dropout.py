@@ -9,11 +9,13 @@ counts removed from a share of the training programs (``--drop``: each program d
 program's counts and with none.
 
 Arms, each trained on the same split (development seeds and held-out networks only; `--epochs` short: a relative
-question): ``counts`` (the assembly recipe), ``drop`` (the same, ``--drop`` of the training programs without
-counts), ``plain`` (the shipped recipe: no counts). Models under build/counts-dropout/ (resumable), rows in
+question): ``counts`` (every count, nothing unbuilt), ``drop`` (``--drop`` of the training programs without counts:
+the recipe shipped 6 Dec), ``copies`` (every count, and ``--drop`` of the programs trained on again as unbuilt
+copies: ``assembly_unbuilt_copies``, shipped 7 Dec), ``augment`` (the same copies appended to the training list: the
+first try of it), ``plain`` (no counts). Models under build/counts-dropout/ (resumable), rows in
 reports/counts-dropout-runs.jsonl.
 
-    .venv/bin/python experiments/counts_dropout.py --seed S --arm counts|drop|plain [--setting random-new] [--epochs 20]
+    .venv/bin/python experiments/counts_dropout.py --seed S --arm counts|drop|copies|augment|plain [--setting random-new] [--epochs 20]
     .venv/bin/python experiments/counts_dropout.py --table
 """
 
