@@ -40,7 +40,7 @@ class TrainConfig:
     assembly_counts: bool = True
     # with assembly_counts: this share of the training programs (drawn with the seed) also stands unbuilt, as if its
     # builds had failed, so that one model also ranks a program asked unbuilt (a tuner's candidate) as the recipe
-    # without counts does (reports/assembly-counts.md, "One model for built and unbuilt programs")
+    # without counts does (reports/assembly-counts.md, "Built and unbuilt programs: one model for both")
     assembly_withheld: float = 0.25
     # true: those programs are trained on twice, with their counts and as a copy without them; false: their counts
     # are removed (the recipe shipped 6 Dec, which lost what it withheld: reports/assembly-counts.md, "Copies")
