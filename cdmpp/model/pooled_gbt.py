@@ -219,20 +219,22 @@ class PooledGBT:
 
     def store_inputs(self, store, unbuilt_copies: np.ndarray | None = None):
         """``(inputs, log seconds)`` of a ``FeatureStore``'s programs, chunk by chunk: the numbers ``inputs``
-        and the latency target give the same programs in memory; each chunk's ``unbuilt_copies`` (a mask) after
-        it, their counts absent."""
+        and the latency target give the same programs in memory; then, in a second pass, the ``unbuilt_copies``
+        (a mask) with their counts absent: the rows ``fit`` makes in memory, in the same order (the same cuts)."""
         dev = np.stack([self.specs.raw_vector(self.specs.table[d]) for d in store.devices]).astype(np.float32)
-        for a, b, rows, offsets in store.program_chunks():
-            x, y = np.hstack([pool_rows(rows, offsets, store.flops[a:b]), dev[store.device[a:b]]]), np.log(store.seconds[a:b])
-            if self.assembly_counts:
-                counts = store_count_inputs(store, a, b)
-                x = np.hstack([x, counts])
-                copies = None if unbuilt_copies is None else np.asarray(unbuilt_copies[a:b], bool)
-                if copies is not None and copies.any():
-                    yield x, y
-                    x, y = x[copies].copy(), y[copies]
-                    x[:, -counts.shape[1]:] = np.nan
-            yield x, y
+        copies = np.asarray(unbuilt_copies, bool) if unbuilt_copies is not None and self.assembly_counts else None
+        for unbuilt in (False, True) if copies is not None and copies.any() else (False,):
+            for a, b, rows, offsets in store.program_chunks():
+                pick = copies[a:b] if unbuilt else slice(None)
+                if unbuilt and not pick.any():
+                    continue
+                x = np.hstack([pool_rows(rows, offsets, store.flops[a:b]), dev[store.device[a:b]]])
+                if self.assembly_counts:
+                    x = np.hstack([x, store_count_inputs(store, a, b)])
+                x, y = x[pick], np.log(store.seconds[a:b])[pick]
+                if unbuilt:
+                    x[:, -N_INPUTS:] = np.nan
+                yield x, y
 
     def predict(self, programs: Sequence) -> np.ndarray:
         import xgboost as xgb
