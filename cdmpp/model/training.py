@@ -199,7 +199,7 @@ def fit(config: TrainConfig, train_set: Sequence[LabeledProgram] | FeatureStore,
         elif isinstance(train_set, FeatureStore):
             train_set = train_set.without_counts(withheld)
         else:
-            train_set = withhold_counts(train_set, config.assembly_withheld, config.seed)
+            train_set = [unbuilt(p) if w else p for p, w in zip(train_set, withheld)]
     if device_table is not None:  # tensor-core programs learned as FP32-equivalent time; ``predict`` speeds them up
         table = DeviceSpecs(device_table).table
         val_set = physics.fp32_equivalent(val_set, table)
