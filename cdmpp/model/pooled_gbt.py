@@ -162,12 +162,11 @@ class PooledGBT:
         ``unbuilt_copies``: a mask of the training programs fitted a second time without their assembly counts
         (``TrainConfig.assembly_unbuilt_copies``)."""
         from cdmpp.model.feature_store import FeatureStore
-        from cdmpp.model.training import unbuilt
 
         if isinstance(train, FeatureStore):
             return self._fit_store(train, val, time_budget_s, unbuilt_copies)
         if unbuilt_copies is not None:
-            train = [*train, *(unbuilt(p) for p, c in zip(train, unbuilt_copies) if c)]
+            train = [*train, *(p.without_counts() for p, c in zip(train, unbuilt_copies) if c)]
         deadline = time.monotonic() + (time_budget_s if time_budget_s else 1e9)
         evals = [(self.inputs(val), self._target(val))] if val else None
         objective = {}

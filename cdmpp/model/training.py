@@ -133,12 +133,7 @@ def withhold_counts(programs: Sequence[LabeledProgram], share: float, seed: int)
     """``programs`` with the assembly counts of ``share`` of them removed (drawn once with ``seed``), as a failed
     build leaves them: ``TrainConfig.assembly_withheld``."""
     drop = withheld_share(len(programs), share, seed)
-    return [unbuilt(p) if d else p for p, d in zip(programs, drop)]
-
-
-def unbuilt(program: LabeledProgram) -> LabeledProgram:
-    """``program`` without its assembly counts, as a failed or skipped build leaves it."""
-    return dataclasses.replace(program, features=dataclasses.replace(program.features, asm=None))
+    return [p.without_counts() if d else p for p, d in zip(programs, drop)]
 
 
 def unbuilt_stats(stats: np.ndarray) -> np.ndarray:
@@ -199,7 +194,7 @@ def fit(config: TrainConfig, train_set: Sequence[LabeledProgram] | FeatureStore,
         elif isinstance(train_set, FeatureStore):
             train_set = train_set.without_counts(withheld)
         else:
-            train_set = [unbuilt(p) if w else p for p, w in zip(train_set, withheld)]
+            train_set = [p.without_counts() if w else p for p, w in zip(train_set, withheld)]
     if device_table is not None:  # tensor-core programs learned as FP32-equivalent time; ``predict`` speeds them up
         table = DeviceSpecs(device_table).table
         val_set = physics.fp32_equivalent(val_set, table)

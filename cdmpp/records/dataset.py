@@ -17,7 +17,7 @@ import os
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -42,6 +42,11 @@ class LabeledProgram:
     task_name: str = ""
     networks: list[str] = field(default_factory=list)  # "network@batch" occurrences of its task
     record_id: str = ""
+
+    def without_counts(self) -> "LabeledProgram":
+        """This program without its assembly counts, as a failed or skipped build leaves it (what a model with
+        counts is also trained on: ``TrainConfig.assembly_unbuilt_copies``)."""
+        return replace(self, features=replace(self.features, asm=None))
 
 
 @dataclass
