@@ -16,7 +16,7 @@ def _sample_path(name: str = "conv2d.tvmscript") -> str:
 
 
 def cmd_assembly(args) -> int:
-    from cdmpp.program.assembly import build_device
+    from cdmpp.records.builds import build_device
 
     try:
         n = build_device(args.device, args.dataset, args.out or defaults.assembly_dir(args.dataset), args.task_table,

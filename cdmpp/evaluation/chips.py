@@ -44,11 +44,6 @@ import numpy as np
 
 from cdmpp.evaluation import metrics as ev
 from cdmpp.evaluation import splits
-from cdmpp.evaluation.summary import OVER_CHIPS
-
-LOCO_KS = ("0", "1%", "5%", "16", "64")
-
-
 def _chip_pool(ds, split) -> list:
     """The chip's labelled programs outside the test set (what a full collection on it would give)."""
     targets = set(split.info["target_device"].split("+"))
@@ -206,44 +201,3 @@ def held_out_chips(opts, ds, device_table: dict) -> list[str]:
     if not eligible:
         raise ValueError(f"no chip has enough programs to hold out; chips in the data: {sorted(known)}")
     return sorted(eligible)
-
-
-PEERS = ("pooled GBT", "pooled GBT, spec transfer", "shots-only GBT")
-
-
-def chips_markdown(summary: dict, label: str = "cdmpp", sampler: str = "kmeans") -> str:
-    """Per held-out chip and over every chip: for each k, cdmpp's MAPE and within-task Spearman beside the
-    best peer on each metric (``PEERS``, the best chosen per metric and row), the network fine-tune and
-    the chip's own full-data GBT (a ceiling)."""
-    rows = summary.get("leave-one-chip-out", {})
-    over = list(OVER_CHIPS.values())
-    chips = sorted({m.rsplit(" @ ", 1)[1] for m in rows if " @ " in m} - set(over))
-    ks = [*LOCO_KS, *sorted({m.split(" k=", 1)[1].split(" (", 1)[0] for m in rows if m.startswith(label + " k=")}
-                            - set(LOCO_KS))]  # e.g. "100%": every pool program, the k-shot path's ceiling
-    lines = []
-    for chip in [*over, *chips]:
-        if not any(m.endswith(" @ " + chip) for m in rows):
-            continue
-        ref = rows.get(f"chip's own GBT (reference) @ {chip}")
-        lines += [f"**{chip}**" + (f" (the chip's own GBT on all its other programs: MAPE {100 * ref['mape']:.1f} %, "
-                                    f"Spearman {ref['spearman']:.3f})" if ref else ""), "",
-                  f"| k ({sampler} shots) | {label} MAPE | best peer MAPE | {label} / peer | {label} Spearman | "
-                  f"best peer Spearman | {label}, fine-tune MAPE | seeds |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
-        for k in ks:
-            suffix = "" if k == "0" else f" k={k} ({sampler})"
-            e = rows.get(f"{label}{suffix} @ {chip}")
-            peers = [(p, rows[f"{p}{suffix} @ {chip}"]) for p in PEERS if f"{p}{suffix} @ {chip}" in rows]
-            if not e or not peers:
-                continue
-            best = min(peers, key=lambda pe: pe[1]["mape"])
-            rank = max(peers, key=lambda pe: pe[1].get("spearman", -1.0))
-            tuned = rows.get(f"{label}, fine-tune{suffix} @ {chip}")
-            lines.append(f"| {k} | {_pct(e, 'mape')} | {_pct(best[1], 'mape')} ({best[0]}) | "
-                         f"{e['mape'] / best[1]['mape']:.2f} | {e['spearman']:.3f} | {rank[1]['spearman']:.3f} ({rank[0]}) | "
-                         f"{_pct(tuned, 'mape')} | {e['seeds']} |")
-        lines.append("")
-    return "\n".join(lines)
-
-
-def _pct(entry: dict | None, key: str) -> str:
-    return f"{100 * entry[key]:.1f} ± {100 * entry[key + '_std']:.1f} %" if entry and key in entry else "—"

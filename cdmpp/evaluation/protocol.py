@@ -60,7 +60,7 @@ from cdmpp import defaults
 from cdmpp.evaluation import metrics as ev
 from cdmpp.evaluation import splits
 from cdmpp.evaluation.splits import SETTINGS
-from cdmpp.evaluation.summary import aggregate, aggregate_curve
+from cdmpp.evaluation.summary import LOCO_KS, aggregate, aggregate_curve
 from cdmpp.evaluation.methods.registry import GBT_BLEND  # noqa: F401  (the blend's row name, as before)
 
 WITHIN_DEVICE = ("random-new", "cross-model", "paper", "paper-5-leaf")  # one split, cdmpp and the peers on it
@@ -94,7 +94,7 @@ class ProtocolOptions:
     # per kind (TrainConfig.per_kind), or on every other device ("all")
     chip_train: str = "same-kind"
     held_out: Sequence[str] = splits.HELD_OUT_NETWORKS  # cross-model's test networks (locked: LOCKED_HELD_OUT_NETWORKS)
-    chip_ks: Sequence[str] = ("0", "1%", "5%", "16", "64")  # leave-one-chip-out's shot counts
+    chip_ks: Sequence[str] = LOCO_KS  # leave-one-chip-out's shot counts
     progress: bool = False  # a bar (steps, rate, ETA) while cdmpp trains: a seed's training runs for an hour
     states: str | None = None  # where training runs are saved each epoch to resume from; default <runs>.states/
 

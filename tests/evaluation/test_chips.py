@@ -63,7 +63,7 @@ def test_protocol_rows_and_the_mean_over_chips(three_devices, chip_table, tmp_pa
     both = summary["shots-only GBT k=16 (random) @ every chip"]
     per = [summary[f"shots-only GBT k=16 (random) @ {c}"]["mape"] for c in ("fake chip A", "fake chip B")]
     assert both["seeds"] == 2 and both["mape"] == pytest.approx(sum(per) / 2)
-    from cdmpp.evaluation.chips import chips_markdown
+    from cdmpp.evaluation.summary import chips_markdown
 
     table = chips_markdown({"leave-one-chip-out": summary}, label="pooled GBT", sampler="random")
     assert "**every chip**" in table and "**fake chip B** (the chip's own GBT" in table
@@ -73,7 +73,7 @@ def test_protocol_rows_and_the_mean_over_chips(three_devices, chip_table, tmp_pa
 def test_gpu_chips_are_averaged_apart_from_cpu_chips(tmp_path):
     """A GPU's error is of another scale: "@ every chip" averages the CPU chips (rows without a kind are a CPU's,
     as before GPUs were held out), "@ every GPU chip" the GPUs, and the markdown shows both."""
-    from cdmpp.evaluation.chips import chips_markdown
+    from cdmpp.evaluation.summary import chips_markdown
     from cdmpp.evaluation.summary import aggregate
 
     runs = tmp_path / "runs.jsonl"

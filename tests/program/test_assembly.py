@@ -102,7 +102,7 @@ def test_building_a_devices_programs_resumes(tmp_path):
     import json
 
     from cdmpp.devices.table import DeviceTable
-    from cdmpp.program.assembly import build_device
+    from cdmpp.records.builds import build_device
     from cdmpp.records.store import slug
     from tests.data import REAL_DEVICE, ROOT, TASKS
 
