@@ -1,6 +1,7 @@
 """The protocol's rows (``protocol-runs.jsonl``) summarized: per setting and method, mean ± standard deviation
 over seeds (``aggregate``, ``summary.json``); a learning curve (``aggregate_curve``); and their Markdown
-tables (``markdown``, ``curve_markdown``, ``summary_markdown`` with the README's ``headline``)."""
+tables (``markdown``, ``curve_markdown``, ``summary_markdown`` with the README's ``headline`` and leave-one-chip-out's
+``chips_markdown``)."""
 
 from __future__ import annotations
 
