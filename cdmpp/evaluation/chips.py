@@ -163,7 +163,7 @@ def run_chip(opts, seed: int, ds, device_table: dict, chip: str, out, context, k
                 out.row("leave-one-chip-out", "shots-only GBT" + suffix, ev.score(test, *alone),
                         train_seconds=0.0, choice=described, **n)
     if resume is not None:
-        resume.forget()
+        resume.finish()
 
 
 def by_device(fit, shots: Sequence, test: Sequence, predict) -> tuple[tuple, str]:

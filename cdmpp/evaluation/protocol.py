@@ -236,23 +236,40 @@ def fit_info(method) -> dict:
 class Resumable:
     """Where cdmpp's training runs of one split of one seed are saved to resume from (``fit(resume=...)``): one file
     per method with a ``resume`` attribute, named by ``where`` (setting, chip, train fraction) and its row name,
-    under ``opts.states``. ``forget()``, once the split's rows are written, removes them: a finished split is
-    never resumed."""
+    under ``opts.states``. ``finish()``, once the split's rows are written, removes them and leaves a mark
+    (``<split>.done``) holding the options its rows came from: the same command started again after a stop skips
+    that split (``done()``) instead of training it again; other options (another recipe, methods, shot counts;
+    ``settings``: those one split writes rows of, as the cross-device settings share theirs) run it."""
 
-    def __init__(self, opts: ProtocolOptions, seed: int, *where):
+    _NOT_OF_THE_ROWS = ("seeds", "settings", "chips", "threads", "progress", "states", "runs")  # the split's name or pace
+
+    def __init__(self, opts: ProtocolOptions, seed: int, *where, settings: Sequence[str] = ()):
         self.folder = opts.states or os.path.splitext(opts.runs)[0] + ".states"
         self.prefix = "-".join(str(w) for w in (*where, f"seed{seed}") if w not in (None, ""))
         self.files: list[str] = []
+        self.mark = os.path.join(self.folder, re.sub(r"[^\w.%+-]+", "_", self.prefix) + ".done")
+        options = {k: v for k, v in asdict(opts).items() if k not in self._NOT_OF_THE_ROWS}
+        self.options = json.loads(json.dumps({**options, "settings": sorted(settings)}, default=str))
 
     def __call__(self, method) -> None:
         if hasattr(method, "resume"):
             method.resume = os.path.join(self.folder, re.sub(r"[^\w.%+-]+", "_", f"{self.prefix}-{method.label}") + ".pt")
             self.files.append(method.resume)
 
-    def forget(self) -> None:
+    def done(self) -> bool:
+        """Whether this split's rows were written by a run with the same options (its mark says so)."""
+        if not os.path.exists(self.mark):
+            return False
+        with open(self.mark) as f:
+            return json.load(f) == self.options
+
+    def finish(self) -> None:
         for path in [f + end for f in self.files for end in ("", ".tmp", ".no-da", ".no-da.tmp")]:  # .no-da: fit's
             if os.path.exists(path):
                 os.remove(path)
+        os.makedirs(self.folder, exist_ok=True)
+        with open(self.mark, "w") as f:
+            json.dump(self.options, f)
 
 
 def fit_methods(opts: ProtocolOptions, split, context, scope: str, resume=None) -> list[tuple]:
@@ -338,17 +355,24 @@ def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | Non
             if fraction is not None:  # a learning-curve row: kept out of the summary (see aggregate)
                 n["train_fraction"] = fraction
             resume = Resumable(opts, seed, setting, fraction)
+            if resume.done():
+                print(f"protocol: {resume.prefix}: its rows are written (a run before this one); skipped", file=sys.stderr)
+                continue
             for method, secs in fit_methods(opts, split, context(split.target_pool or None), "within-device", resume):
                 out.row(setting, method.label, score(method, split.test), k=None, train_seconds=secs,
                         **fit_info(method), **n)
-            resume.forget()
+            resume.finish()
 
     if "leave-one-chip-out" in opts.settings:
         from cdmpp.evaluation.chips import held_out_chips, of_chips_kind, run_chip
 
         for chip in held_out_chips(opts, every, device_table):
             data = of_chips_kind(every, chip, device_table) if opts.chip_train == "same-kind" else every
-            run_chip(opts, seed, data, device_table, chip, out, context, _k_value, Resumable(opts, seed, "chip", chip))
+            resume = Resumable(opts, seed, "chip", chip)
+            if resume.done():
+                print(f"protocol: {resume.prefix}: its rows are written (a run before this one); skipped", file=sys.stderr)
+                continue
+            run_chip(opts, seed, data, device_table, chip, out, context, _k_value, resume)
         del every
 
     device_settings = [s for s in opts.settings if s.startswith("cross-device")]
@@ -356,7 +380,10 @@ def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | Non
         return
     target = opts.target_device
     base = splits.cross_device_split(ds, target, 0, seed=seed, programs="new")
-    resume = Resumable(opts, seed, "cross-device")
+    resume = Resumable(opts, seed, "cross-device", settings=device_settings)
+    if resume.done():
+        print(f"protocol: {resume.prefix}: its rows are written (a run before this one); skipped", file=sys.stderr)
+        return
     fitted = fit_methods(opts, base, context(base.target_pool), "cross-device", resume)
     fitted.sort(key=lambda mf: hasattr(mf[0], "parts"))  # parts first (as fitted), then what is made of them
     embed = next((m.embed for m, _ in fitted if hasattr(m, "embed")), None)  # KMeans shots on its embeddings
@@ -408,7 +435,7 @@ def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | Non
                     for inputs, name in (("pooled", "twin-ratio"), ("physics", "twin-ratio, physics inputs")):
                         tr = TwinRatio(sp.twins, nthread=opts.threads, random_state=seed, inputs=inputs).fit(sp.shots)
                         out.row(setting, name + suffix, score(tr, test), train_seconds=0.0, **n)
-    resume.forget()
+    resume.finish()
 
 
 def run_in_processes(fn, tasks: list[tuple], jobs: int) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -60,10 +61,12 @@ def test_protocol_seed_mechanics_with_every_peer(two_devices, tiny_recipe, tmp_p
     assert "TVM XGBModel (ranking only) k=8 (random)" not in seen
 
 
-def test_a_split_names_its_saved_training_run_and_forgets_it_once_scored(tmp_path):
+def test_a_split_names_its_saved_training_run_and_is_skipped_once_scored(tmp_path):
     """``Resumable``: cdmpp's training of one split of one seed is saved under the runs file's ``.states``
     folder, named by the split and the row name (a rerun of the same command finds it); once the split's rows
-    are written, ``forget`` removes it. Peers without ``resume`` are left alone."""
+    are written, ``finish`` removes it and marks the split done, so the same command started again skips it while
+    other options (another recipe, other shot counts, another seed or chip) do not. Peers without ``resume`` are
+    left alone."""
     from cdmpp.evaluation.protocol import ProtocolOptions, Resumable
 
     class Method:
@@ -77,8 +80,19 @@ def test_a_split_names_its_saved_training_run_and_forgets_it_once_scored(tmp_pat
     assert method.resume == str(saved) and Resumable(opts, 2, "random-new", None).prefix == "random-new-seed2"
     saved.parent.mkdir()
     saved.touch()
-    resume.forget()
+    assert not resume.done()
+    resume.finish()
     assert not saved.exists()
+    again = dataclasses.replace(opts, threads=2, seeds=(2,), chips=("amd-epyc-znver5",))  # the pace, not the rows
+    assert Resumable(again, 2, "chip", "amd-epyc-znver5").done()
+    assert not Resumable(dataclasses.replace(opts, recipe="ablation-no-counts"), 2, "chip", "amd-epyc-znver5").done()
+    assert not Resumable(dataclasses.replace(opts, chip_ks=("0",)), 2, "chip", "amd-epyc-znver5").done()
+    assert not Resumable(opts, 3, "chip", "amd-epyc-znver5").done()
+    assert not Resumable(opts, 2, "chip", "amd-epyc-znver3").done()
+    seen = Resumable(opts, 2, "cross-device", settings=["cross-device-new"])
+    seen.finish()
+    assert Resumable(opts, 2, "cross-device", settings=["cross-device-new"]).done()
+    assert not Resumable(opts, 2, "cross-device", settings=["cross-device-new", "cross-device-seen"]).done()
 
 
 def test_a_failed_job_stops_the_queued_and_running_ones():
