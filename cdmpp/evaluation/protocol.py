@@ -257,11 +257,15 @@ class Resumable:
             self.files.append(method.resume)
 
     def done(self) -> bool:
-        """Whether this split's rows were written by a run with the same options (its mark says so)."""
+        """Whether this split's rows were written by a run with the same options (its mark says so, and so does
+        the log): the caller skips the split."""
         if not os.path.exists(self.mark):
             return False
         with open(self.mark) as f:
-            return json.load(f) == self.options
+            same = json.load(f) == self.options
+        if same:
+            print(f"protocol: {self.prefix}: its rows are written (a run before this one); skipped", file=sys.stderr)
+        return same
 
     def finish(self) -> None:
         for path in [f + end for f in self.files for end in ("", ".tmp", ".no-da", ".no-da.tmp")]:  # .no-da: fit's
@@ -356,7 +360,6 @@ def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | Non
                 n["train_fraction"] = fraction
             resume = Resumable(opts, seed, setting, fraction)
             if resume.done():
-                print(f"protocol: {resume.prefix}: its rows are written (a run before this one); skipped", file=sys.stderr)
                 continue
             for method, secs in fit_methods(opts, split, context(split.target_pool or None), "within-device", resume):
                 out.row(setting, method.label, score(method, split.test), k=None, train_seconds=secs,
@@ -370,7 +373,6 @@ def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | Non
             data = of_chips_kind(every, chip, device_table) if opts.chip_train == "same-kind" else every
             resume = Resumable(opts, seed, "chip", chip)
             if resume.done():
-                print(f"protocol: {resume.prefix}: its rows are written (a run before this one); skipped", file=sys.stderr)
                 continue
             run_chip(opts, seed, data, device_table, chip, out, context, _k_value, resume)
         del every
@@ -382,7 +384,6 @@ def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | Non
     base = splits.cross_device_split(ds, target, 0, seed=seed, programs="new")
     resume = Resumable(opts, seed, "cross-device", settings=device_settings)
     if resume.done():
-        print(f"protocol: {resume.prefix}: its rows are written (a run before this one); skipped", file=sys.stderr)
         return
     fitted = fit_methods(opts, base, context(base.target_pool), "cross-device", resume)
     fitted.sort(key=lambda mf: hasattr(mf[0], "parts"))  # parts first (as fitted), then what is made of them
