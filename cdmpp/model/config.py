@@ -62,8 +62,11 @@ class TrainConfig:
     da_weight: float = 0.5
     cmd_k: int = 5
     val_fraction: float = 0.1  # carved from the training set only when fit gets no validation set
-    # uncertainty: the best states of this many LR cycles of one run; the interval's level
+    # the members: the best states of this many LR cycles of one run ("snapshots", Huang et al. 2017), or the best
+    # state of this many independent runs, each ``epochs`` long and seeded seed, seed + 1, ... ("runs"); the spread
+    # of the members gives the interval at this level
     ensemble: int = 3
+    ensemble_of: str = "snapshots"  # "snapshots" | "runs"
     interval: float = 0.9
     # few-shot fine-tuning
     finetune_lr: float = 1e-4
@@ -77,7 +80,8 @@ class TrainConfig:
     def __post_init__(self):
         if isinstance(self.model, dict):
             self.model = ModelConfig(**self.model)
-        for name, allowed in dict(da=("cmd", "mmd", "none"), finetune_scope=("all", "head")).items():
+        choices = dict(da=("cmd", "mmd", "none"), finetune_scope=("all", "head"), ensemble_of=("snapshots", "runs"))
+        for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} = {getattr(self, name)!r}: expected one of {allowed}")
         if not 0.0 <= self.assembly_withheld < 1.0:

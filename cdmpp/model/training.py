@@ -10,7 +10,8 @@ The loop is plain PyTorch, readable in one sitting:
   training is given one holding a device without training labels;
 * Adam with a triangular cyclic learning rate, gradient-norm clipping;
 * model selection and early stopping on the validation split only (never the test split);
-* an ensemble of snapshots (the best state of each of the best LR cycles of one run, Huang et al. 2017)
+* an ensemble of snapshots (the best state of each of the best LR cycles of one run, Huang et al. 2017), or of the
+  best states of independent runs (``ensemble_of = "runs"``)
   whose spread, conformally calibrated on the validation split, gives the 90 % interval;
 * the pooled GBT blended in, and Amdahl anchors for thread counts without labels (``gbt_blend``,
   ``amdahl_transfer``);
@@ -248,24 +249,21 @@ def fit(config: TrainConfig, train_set: Sequence[LabeledProgram] | FeatureStore,
             same_kind[row] = target_kind_of_id(d) in kinds
         train.da_source = same_kind[train.dev_rows]
 
-    # one run; the members are the best states of its best LR cycles
-    run_state = None
-    if resume:
-        if runner.world > 1:
-            raise ValueError("resume: one training process only (not under torchrun)")
-        run_state = RunState(resume, config, train, val, target)
-    snaps, history = _train_run(config, train, val, target, dev_matrix, trained, deadline, runner, run_state)
-    da_dropped = None
-    if history["stopped"] == "collapsed":  # the alignment won over the labels: the run again, without it
-        da_dropped = {k: history[k] for k in ("best_val_mape", "history")}
-        print(f"domain adaptation collapsed training (validation MAPE {history['history'][-1][2]:.3f} at epoch "
-              f"{history['history'][-1][0]}): training again without it", file=sys.stderr)
-        if resume:
-            run_state = RunState(f"{resume}.no-da", config, train, val, None)
-        snaps, history = _train_run(config, train, val, None, dev_matrix, trained, deadline, runner, run_state)
-    members = snaps[: config.ensemble]
+    # the members: the best states of one run's best LR cycles, or the best state of each of several runs
+    if resume and runner.world > 1:
+        raise ValueError("resume: one training process only (not under torchrun)")
+    runs = config.ensemble if config.ensemble_of == "runs" else 1
+    members, histories, da_dropped, run_state = [], [], None, None
+    for i in range(runs):
+        run_config = dataclasses.replace(config, seed=config.seed + i)
+        run_resume = None if not resume else f"{resume}.run{i}" if i else os.fspath(resume)
+        snaps, history, collapsed, saved_run = _train_with_fallback(run_config, train, val, target, dev_matrix, trained,
+                                                                deadline, runner, run_resume)
+        da_dropped, run_state = da_dropped or collapsed, run_state or saved_run  # the blend's GBT: beside run 0
+        taken = snaps[: config.ensemble] if runs == 1 else snaps[:1]
+        members.extend(taken)
+        histories.append({**history, "members_from_epochs": [epoch for _, _, epoch in taken]})
     trained.members.extend(_model_with(config, train, dev_matrix, trained, state) for _, state, _ in members)
-    histories = [{**history, "members_from_epochs": [epoch for _, _, epoch in members]}]
     if not runner.is_main:
         trained.summary = dict(rank=runner.rank, world_size=runner.world, members=histories)
         return trained
@@ -350,13 +348,31 @@ def _model_with(config: TrainConfig, train: _Split, dev_matrix: torch.Tensor, tr
     return model
 
 
+def _train_with_fallback(config: TrainConfig, train: _Split, val: _Split, target: _Split | None,
+                         dev_matrix: torch.Tensor, trained: TrainedModel, deadline: float, runner: Runner,
+                         resume: str | None):
+    """``_train_run``, and once more without domain adaptation if the alignment won over the labels; returns its
+    snapshots, its history, the collapsed run's history (when it fell back) and its ``RunState``."""
+    state = RunState(resume, config, train, val, target) if resume else None
+    snaps, history = _train_run(config, train, val, target, dev_matrix, trained, deadline, runner, state)
+    if history["stopped"] != "collapsed":
+        return snaps, history, None, state
+    collapsed = {k: history[k] for k in ("best_val_mape", "history")}
+    print(f"domain adaptation collapsed training (validation MAPE {history['history'][-1][2]:.3f} at epoch "
+          f"{history['history'][-1][0]}): training again without it", file=sys.stderr)
+    state = RunState(f"{resume}.no-da", config, train, val, None) if resume else None
+    snaps, history = _train_run(config, train, val, None, dev_matrix, trained, deadline, runner, state)
+    return snaps, history, collapsed, state
+
+
 class RunState:
     """A training run saved after every epoch (model, optimizer, LR schedule, random states, the snapshots
     kept so far, the history) to ``path``, so a stopped run goes on where it was. The file names the run it
     belongs to (its config and a digest of its data); a different run refuses it rather than resume from it,
     and nothing is overwritten but the file's own earlier epochs (written aside, then renamed over)."""
 
-    _NOT_THE_RUN = ("progress", "max_minutes")  # what may change between a run and its resumption
+    # what may change between a run and its resumption (how members are drawn from runs does not change a run)
+    _NOT_THE_RUN = ("progress", "max_minutes", "ensemble_of")
 
     def __init__(self, path, config: TrainConfig, train: _Split, val: _Split, target: _Split | None):
         self.path = os.fspath(path)

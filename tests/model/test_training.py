@@ -459,3 +459,27 @@ def test_a_stopped_run_resumes_from_its_last_epoch_and_ends_as_an_uninterrupted_
     assert np.array_equal(again.predict(features, "cpu-a")[0], whole.predict(features, "cpu-a")[0])
     with pytest.raises(ValueError, match="another training run"):
         fit(cfg.replace(epochs=5), train, val, resume=state)
+
+
+def test_an_ensemble_of_runs_takes_each_independent_runs_best_state_and_resumes_each_run(tmp_path):
+    """``ensemble_of = "runs"``: ``ensemble`` runs seeded ``seed``, ``seed + 1``, ...; a member is each run's best
+    state; its first run is the run a snapshot ensemble of the same seed trains (the same saved file serves both),
+    and each further run resumes from its own file. SYNTHETIC programs."""
+    rng = np.random.default_rng(6)
+    train, val = synthetic_samples(200, rng), synthetic_samples(60, rng)
+    snapshots = quick_config(ensemble=2, epochs=4, lr_cycle_epochs=2, patience=4, gbt_blend=False)
+    runs = snapshots.replace(ensemble_of="runs")
+    with pytest.raises(ValueError, match="ensemble_of = 'seeds'"):
+        snapshots.replace(ensemble_of="seeds")
+    one_run = fit(snapshots, train, val, resume=tmp_path / "run.pt")
+    model = fit(runs, train, val, resume=tmp_path / "run.pt")
+    members = model.summary["members"]
+    assert [m["seed"] for m in members] == [0, 1] and len(model.members) == 2
+    assert members[0]["history"] == one_run.summary["members"][0]["history"]  # run 0 read back, not trained again
+    assert members[1]["history"] != members[0]["history"]
+    assert all(len(m["members_from_epochs"]) == 1 for m in members)
+    assert (tmp_path / "run.pt.run1").exists()
+    best = min(members[0]["history"], key=lambda row: row[2])[0]
+    assert members[0]["members_from_epochs"] == [best]
+    again = fit(runs, train, val, resume=tmp_path / "run.pt")
+    assert [m["history"] for m in again.summary["members"]] == [m["history"] for m in members]
