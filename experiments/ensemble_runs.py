@@ -10,6 +10,8 @@ candidates):
   experiments/counts_dropout.py's ``copies`` arm (the same seed, data and LR cycle; nothing in them reads the
   epoch count), so that run's saved state is taken as them and 40 epochs are trained.
 - ``runs``: three 20-epoch runs seeded S, S + 1, S + 2; run S is that same saved run, read back.
+- ``runs60``: three 60-epoch runs, a member the best state of each (three times the budget); run S is the
+  ``snapshots`` arm's run, read back.
 
     .venv/bin/python experiments/ensemble_runs.py --seed S --arm snapshots|runs   # S = 0, 1, 2
     .venv/bin/python experiments/ensemble_runs.py --table
@@ -40,7 +42,9 @@ from cdmpp.model.checkpoint import TrainedModel
 ROWS = Path("reports/ensemble-runs-runs.jsonl")
 MODELS = Path("build/ensemble-runs")
 FIRST_20 = "build/counts-dropout/cross-model-copies0.25-e20-seed{seed}.state.pt"  # counts_dropout.py --arm copies
-ARMS = {"snapshots": dict(epochs=60), "runs": dict(epochs=20, ensemble_of="runs")}
+ARMS = {"snapshots": dict(epochs=60), "runs": dict(epochs=20, ensemble_of="runs"),
+        "runs60": dict(epochs=60, ensemble_of="runs")}
+FIRST_RUN = {"snapshots": FIRST_20, "runs": FIRST_20, "runs60": str(MODELS / "cross-model-snapshots-seed{seed}.state.pt")}
 
 
 def scored(programs, seconds, order) -> dict:
@@ -80,7 +84,7 @@ def run(seed: int, arm: str) -> None:
         MODELS.mkdir(parents=True, exist_ok=True)
         state = f"{where}.state.pt"
         if not Path(state).exists():
-            shutil.copyfile(FIRST_20.format(seed=seed), state)
+            shutil.copyfile(FIRST_RUN[arm].format(seed=seed), state)
         if arm == "snapshots":
             continue_the_20_epoch_run(state)
         torch.set_num_threads(1)
@@ -120,12 +124,13 @@ def table() -> None:
         groups[(arm, counts)].append(r)
     print("| members | programs asked | seeds | MAPE | capped | fast-10 % | Spearman | transformer | its fast-10 % | GBT |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for (arm, counts), rs in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0] != "snapshots")):
+    for (arm, counts), rs in sorted(groups.items(), key=lambda kv: (kv[0][1], list(ARMS).index(kv[0][0]))):
         def f(part, key):
             v = np.array([r[part][key] for r in rs])
             return f"{v.mean():.3f}" if key == "spearman" else f"{100 * v.mean():.1f}" + (
                 f" ± {100 * v.std():.1f}" if len(v) > 1 and part == "blend" and key == "mape" else "")
-        label = {"snapshots": "3 snapshots of one 60-epoch run (shipped)", "runs": "3 independent 20-epoch runs"}[arm]
+        label = {"snapshots": "3 snapshots of one 60-epoch run (shipped)", "runs": "3 independent 20-epoch runs",
+                 "runs60": "3 independent 60-epoch runs (3x the budget)"}[arm]
         print(f"| {label} | {'built' if counts == 'built' else 'not built'} | {len(rs)} | {f('blend', 'mape')} | "
               f"{f('blend', 'mape_capped')} | {f('blend', 'fast10')} | {f('blend', 'spearman')} | "
               f"{f('transformer', 'mape')} | {f('transformer', 'fast10')} | {f('gbt', 'mape')} |")

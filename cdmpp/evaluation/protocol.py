@@ -242,6 +242,7 @@ class Resumable:
     ``settings``: those one split writes rows of, as the cross-device settings share theirs) run it."""
 
     _NOT_OF_THE_ROWS = ("seeds", "settings", "chips", "threads", "progress", "states", "runs")  # the split's name or pace
+    _FILES = ("dataset", "task_table", "devices")  # named by where they are, not by how they were reached
 
     def __init__(self, opts: ProtocolOptions, seed: int, *where, settings: Sequence[str] = ()):
         self.folder = opts.states or os.path.splitext(opts.runs)[0] + ".states"
@@ -249,6 +250,7 @@ class Resumable:
         self.files: list[str] = []
         self.mark = os.path.join(self.folder, re.sub(r"[^\w.%+-]+", "_", self.prefix) + ".done")
         options = {k: v for k, v in asdict(opts).items() if k not in self._NOT_OF_THE_ROWS}
+        options.update({k: os.path.realpath(options[k]) for k in self._FILES})
         self.options = json.loads(json.dumps({**options, "settings": sorted(settings)}, default=str))
 
     def __call__(self, method) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 
 import pytest
 
@@ -65,8 +66,8 @@ def test_a_split_names_its_saved_training_run_and_is_skipped_once_scored(tmp_pat
     """``Resumable``: cdmpp's training of one split of one seed is saved under the runs file's ``.states``
     folder, named by the split and the row name (a rerun of the same command finds it); once the split's rows
     are written, ``finish`` removes it and marks the split done, so the same command started again skips it while
-    other options (another recipe, other shot counts, another seed or chip) do not. Peers without ``resume`` are
-    left alone."""
+    other options (another recipe, other shot counts, another seed or chip) do not, and the same data read through a
+    link is the same data. Peers without ``resume`` are left alone."""
     from cdmpp.evaluation.protocol import ProtocolOptions, Resumable
 
     class Method:
@@ -85,6 +86,10 @@ def test_a_split_names_its_saved_training_run_and_is_skipped_once_scored(tmp_pat
     assert not saved.exists()
     again = dataclasses.replace(opts, threads=2, seeds=(2,), chips=("amd-epyc-znver5",))  # the pace, not the rows
     assert Resumable(again, 2, "chip", "amd-epyc-znver5").done()
+    link = tmp_path / "linked-datasets"  # the same data reached through a link (another checkout's copy of the code)
+    link.symlink_to(os.path.dirname(os.path.abspath(opts.dataset)))
+    linked = dataclasses.replace(opts, dataset=str(link / os.path.basename(opts.dataset)))
+    assert Resumable(linked, 2, "chip", "amd-epyc-znver5").done()
     assert not Resumable(dataclasses.replace(opts, recipe="ablation-no-counts"), 2, "chip", "amd-epyc-znver5").done()
     assert not Resumable(dataclasses.replace(opts, chip_ks=("0",)), 2, "chip", "amd-epyc-znver5").done()
     assert not Resumable(opts, 3, "chip", "amd-epyc-znver5").done()
