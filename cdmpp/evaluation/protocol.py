@@ -45,6 +45,7 @@ its rows carry ``train_fraction``, ``aggregate`` leaves them out and ``aggregate
 from __future__ import annotations
 
 import datetime as _dt
+import glob
 import json
 import math
 import os
@@ -270,9 +271,8 @@ class Resumable:
         return same
 
     def finish(self) -> None:
-        for path in [f + end for f in self.files for end in ("", ".tmp", ".no-da", ".no-da.tmp")]:  # .no-da: fit's
-            if os.path.exists(path):
-                os.remove(path)
+        for path in [p for f in self.files for p in glob.glob(glob.escape(f) + "*")]:  # fit's .tmp, .no-da, .runN
+            os.remove(path)
         os.makedirs(self.folder, exist_ok=True)
         with open(self.mark, "w") as f:
             json.dump(self.options, f)

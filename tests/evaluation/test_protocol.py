@@ -80,10 +80,11 @@ def test_a_split_names_its_saved_training_run_and_is_skipped_once_scored(tmp_pat
     saved = tmp_path / "r.states" / "chip-amd-epyc-znver5-seed2-cdmpp_no_DA.pt"
     assert method.resume == str(saved) and Resumable(opts, 2, "random-new", None).prefix == "random-new-seed2"
     saved.parent.mkdir()
-    saved.touch()
+    for end in ("", ".run1", ".run1.no-da.tmp"):  # fit's files: a run, an ensemble's second run, its fallback
+        saved.with_name(saved.name + end).touch()
     assert not resume.done()
     resume.finish()
-    assert not saved.exists()
+    assert not list(saved.parent.glob(saved.name + "*"))
     again = dataclasses.replace(opts, threads=2, seeds=(2,), chips=("amd-epyc-znver5",))  # the pace, not the rows
     assert Resumable(again, 2, "chip", "amd-epyc-znver5").done()
     link = tmp_path / "linked-datasets"  # the same data reached through a link (another checkout's copy of the code)
