@@ -32,12 +32,12 @@ import numpy as np
 import torch
 
 from cdmpp.devices.table import DeviceTable
-from cdmpp.evaluation import metrics as ev
 from cdmpp.evaluation import splits
 from cdmpp.evaluation.protocol import ProtocolOptions, load_pinned, recipe_config
 from cdmpp.model import training
 from cdmpp.model.blend import blend
 from cdmpp.model.checkpoint import TrainedModel
+from counts_dropout import scored  # experiments/: the same validation scores
 
 ROWS = Path("reports/ensemble-runs-runs.jsonl")
 MODELS = Path("build/ensemble-runs")
@@ -45,12 +45,6 @@ FIRST_20 = "build/counts-dropout/cross-model-copies0.25-e20-seed{seed}.state.pt"
 ARMS = {"snapshots": dict(epochs=60), "runs": dict(epochs=20, ensemble_of="runs"),
         "runs60": dict(epochs=60, ensemble_of="runs")}
 FIRST_RUN = {"snapshots": FIRST_20, "runs": FIRST_20, "runs60": str(MODELS / "cross-model-snapshots-seed{seed}.state.pt")}
-
-
-def scored(programs, seconds, order) -> dict:
-    y = np.array([p.seconds for p in programs])
-    m = ev.evaluate(y, [(p.device, p.task) for p in programs], seconds, rank_key=order)
-    return dict(mape=m["mape"], mape_capped=m["mape_capped"], fast10=m["mape_fast10"], spearman=m["spearman"], n=len(y))
 
 
 def continue_the_20_epoch_run(path: str) -> None:
