@@ -24,7 +24,6 @@ import dataclasses
 import json
 import sys
 import time
-from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
@@ -37,6 +36,7 @@ from cdmpp.evaluation.protocol import ProtocolOptions, load_pinned, recipe_confi
 from cdmpp.model.blend import blend
 from cdmpp.model.checkpoint import TrainedModel
 from cdmpp.model.training import fit, withhold_counts
+from study_table import cell, grouped
 
 ROWS = Path("reports/counts-dropout-runs.jsonl")
 MODELS = Path("build/counts-dropout")
@@ -93,20 +93,13 @@ def run(seed: int, arm: str, setting: str, epochs: int, drop: float) -> None:
 
 
 def table() -> None:
-    last = {}
-    for line in ROWS.open():
-        r = json.loads(line)
-        last[(r["setting"], r["epochs"], r["arm"], r["drop"], r["counts"], r["seed"])] = r
-    groups = defaultdict(list)
-    for (setting, epochs, arm, drop, counts, _), r in last.items():
-        groups[(setting, epochs, arm, drop, counts)].append(r)
+    groups = grouped(ROWS, lambda r: (r["setting"], r["epochs"], r["arm"], r["drop"], r["counts"], r["seed"]),
+                     lambda r: (r["setting"], r["epochs"], r["arm"], r["drop"], r["counts"]))
     print("| setting | epochs | arm | programs asked | seeds | MAPE | capped | fast-10 % | Spearman | transformer | GBT |")
     print("|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for (setting, epochs, arm, drop, counts), rs in sorted(groups.items()):
         def f(part, key):
-            v = np.array([r[part][key] for r in rs])
-            return f"{v.mean():.3f}" if key == "spearman" else f"{100 * v.mean():.1f}" + (
-                f" ± {100 * v.std():.1f}" if len(v) > 1 and part == "blend" and key == "mape" else "")
+            return cell([r[part][key] for r in rs], key, spread=part == "blend" and key == "mape")
         label = {"counts": "counts", "plain": "no counts (recipe until 6 Dec)",
                  "augment": f"counts, and {drop:.0%} of training again without (a list)",
                  "copies": f"counts, and {drop:.0%} of training again without (`assembly_unbuilt_copies`)"}.get(

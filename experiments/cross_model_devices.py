@@ -18,7 +18,6 @@ import argparse
 import json
 import sys
 import time
-from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +28,7 @@ from cdmpp.devices.table import DeviceTable
 from cdmpp.evaluation import metrics as ev
 from cdmpp.evaluation import splits
 from cdmpp.evaluation.protocol import ProtocolOptions, load_pinned, recipe_config
+from study_table import cell, grouped
 
 ROWS = Path("reports/cross-model-devices-runs.jsonl")
 
@@ -92,19 +92,13 @@ def run(seed: int, arm: str, model_kind: str, epochs: int) -> None:
 
 
 def table() -> None:
-    last = {}
-    for line in ROWS.open():
-        r = json.loads(line)
-        last[(r["model"], r["epochs"], r["arm"], r["seed"])] = r
-    groups = defaultdict(list)
-    for (model, epochs, arm, _), r in last.items():
-        groups[(model, epochs, arm)].append(r)
+    groups = grouped(ROWS, lambda r: (r["model"], r["epochs"], r["arm"], r["seed"]),
+                     lambda r: (r["model"], r["epochs"], r["arm"]))
     print("| model | arm | training programs | seeds | val MAPE | capped | fast-10 % | Spearman |")
     print("|---|---|---:|---:|---:|---:|---:|---:|")
     for (model, epochs, arm), rs in sorted(groups.items(), key=lambda kv: tuple(str(x) for x in kv[0])):
         def f(key):
-            v = np.array([r["val"][key] for r in rs])
-            return f"{v.mean():.3f}" if key == "spearman" else f"{100 * v.mean():.1f} ± {100 * v.std():.1f}"
+            return cell([r["val"][key] for r in rs], key, spread=True)
         name = model if model == "gbt" else f"cdmpp, {epochs} epochs"
         print(f"| {name} | {arm} | {int(np.mean([r['n_train'] for r in rs]))} | {len(rs)} | {f('mape')} | "
               f"{f('mape_capped')} | {f('fast10')} | {f('spearman')} |")

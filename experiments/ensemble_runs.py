@@ -25,10 +25,8 @@ import json
 import shutil
 import sys
 import time
-from collections import defaultdict
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from cdmpp.devices.table import DeviceTable
@@ -38,6 +36,7 @@ from cdmpp.model import training
 from cdmpp.model.blend import blend
 from cdmpp.model.checkpoint import TrainedModel
 from counts_dropout import scored  # experiments/: the same validation scores
+from study_table import cell, grouped
 
 ROWS = Path("reports/ensemble-runs-runs.jsonl")
 MODELS = Path("build/ensemble-runs")
@@ -109,20 +108,12 @@ def fit(config, split, table, state):
 
 
 def table() -> None:
-    last = {}
-    for line in ROWS.open():
-        r = json.loads(line)
-        last[(r["arm"], r["counts"], r["seed"])] = r
-    groups = defaultdict(list)
-    for (arm, counts, _), r in last.items():
-        groups[(arm, counts)].append(r)
+    groups = grouped(ROWS, lambda r: (r["arm"], r["counts"], r["seed"]), lambda r: (r["arm"], r["counts"]))
     print("| members | programs asked | seeds | MAPE | capped | fast-10 % | Spearman | transformer | its fast-10 % | GBT |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for (arm, counts), rs in sorted(groups.items(), key=lambda kv: (kv[0][1], list(ARMS).index(kv[0][0]))):
         def f(part, key):
-            v = np.array([r[part][key] for r in rs])
-            return f"{v.mean():.3f}" if key == "spearman" else f"{100 * v.mean():.1f}" + (
-                f" ± {100 * v.std():.1f}" if len(v) > 1 and part == "blend" and key == "mape" else "")
+            return cell([r[part][key] for r in rs], key, spread=part == "blend" and key == "mape")
         label = {"snapshots": "3 snapshots of one 60-epoch run (shipped)", "runs": "3 independent 20-epoch runs",
                  "runs60": "3 independent 60-epoch runs (3x the budget)"}[arm]
         print(f"| {label} | {'built' if counts == 'built' else 'not built'} | {len(rs)} | {f('blend', 'mape')} | "
