@@ -8,7 +8,8 @@ holds the candidates of one task, as a MetaSchedule search asks its cost model; 
 Two phases: *cold* (every program new: the server parses and featurizes all of them) and *mixed*
 (the steady state of a search). Request bodies are encoded before the clock starts, so the clients
 (same 2 cores) spend little CPU. The server's /metrics gives the time split: parsing, feature
-extraction, model.
+extraction, model. Programs are asked unbuilt (``"build": false``), as the cost model asks a tuner's
+candidates; ``build=True`` asks as a plain request does, each new CPU program built for the model's counts.
 """
 
 from __future__ import annotations
@@ -80,7 +81,7 @@ def sample_pool(task_table: str, per_task: list[int], form: str, seed: int) -> l
 
 
 def plan_requests(pool: list[TaskPrograms], n_batches: int, batch: int, repeat_share: float, cold: bool,
-                  sent: dict[str, list[int]], rng: random.Random):
+                  sent: dict[str, list[int]], rng: random.Random, build: bool = False):
     """Request bodies for one phase. ``sent`` (task → indices already sent) is updated as programs are used.
 
     Cold: every program is new. Mixed: ``repeat_share`` of each batch re-asks already-sent programs of
@@ -102,15 +103,15 @@ def plan_requests(pool: list[TaskPrograms], n_batches: int, batch: int, repeat_s
         done.extend(new)
         n_repeat += len(reps)
         n_total += len(idx)
-        bodies.append(_body(tp, idx))
+        bodies.append(_body(tp, idx, build))
     return bodies, n_repeat, n_total
 
 
 _DEVICE_PLACEHOLDER = b"__DEVICE__"
 
 
-def _body(tp: TaskPrograms, idx: list[int]) -> bytes:
-    head = b'{"device":"' + _DEVICE_PLACEHOLDER + b'",'
+def _body(tp: TaskPrograms, idx: list[int], build: bool = False) -> bytes:
+    head = b'{"device":"' + _DEVICE_PLACEHOLDER + b'",' + (b'' if build else b'"build":false,')
     if tp.workload is not None:
         head += b'"workload":' + json.dumps(tp.workload).encode() + b","
     return head + b'"programs":[' + b",".join(tp.items[i] for i in idx) + b"]}"
@@ -191,9 +192,9 @@ def drive(url: str, bodies: list[bytes], device: str, clients: int, duration_s: 
 
 
 def in_process(bodies: list[bytes], device: str, model: str | None) -> dict:
-    """The same requests parsed, featurized and predicted in this process on one thread, as a sandbox
-    worker and the model do it, without HTTP, JSON bodies, caches and pipes: the reference that the
-    wire path's cost per new program is compared with (issue 21 allows it 20 % more)."""
+    """The same requests parsed, featurized (built where a body asks it) and predicted in this process on one
+    thread, as a sandbox worker and the model do it, without HTTP, JSON bodies, caches and pipes: the reference
+    that the wire path's cost per new program is compared with (issue 21 allows it 20 % more)."""
     import torch
 
     from cdmpp.predict.predictor import Predictor
@@ -202,11 +203,12 @@ def in_process(bodies: list[bytes], device: str, model: str | None) -> dict:
 
     torch.set_num_threads(1)
     predictor, tgt = Predictor.load(model), parse_target("llvm")
+    build_for = predictor.build_target(device)
     reqs = [json.loads(b.replace(_DEVICE_PLACEHOLDER, device.encode(), 1)) for b in bodies]
 
     def one(r) -> int:
         feats, errors, _, _ = featurize_items(r["programs"], list(range(len(r["programs"]))), tgt, r.get("workload"),
-                                              tvmscript=False)
+                                              tvmscript=False, build=build_for if r.get("build", True) else None)
         if errors:
             raise RuntimeError(f"in-process featurization failed: {errors[:3]}")
         predictor.predict_features(feats, device, "llvm")
@@ -244,7 +246,7 @@ def _split(before: dict, after: dict) -> dict:
 def bench_serve(model: str | None = None, clients: int = 16, batch: int = 64, batches: int = 160,
                 cold_batches: int = 16, repeat_share: float = 0.9, workers: int = 1, threads: int = 2,
                 featurize_procs: int = 1, form: str = "trace", duration_s: float = 120.0, task_table: str = defaults.TASK_TABLE,
-                device: str | None = None, seed: int = 0, compare_in_process: bool = False) -> dict:
+                device: str | None = None, seed: int = 0, compare_in_process: bool = False, build: bool = False) -> dict:
     rng = random.Random(seed)
     n_tasks = len(BENCH_TASKS)
     new_per_batch = batch - int(round(repeat_share * batch))
@@ -254,8 +256,8 @@ def bench_serve(model: str | None = None, clients: int = 16, batch: int = 64, ba
     pool = sample_pool(task_table, need, form, seed)
     sample_s = time.perf_counter() - t0
     sent: dict[str, list[int]] = {}
-    cold_bodies, _, cold_n = plan_requests(pool, cold_batches, batch, repeat_share, True, sent, rng)
-    mixed_bodies, n_rep, n_mixed = plan_requests(pool, batches, batch, repeat_share, False, sent, rng)
+    cold_bodies, _, cold_n = plan_requests(pool, cold_batches, batch, repeat_share, True, sent, rng, build)
+    mixed_bodies, n_rep, n_mixed = plan_requests(pool, batches, batch, repeat_share, False, sent, rng, build)
     proc, url = start_server(model, workers, threads, _free_port(), featurize_procs,
                              {"CDMPP_ALLOW_TVMSCRIPT": "1"} if form == "tvmscript" else None)
     try:
@@ -283,7 +285,7 @@ def bench_serve(model: str | None = None, clients: int = 16, batch: int = 64, ba
         ref = in_process(cold_bodies, device, model)
         ref["http_cold_over_in_process"] = round(ref["programs_per_s"] / max(cold["programs_per_s"], 1e-9), 3)
         extra["in_process"] = ref
-    return {**extra, "device": device, "form": form, "clients": clients, "batch": batch, "workers": workers,
+    return {**extra, "device": device, "form": form, "build": build, "clients": clients, "batch": batch, "workers": workers,
             "threads": threads, "featurize_procs": featurize_procs, "tasks": [t.name for t in pool], "distinct_programs": sum(len(t.items) for t in pool),
             "sampling_s": round(sample_s, 1), "cold": cold, "mixed": mixed, "repeat_share": repeat_share,
             "machine_cpus": os.cpu_count()}
@@ -291,7 +293,8 @@ def bench_serve(model: str | None = None, clients: int = 16, batch: int = 64, ba
 
 def report(r: dict) -> str:
     lines = [f"cdmpp bench serve: {r['clients']} clients x {r['batch']}-program batches, {r['workers']} worker(s) "
-             f"x {r['threads']} thread(s) + {r['featurize_procs']} featurizer process(es), form={r['form']}, device {r['device']}, {r['distinct_programs']} "
+             f"x {r['threads']} thread(s) + {r['featurize_procs']} featurizer process(es), form={r['form']}, "
+             f"{'built' if r.get('build') else 'unbuilt'}, device {r['device']}, {r['distinct_programs']} "
              f"distinct programs of {len(r['tasks'])} tasks, {r['machine_cpus']} cpus"]
     share = r["mixed"].get("repeat_share_sent", 0)
     for phase, label in (("cold", "cold (all new)"), ("mixed", f"mixed ({share:.0%} repeats)")):
@@ -317,7 +320,7 @@ def main(args) -> int:
     r = bench_serve(model=args.model, clients=args.clients, batch=args.batch, batches=args.batches,
                     cold_batches=args.cold_batches, repeat_share=args.repeat_share, workers=args.workers,
                     threads=args.threads, featurize_procs=args.featurize_procs, form=args.form, duration_s=args.duration, task_table=args.task_table,
-                    device=args.device, seed=args.seed, compare_in_process=args.in_process)
+                    device=args.device, seed=args.seed, compare_in_process=args.in_process, build=args.build)
     print(report(r))
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)

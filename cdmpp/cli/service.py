@@ -171,6 +171,9 @@ def add_service_commands(sub, bsub) -> None:
                     help="also parse, featurize and predict the cold phase's programs in this process on one thread, "
                          "after the server stopped: the per-program cost of the wire path against it "
                          "(compare like with like: --clients 1 --featurize-procs 1)")
+    bs.add_argument("--build", action="store_true",
+                    help="ask as a plain request does, each new CPU program built for the model's instruction counts "
+                         "(~0.3 s of a core each); default: unbuilt, as the cost model asks a tuner's candidates")
     bs.add_argument("--json", help="also write the result here")
     bs.set_defaults(func=cmd_bench_serve)
 

@@ -3,7 +3,8 @@
 
 def test_bench_serve_in_process_reference(tvm, device):
     """``cdmpp bench serve --in-process``: the requests' programs parsed, featurized and predicted in this
-    process, the reference that the wire path's cost per new program is compared with."""
+    process, the reference that the wire path's cost per new program is compared with; asked unbuilt (as the
+    cost model asks) unless told to build, and the reference builds what its body asks built."""
     import json
 
     from tvm.s_tir.meta_schedule.database import Workload
@@ -19,5 +20,8 @@ def test_bench_serve_in_process_reference(tvm, device):
     items = [json.dumps(json.dumps({"trace": to_json_value(s.trace.as_json())}, separators=(",", ":"))).encode()
              for s in schs]
     tp = TaskPrograms("matmul", Workload(mod).as_json(), items)
-    r = in_process([_body(tp, [0, 1]), _body(tp, [2, 3])], device, None)
+    unbuilt, built = _body(tp, [0, 1]), _body(tp, [2, 3], build=True)
+    assert json.loads(unbuilt.replace(b"__DEVICE__", b"d"))["build"] is False
+    assert "build" not in json.loads(built.replace(b"__DEVICE__", b"d"))  # the server's default: built
+    r = in_process([unbuilt, built], device, None)
     assert r["programs"] == 4 and r["programs_per_s"] > 0
