@@ -20,6 +20,7 @@ import random
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -125,7 +126,9 @@ def _free_port() -> int:
 
 def start_server(model: str | None, workers: int, threads: int, port: int, featurize_procs: int = 1,
                  env_extra: dict | None = None):
-    """``cdmpp serve`` in a subprocess; returns (process, base url) once /healthz answers."""
+    """``cdmpp serve`` in a subprocess; returns (process, base url) once /healthz answers. Its stderr goes to an
+    unnamed file, not a pipe: a pipe nobody reads fills up (TVM warns on stderr while it builds programs) and
+    then stalls the server mid-request."""
     import httpx
 
     env = {**os.environ, "CDMPP_THREADS": str(threads), **(env_extra or {})}
@@ -133,20 +136,22 @@ def start_server(model: str | None, workers: int, threads: int, port: int, featu
            "--workers", str(workers), "--featurize-procs", str(featurize_procs), "--no-access-log"]
     if model:
         cmd += ["--model", model]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}: {proc.stderr.read()[-2000:]}")
-        try:
-            if httpx.get(url + "/healthz", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            pass
-        time.sleep(0.5)
-    proc.kill()
-    raise RuntimeError("server did not become healthy in 180 s")
+    with tempfile.TemporaryFile("w+") as log:
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=log, text=True)
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                log.seek(0)
+                raise RuntimeError(f"server exited with {proc.returncode}: {log.read()[-2000:]}")
+            try:
+                if httpx.get(url + "/healthz", timeout=2).status_code == 200:
+                    return proc, url  # the server keeps writing to its own copy of the file
+            except httpx.TransportError:
+                pass
+            time.sleep(0.5)
+        proc.kill()
+        raise RuntimeError("server did not become healthy in 180 s")
 
 
 def drive(url: str, bodies: list[bytes], device: str, clients: int, duration_s: float) -> dict:

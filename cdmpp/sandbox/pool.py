@@ -250,7 +250,10 @@ class Sandbox:
         ``build`` (a CPU target dict) also build each for it, its instruction counts in its features.
 
         Returns ``(features, [(index, reason)], parse seconds, feature seconds)``. A worker that dies on a
-        chunk of several items is replaced and the items retried one by one, so the culprit is named.
+        chunk of several items is replaced and the items retried one by one, so the culprit is named. A chunk
+        whose worker dies while ``build`` was asked is first asked again without it (the build is the likely
+        cause: a program whose build runs past the CPU limit), so its programs are answered unbuilt (flagged
+        ``assembly_not_built``) rather than failed, and no slow build runs twice.
         Raises ``Cancelled`` (its workers killed) when ``cancel`` is set or ``deadline`` (monotonic) passes.
         """
         if kind not in self.kinds:
@@ -266,6 +269,14 @@ class Sandbox:
         feats_by_index: dict[int, Any] = {}
         errors: list[tuple[int, str]] = []
         retry: list[tuple[Any, int]] = []
+        unbuilt: list[tuple[list, list]] = []  # chunks to ask again without the build
+
+        def lost(its, ixs, how: str) -> None:  # the worker of a chunk died
+            if build is not None:
+                unbuilt.append((its, ixs))
+            else:
+                self._blame(its, ixs, how, errors, retry, _retried)
+
         parse_s = feat_s = 0.0
         busy: dict[int, tuple[_Worker, list, list]] = {}
         try:
@@ -280,7 +291,7 @@ class Sandbox:
                                 "tvmscript": tvmscript, "build": build})
                         busy[w.fd] = (w, its, ixs)
                     except (OSError, ValueError):
-                        self._blame(its, ixs, self._retire(w), errors, retry, _retried)
+                        lost(its, ixs, self._retire(w))
                 if not busy:
                     continue
                 if cancel is not None and cancel.is_set() or deadline is not None and time.monotonic() > deadline:
@@ -292,7 +303,7 @@ class Sandbox:
                         msg = w.feed()
                     except (EOFError, OSError, ValueError, RecursionError):
                         del busy[fd]
-                        self._blame(its, ixs, self._retire(w), errors, retry, _retried)
+                        lost(its, ixs, self._retire(w))
                         continue
                     if msg is None:
                         continue
@@ -317,6 +328,11 @@ class Sandbox:
         finally:
             for w, _, _ in busy.values():  # still working at the deadline: kill, replace
                 self._retire(w)
+        for its, ixs in unbuilt:
+            f, e, p, t = self.run(its, ixs, kind, workload, tvmscript, deadline, cancel, _retried, None)
+            feats_by_index.update(zip(ixs, f) if not e else [])
+            errors += e
+            parse_s, feat_s = parse_s + p, feat_s + t
         for item, i in retry:
             f, e, p, t = self.run([item], [i], kind, workload, tvmscript, deadline, cancel, True, build)
             feats_by_index.update(zip([i], f) if not e else [])
