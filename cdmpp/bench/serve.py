@@ -127,8 +127,8 @@ def _free_port() -> int:
 def start_server(model: str | None, workers: int, threads: int, port: int, featurize_procs: int = 1,
                  env_extra: dict | None = None):
     """``cdmpp serve`` in a subprocess; returns (process, base url) once /healthz answers. Its stderr goes to an
-    unnamed file, not a pipe: a pipe nobody reads fills up (TVM warns on stderr while it builds programs) and
-    then stalls the server mid-request."""
+    unnamed file, not a pipe: nobody reads a pipe while the bench runs, and a server whose log outgrew the pipe's
+    buffer (64 KB) would stall on its next line."""
     import httpx
 
     env = {**os.environ, "CDMPP_THREADS": str(threads), **(env_extra or {})}

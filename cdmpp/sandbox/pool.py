@@ -271,7 +271,7 @@ class Sandbox:
         retry: list[tuple[Any, int]] = []
         unbuilt: list[tuple[list, list]] = []  # chunks to ask again without the build
 
-        def lost(its, ixs, how: str) -> None:  # the worker of a chunk died
+        def lost(its, ixs, how: str) -> None:  # the worker of a chunk died on it
             if build is not None:
                 unbuilt.append((its, ixs))
             else:
@@ -290,8 +290,8 @@ class Sandbox:
                         w.send({"items": its, "indices": ixs, "kind": kind, "workload": workload,
                                 "tvmscript": tvmscript, "build": build})
                         busy[w.fd] = (w, its, ixs)
-                    except (OSError, ValueError):
-                        lost(its, ixs, self._retire(w))
+                    except (OSError, ValueError):  # gone before it had the chunk: not the build's doing
+                        self._blame(its, ixs, self._retire(w), errors, retry, _retried)
                 if not busy:
                     continue
                 if cancel is not None and cancel.is_set() or deadline is not None and time.monotonic() > deadline:
