@@ -57,8 +57,10 @@ class TrainConfig:
     # programs its device has: n_device ** -device_balance (0: every program alike; 1: every device alike; the study
     # that tried it for the GPUs: reports/gpu-transformer.md)
     device_balance: float = 0.0
-    # domain adaptation: only when fit gets a target pool holding a device without training labels
+    # domain adaptation: only when fit gets a target pool holding a device without training labels, or with
+    # da_known_devices also a pool on trained devices (a new network's unlabeled programs, as the paper adapts)
     da: str = "cmd"  # "cmd" | "mmd" | "none"
+    da_known_devices: bool = False
     da_weight: float = 0.5
     cmd_k: int = 5
     val_fraction: float = 0.1  # carved from the training set only when fit gets no validation set

@@ -206,7 +206,7 @@ def fit(config: TrainConfig, train_set: Sequence[LabeledProgram] | FeatureStore,
             train_set = physics.fp32_equivalent(train_set, table)
     target_pool = list(target_pool or []) if config.da != "none" else []
     cols = TrainingColumns.of(train_set)
-    if {s.device for s in target_pool} <= set(cols.devices):
+    if {s.device for s in target_pool} <= set(cols.devices) and not config.da_known_devices:
         target_pool = []
     trained_kinds = {target_kind_of_id(d) for d in set(cols.devices)}
     target_pool = [s for s in target_pool if target_kind_of_id(s.device) in trained_kinds]  # nothing to align with

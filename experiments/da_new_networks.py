@@ -1,0 +1,107 @@
+"""Domain adaptation towards new networks at equal epochs (issue 55; reports/cross-model-tail.md).
+
+Round 12 (reports/study-issue19.md) dropped CMD on cross-model's unlabeled pool (held-out networks' programs on
+trained devices) when budgets were minutes: the target batches halved the epochs, and the held-out networks lost
+5-10 points. Budgets are epochs now, so the question it left open is asked again: at the same 20 epochs, does
+aligning the training programs' embeddings with a new network's unlabeled programs (the paper's cross-model
+adaptation) help those networks? Development seeds and networks only (resnet18, mobilenet_v2, bert_tiny); the
+pool is 30 % of their programs by hash, never tested.
+
+Arms: ``base`` (the shipped recipe: the 20-epoch `copies` models of experiments/counts_dropout.py, reused from
+build/counts-dropout/ when their split is unchanged), ``da`` (the same with ``da_known_devices``). Each scored on
+validation (tasks of the training networks) and on the development test (the held-out networks): the
+transformer, the GBT and their blend at the weight chosen on validation. Rows in reports/da-new-networks-runs.jsonl.
+
+    .venv/bin/python experiments/da_new_networks.py --seed S --arm base|da   # S = 0, 1, 2
+    .venv/bin/python experiments/da_new_networks.py --table
+"""
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from cdmpp.devices.table import DeviceTable
+from cdmpp.evaluation import metrics as ev
+from cdmpp.evaluation import splits
+from cdmpp.evaluation.protocol import ProtocolOptions, load_pinned, recipe_config
+from cdmpp.model.blend import blend
+from cdmpp.model.checkpoint import TrainedModel
+from cdmpp.model.training import fit
+from study_table import cell, grouped
+
+ROWS = Path("reports/da-new-networks-runs.jsonl")
+MODELS = {"base": Path("build/counts-dropout"), "da": Path("build/da-new-networks")}
+
+
+def scored(programs, seconds, order) -> dict:
+    y = np.array([p.seconds for p in programs])
+    m = ev.evaluate(y, [(p.device, p.task) for p in programs], seconds, rank_key=order)
+    return dict(mape=m["mape"], mape_capped=m["mape_capped"], fast10=m["mape_fast10"], spearman=m["spearman"], n=len(y))
+
+
+def run(seed: int, arm: str, epochs: int) -> None:
+    opts = ProtocolOptions()
+    split = splits.cross_model_split(load_pinned(opts), splits.HELD_OUT_NETWORKS, seed=seed)
+    name = f"cross-model-copies0.25-e{epochs}-seed{seed}" if arm == "base" else f"cross-model-da-e{epochs}-seed{seed}"
+    where = MODELS[arm] / name
+    print(f"{name}: {len(split.train)} train, {len(split.val)} val, {len(split.test)} test, "
+          f"{len(split.target_pool)} unlabeled", file=sys.stderr, flush=True)
+    model = TrainedModel.load(where) if (where / "predictor.json").exists() else None
+    if model is not None and model.summary["n_train"] != len(split.train):
+        sys.exit(f"{where}: trained on {model.summary['n_train']} programs, the split now has {len(split.train)}")
+    if model is None:
+        where.parent.mkdir(parents=True, exist_ok=True)
+        torch.set_num_threads(1)
+        config = recipe_config("assembly", seed=seed, progress=True, epochs=epochs, assembly_withheld=0.25,
+                               assembly_unbuilt_copies=True, da_known_devices=arm == "da")
+        model = fit(config, split.train, split.val, target_pool=split.target_pool or None,
+                    device_table=DeviceTable(opts.devices).spec_table(), resume=str(where) + ".state.pt")
+        model.save(where)
+    w, w_order = model.calibration["gbt_weight"], model.calibration["gbt_order_weight"]
+    for part, programs in (("val", split.val), ("test", split.test)):
+        t, g = model.predict_parts([p.features for p in programs], [p.device for p in programs])
+        row = dict(seed=seed, arm=arm, epochs=epochs, part=part, weight=w, n_target=model.summary["n_target"],
+                   da_collapsed=model.summary.get("da_collapsed"), transformer=scored(programs, t, t),
+                   gbt=scored(programs, g, g), blend=scored(programs, blend(t, g, w), blend(t, g, w_order)),
+                   when=time.strftime("%Y-%m-%dT%H:%M:%S"))
+        with ROWS.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        b = row["blend"]
+        print(f"{name} {part}: blend {100 * b['mape']:.1f} % (capped {100 * b['mape_capped']:.1f}, fast-10 "
+              f"{100 * b['fast10']:.1f}, rho {b['spearman']:.3f}); transformer {100 * row['transformer']['mape']:.1f} %",
+              flush=True)
+
+
+def table() -> None:
+    groups = grouped(ROWS, lambda r: (r["epochs"], r["part"], r["arm"], r["seed"]),
+                     lambda r: (r["epochs"], r["part"], r["arm"]))
+    print("| epochs | programs | arm | seeds | MAPE | capped | fast-10 % | Spearman | transformer | its fast-10 % | GBT |")
+    print("|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for (epochs, part, arm), rs in sorted(groups.items()):
+        def f(p, key):
+            return cell([r[p][key] for r in rs], key, spread=key == "mape" and p != "gbt")
+        label = {"base": "the shipped recipe", "da": "+ CMD towards the held-out networks' pool"}[arm]
+        where = {"val": "validation (training networks' tasks)", "test": "held-out networks (development)"}[part]
+        print(f"| {epochs} | {where} | {label} | {len(rs)} | {f('blend', 'mape')} | {f('blend', 'mape_capped')} | "
+              f"{f('blend', 'fast10')} | {f('blend', 'spearman')} | {f('transformer', 'mape')} | "
+              f"{f('transformer', 'fast10')} | {f('gbt', 'mape')} |")
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seed", type=int)
+    ap.add_argument("--arm", choices=tuple(MODELS), default="da")
+    ap.add_argument("--epochs", type=int, default=20)
+    ap.add_argument("--table", action="store_true")
+    a = ap.parse_args()
+    if a.table:
+        table()
+    elif a.seed is None or a.seed in splits.LOCKED_SEEDS:
+        sys.exit("a development seed (not 1000-1002: the locked ones are run by `cdmpp protocol --locked`)")
+    else:
+        run(a.seed, a.arm, a.epochs)
