@@ -34,29 +34,18 @@ ROWS = Path("reports/cross-model-devices-runs.jsonl")
 
 
 def training_set(seed: int, arm: str):
-    """(train, val, split info) of cross-model's development split; ``every`` adds the other CPU devices' programs
-    that share no task with validation or test and no program with them."""
+    """(train, val, split) of cross-model's development split; ``every`` adds the other CPU devices' programs
+    that share no task with validation or test and no program with them (``splits.with_other_devices``, what
+    ``cdmpp protocol --train-devices every`` trains on)."""
     opts = ProtocolOptions()
     every = load_pinned(opts, every_device=True)
     pinned = [p for p in every.programs if p.device in opts.device_ids]
     split = splits.cross_model_split(pinned, splits.HELD_OUT_NETWORKS, seed=seed)
-    train = list(split.train)
     if arm == "every":
-        held = set(splits.HELD_OUT_NETWORKS)
-        kept_tasks = {p.task for p in split.train}
-        out_tasks = {p.task for p in [*split.val, *split.test]}
-        out_programs = {p.features.program_hash for p in [*split.val, *split.test]}
-        out_programs |= {u.features.program_hash for u in split.target_pool}
-        for p in every.programs:
-            if (p.device in opts.device_ids or target_kind_of_id(p.device) != "llvm" or p.task in out_tasks
-                    or p.features.program_hash in out_programs
-                    or any(n.split("@")[0] in held for n in p.networks)):
-                continue
-            train.append(p)
-        extra = len(train) - len(split.train)
-        print(f"every: +{extra} programs of other CPU devices ({sum(p.task in kept_tasks for p in train[len(split.train):])} "
-              f"of the training tasks)", file=sys.stderr, flush=True)
-    return train, split.val, split
+        others = [p for p in every.programs if p.device not in opts.device_ids and target_kind_of_id(p.device) == "llvm"]
+        split = splits.with_other_devices(split, others, splits.HELD_OUT_NETWORKS)
+        print(f"every: +{split.info['other_device_programs']} programs of other CPU devices", file=sys.stderr, flush=True)
+    return split.train, split.val, split
 
 
 def scored(programs, seconds) -> dict:

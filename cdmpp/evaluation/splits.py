@@ -90,6 +90,22 @@ def cross_model_split(ds, held_out_networks: Sequence[str] = HELD_OUT_NETWORKS, 
     return _finish(split)
 
 
+def with_other_devices(split: Split, others: Sequence, held_out_networks: Sequence[str] = ()) -> Split:
+    """``split`` trained also on ``others`` (programs of devices outside it: other chips' labels, mostly twins of
+    its programs), as the shipped model trains on every device of a kind. Kept out: a program whose hash is in
+    validation, test or the DA pool, and, where those are cut by task (cross-model), a program of one of their
+    tasks or of a ``held_out_networks`` network; validation and test are unchanged."""
+    out_programs = {p.features.program_hash for p in [*split.val, *split.test, *split.target_pool]}
+    by_task = split.kind == "cross-model"
+    out_tasks = {p.task for p in [*split.val, *split.test]} if by_task else set()
+    held = set(held_out_networks)
+    added = [p for p in _programs(others) if p.features.program_hash not in out_programs and p.task not in out_tasks
+             and not _base_networks(p) & held]
+    info = dict(split.info, other_devices=sorted({p.device for p in added}), other_device_programs=len(added))
+    return _finish(Split(split.kind, [*split.train, *added], split.val, split.test, split.target_pool, split.shots,
+                         info, split.twins))
+
+
 def shots_by_device(pool: Sequence, k: int, sampler: str, seed: int, embedding: np.ndarray) -> set[int]:
     """Indices of ``k`` shots of ``pool``, each device's share of them (by its share of the pool) chosen among
     its own programs. The embedding is device-free, so over a pool of two thread counts of one chip KMeans

@@ -75,6 +75,28 @@ def test_cross_device_k_shot_picks_k_distinct_programs_excluded_from_test(two_de
     assert _ids(seen.test) <= _ids(sp.test)
 
 
+def test_other_devices_join_training_but_never_what_is_scored(two_devices, held):
+    """``--train-devices every``: another device's programs train only where they share no program with
+    validation, test or the DA pool, and across models no task with validation or test."""
+    pinned = [p for p in two_devices.programs if p.device != FAKE_DEVICE]
+    others = [p for p in two_devices.programs if p.device == FAKE_DEVICE]
+    hashes = lambda part: {p.features.program_hash for p in part}  # noqa: E731
+    for sp in (splits.cross_model_split(pinned, held), splits.random_split(pinned, seed=0)):
+        wide = splits.with_other_devices(sp, others, held if sp.kind == "cross-model" else ())
+        added = wide.train[len(sp.train):]
+        assert added and all(p.device == FAKE_DEVICE for p in added) and wide.info["n_train"] == len(wide.train)
+        assert _ids(wide.val) == _ids(sp.val) and _ids(wide.test) == _ids(sp.test)
+        assert not hashes(added) & (hashes(sp.val) | hashes(sp.test) | hashes(sp.target_pool))
+        if sp.kind == "cross-model":
+            assert not {p.task for p in added} & {p.task for p in sp.val + sp.test}
+        # every other-device program left out is a twin of something scored or, across models, of a scored task
+        kept = _ids(added)
+        left = [p for p in others if p.record_id not in kept]
+        scored_tasks = {p.task for p in sp.val + sp.test} if sp.kind == "cross-model" else set()
+        assert all(p.features.program_hash in hashes(sp.val) | hashes(sp.test) | hashes(sp.target_pool)
+                   or p.task in scored_tasks for p in left)
+
+
 def test_random_split_keeps_twins_on_one_side(two_devices):
     sp = splits.random_split(two_devices, seed=0)
     side = lambda part: {p.features.program_hash for p in part}  # noqa: E731
