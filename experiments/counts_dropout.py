@@ -19,36 +19,27 @@ reports/counts-dropout-runs.jsonl.
     .venv/bin/python experiments/counts_dropout.py --table
 """
 
-import argparse
 import dataclasses
 import json
 import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from cdmpp.devices.table import DeviceTable
-from cdmpp.evaluation import metrics as ev
 from cdmpp.evaluation import splits
 from cdmpp.evaluation.protocol import ProtocolOptions, load_pinned, recipe_config
 from cdmpp.model.blend import blend
 from cdmpp.model.checkpoint import TrainedModel
 from cdmpp.model.training import fit, withhold_counts
-from study_table import cell, grouped
+from study_table import cell, grouped, scored, study_args
 
 ROWS = Path("reports/counts-dropout-runs.jsonl")
 MODELS = Path("build/counts-dropout")
 RECIPES = {"counts": "assembly", "drop": "assembly", "augment": "assembly", "copies": "assembly",
            "plain": "ablation-no-counts"}
 SHARED = ("drop", "augment", "copies")  # the arms that withhold a share
-
-
-def scored(programs, seconds, order) -> dict:
-    y = np.array([p.seconds for p in programs])
-    m = ev.evaluate(y, [(p.device, p.task) for p in programs], seconds, rank_key=order)
-    return dict(mape=m["mape"], mape_capped=m["mape_capped"], fast10=m["mape_fast10"], spearman=m["spearman"], n=len(y))
 
 
 def run(seed: int, arm: str, setting: str, epochs: int, drop: float) -> None:
@@ -109,18 +100,12 @@ def table() -> None:
               f"{f('transformer', 'mape')} | {f('gbt', 'mape')} |")
 
 
-if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--seed", type=int)
-    ap.add_argument("--arm", choices=tuple(RECIPES), default="drop")
+def options(ap) -> None:
     ap.add_argument("--setting", choices=("cross-model", "random-new"), default="cross-model")
     ap.add_argument("--epochs", type=int, default=20)
     ap.add_argument("--drop", type=float, default=0.25)
-    ap.add_argument("--table", action="store_true")
-    a = ap.parse_args()
-    if a.table:
-        table()
-    elif a.seed is None or a.seed in splits.LOCKED_SEEDS:
-        sys.exit("a development seed (not 1000-1002: the locked ones are run by `cdmpp protocol --locked`)")
-    else:
-        run(a.seed, a.arm, a.setting, a.epochs, a.drop)
+
+
+if __name__ == "__main__":
+    a = study_args(__doc__, RECIPES, "drop", options)
+    table() if a.table else run(a.seed, a.arm, a.setting, a.epochs, a.drop)

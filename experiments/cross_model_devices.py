@@ -14,7 +14,6 @@ Rows in reports/cross-model-devices-runs.jsonl.
     .venv/bin/python experiments/cross_model_devices.py --table
 """
 
-import argparse
 import json
 import sys
 import time
@@ -25,10 +24,9 @@ import torch
 
 from cdmpp.devices.spec import target_kind_of_id
 from cdmpp.devices.table import DeviceTable
-from cdmpp.evaluation import metrics as ev
 from cdmpp.evaluation import splits
 from cdmpp.evaluation.protocol import ProtocolOptions, load_pinned, recipe_config
-from study_table import cell, grouped
+from study_table import cell, grouped, scored, study_args
 
 ROWS = Path("reports/cross-model-devices-runs.jsonl")
 
@@ -46,12 +44,6 @@ def training_set(seed: int, arm: str):
         split = splits.with_other_devices(split, others, splits.HELD_OUT_NETWORKS)
         print(f"every: +{split.info['other_device_programs']} programs of other CPU devices", file=sys.stderr, flush=True)
     return split.train, split.val, split
-
-
-def scored(programs, seconds) -> dict:
-    y = np.array([p.seconds for p in programs])
-    m = ev.evaluate(y, [(p.device, p.task) for p in programs], seconds)
-    return dict(mape=m["mape"], mape_capped=m["mape_capped"], fast10=m["mape_fast10"], spearman=m["spearman"], n=len(y))
 
 
 def run(seed: int, arm: str, model_kind: str, epochs: int, threads: int) -> None:
@@ -102,18 +94,12 @@ def table() -> None:
                   f"{f('mape')} | {f('mape_capped')} | {f('fast10')} | {f('spearman')} |")
 
 
-if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--seed", type=int)
-    ap.add_argument("--arm", choices=("pinned", "every"), default="every")
+def options(ap) -> None:
     ap.add_argument("--model", choices=("gbt", "cdmpp"), default="gbt")
     ap.add_argument("--epochs", type=int, default=20)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--table", action="store_true")
-    a = ap.parse_args()
-    if a.table:
-        table()
-    elif a.seed is None or a.seed in splits.LOCKED_SEEDS:
-        sys.exit("a development seed (not 1000-1002: the locked ones are run by `cdmpp protocol --locked`)")
-    else:
-        run(a.seed, a.arm, a.model, a.epochs, a.threads)
+
+
+if __name__ == "__main__":
+    a = study_args(__doc__, ("pinned", "every"), "every", options)
+    table() if a.table else run(a.seed, a.arm, a.model, a.epochs, a.threads)

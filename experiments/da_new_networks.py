@@ -16,32 +16,23 @@ transformer, the GBT and their blend at the weight chosen on validation. Rows in
     .venv/bin/python experiments/da_new_networks.py --table
 """
 
-import argparse
 import json
 import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from cdmpp.devices.table import DeviceTable
-from cdmpp.evaluation import metrics as ev
 from cdmpp.evaluation import splits
 from cdmpp.evaluation.protocol import ProtocolOptions, load_pinned, recipe_config
 from cdmpp.model.blend import blend
 from cdmpp.model.checkpoint import TrainedModel
 from cdmpp.model.training import fit
-from study_table import cell, grouped
+from study_table import cell, grouped, scored, study_args
 
 ROWS = Path("reports/da-new-networks-runs.jsonl")
 MODELS = {"base": Path("build/counts-dropout"), "da": Path("build/da-new-networks")}
-
-
-def scored(programs, seconds, order) -> dict:
-    y = np.array([p.seconds for p in programs])
-    m = ev.evaluate(y, [(p.device, p.task) for p in programs], seconds, rank_key=order)
-    return dict(mape=m["mape"], mape_capped=m["mape_capped"], fast10=m["mape_fast10"], spearman=m["spearman"], n=len(y))
 
 
 def run(seed: int, arm: str, epochs: int) -> None:
@@ -97,15 +88,5 @@ def table() -> None:
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--seed", type=int)
-    ap.add_argument("--arm", choices=tuple(MODELS), default="da")
-    ap.add_argument("--epochs", type=int, default=20)
-    ap.add_argument("--table", action="store_true")
-    a = ap.parse_args()
-    if a.table:
-        table()
-    elif a.seed is None or a.seed in splits.LOCKED_SEEDS:
-        sys.exit("a development seed (not 1000-1002: the locked ones are run by `cdmpp protocol --locked`)")
-    else:
-        run(a.seed, a.arm, a.epochs)
+    a = study_args(__doc__, MODELS, "da", lambda ap: ap.add_argument("--epochs", type=int, default=20))
+    table() if a.table else run(a.seed, a.arm, a.epochs)

@@ -19,7 +19,6 @@ candidates):
 Models under build/ensemble-runs/ (resumable), rows in reports/ensemble-runs-runs.jsonl.
 """
 
-import argparse
 import dataclasses
 import json
 import shutil
@@ -35,8 +34,7 @@ from cdmpp.evaluation.protocol import ProtocolOptions, load_pinned, recipe_confi
 from cdmpp.model import training
 from cdmpp.model.blend import blend
 from cdmpp.model.checkpoint import TrainedModel
-from counts_dropout import scored  # experiments/: the same validation scores
-from study_table import cell, grouped
+from study_table import cell, grouped, scored, study_args
 
 ROWS = Path("reports/ensemble-runs-runs.jsonl")
 MODELS = Path("build/ensemble-runs")
@@ -122,14 +120,5 @@ def table() -> None:
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--seed", type=int)
-    ap.add_argument("--arm", choices=tuple(ARMS), default="runs")
-    ap.add_argument("--table", action="store_true")
-    a = ap.parse_args()
-    if a.table:
-        table()
-    elif a.seed is None or a.seed in splits.LOCKED_SEEDS:
-        sys.exit("a development seed (not 1000-1002: the locked ones are run by `cdmpp protocol --locked`)")
-    else:
-        run(a.seed, a.arm)
+    a = study_args(__doc__, ARMS, "runs")
+    table() if a.table else run(a.seed, a.arm)
