@@ -50,7 +50,6 @@ def _protocol_options(args, default_settings=None, **more):
                            minutes=args.minutes, runs=args.runs, peer_minutes=args.peer_minutes, limit=args.limit,
                            threads=args.threads, chips=_csv(args.chips) if args.chips else (),
                            chip_train=getattr(args, "chip_train", "same-kind"),
-                           train_devices=getattr(args, "train_devices", "pinned"),
                            progress=args.progress, states=args.states, **more)
 
 
@@ -292,10 +291,6 @@ def add_eval_commands(sub, bsub) -> None:
                        help="leave-one-chip-out trains on the other devices whose code is of the held-out chip's "
                             "kind, CPU or GPU, as the shipped recipe trains one model per kind (same-kind, default), "
                             "or on every other device (all)")
-    proto.add_argument("--train-devices", choices=("pinned", "every"), default="pinned",
-                       help="random-new and cross-model train on the pinned devices' programs (default), or also on "
-                            "every other device of their kind of code, as the shipped model trains (every): programs "
-                            "that share no program, and across models no task, with validation and test")
     proto.add_argument("--chips", help="leave-one-chip-out: chips to hold out, by their devices' hardware name "
                                        "(default: every chip with >= 2,000 programs and under half of the data)")
     proto.add_argument("--seeds", default="0,1,2", help="split and model seeds (default 0,1,2: the development seeds)")

@@ -94,9 +94,6 @@ class ProtocolOptions:
     # leave-one-chip-out trains on the other devices of the chip's kind of code, as the shipped recipe trains one model
     # per kind (TrainConfig.per_kind), or on every other device ("all")
     chip_train: str = "same-kind"
-    # random-new and cross-model train on the pinned devices' programs ("pinned"), or also on every other device of
-    # their kind of code ("every": as the shipped model trains; splits.with_other_devices)
-    train_devices: str = "pinned"
     held_out: Sequence[str] = splits.HELD_OUT_NETWORKS  # cross-model's test networks (locked: LOCKED_HELD_OUT_NETWORKS)
     chip_ks: Sequence[str] = LOCO_KS  # leave-one-chip-out's shot counts
     progress: bool = False  # a bar (steps, rate, ETA) while cdmpp trains: a seed's training runs for an hour
@@ -120,16 +117,6 @@ def load_pinned(opts: ProtocolOptions, every_device: bool = False):
     return load_dataset(opts.dataset, TaskTable.load(opts.task_table),
                         devices=None if every_device else list(opts.device_ids) or None, limit=opts.limit, progress=False,
                         searched=False)
-
-
-def other_devices_of_kind(opts: ProtocolOptions, ds, every=None) -> list:
-    """The programs of every device outside ``opts.device_ids`` whose kind of code (CPU, GPU) one of them has."""
-    from cdmpp.devices.spec import target_kind_of_id
-
-    every = every if every is not None else load_pinned(opts, every_device=True)
-    kinds = {target_kind_of_id(p.device) for p in getattr(ds, "programs", ds)}
-    return [p for p in getattr(every, "programs", every)
-            if p.device not in set(opts.device_ids) and target_kind_of_id(p.device) in kinds]
 
 
 def setting_splits(ds, setting: str, seed: int, fractions: Sequence[float] = (),
@@ -353,8 +340,6 @@ def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | Non
         device_table = DeviceTable(opts.devices).spec_table()
     config = recipe_config(opts.recipe, seed=seed, max_minutes=opts.minutes, progress=opts.progress, **opts.overrides)
     common = dict(seed=seed, recipe=opts.recipe, overrides=opts.overrides, minutes=opts.minutes)
-    if opts.train_devices != "pinned":
-        common["train_devices"] = opts.train_devices
     if "leave-one-chip-out" in opts.settings:
         every = every if every is not None else given if given is not None else load_pinned(opts, every_device=True)
     read = ds if ds is not None else every
@@ -370,13 +355,8 @@ def run_seed(opts: ProtocolOptions, seed: int, ds=None, device_table: dict | Non
                                 60.0 * opts.peer_minutes)
 
     steady = steady_records(opts.dataset, opts.device_ids) if {"paper", "paper-5-leaf"} & set(opts.settings) else None
-    others = None
-    if opts.train_devices == "every" and {"random-new", "cross-model"} & set(opts.settings):
-        others = other_devices_of_kind(opts, ds, every)
     for setting in [s for s in opts.settings if s in WITHIN_DEVICE]:
         for fraction, split in setting_splits(ds, setting, seed, opts.train_fractions, opts.held_out, steady):
-            if others is not None and setting in ("random-new", "cross-model"):
-                split = splits.with_other_devices(split, others, opts.held_out if setting == "cross-model" else ())
             n = dict(programs=len(split.test), n_train=len(split.train))
             if fraction is not None:  # a learning-curve row: kept out of the summary (see aggregate)
                 n["train_fraction"] = fraction

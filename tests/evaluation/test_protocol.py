@@ -132,24 +132,3 @@ def test_the_gbt_peers_blend_and_the_paper_setting_write_their_rows(real, tmp_pa
     assert 0.0 <= rows[P.GBT_BLEND]["weight"] <= 1.0 and rows[P.GBT_BLEND]["metrics"]["mape"] > 0
     with pytest.raises(ValueError, match="no task has 48 programs"):
         P.run_seed(P.ProtocolOptions(**{**opts.__dict__, "settings": ("paper",)}), 0, ds, table)
-
-
-def test_train_devices_every_adds_the_other_devices_programs_to_training(two_devices, held, tmp_path):
-    """MECHANICS ONLY (relabeled fake device): ``--train-devices every`` trains cross-model on the other device's
-    programs too (its rows say so), on the same test programs as the pinned run."""
-    from cdmpp.devices.table import DeviceTable
-    from cdmpp.evaluation import protocol as P
-
-    table = DeviceTable(str(ROOT / "datasets" / "devices.json")).spec_table()
-    real_dev = next(iter({p.device for p in two_devices.programs} - {FAKE_DEVICE}))
-    table[FAKE_DEVICE] = table[real_dev]
-    pinned = [p for p in two_devices.programs if p.device == real_dev]
-    rows = {}
-    for train_devices in ("pinned", "every"):
-        runs = tmp_path / f"{train_devices}.jsonl"
-        opts = P.ProtocolOptions(settings=("cross-model",), methods=("pooled-gbt",), runs=str(runs), held_out=held,
-                                 device_ids=(real_dev,), train_devices=train_devices)
-        P.run_seed(opts, 0, pinned, table, every=two_devices)
-        rows[train_devices] = json.loads(runs.read_text().splitlines()[0])
-    assert rows["every"]["n_train"] > rows["pinned"]["n_train"] and rows["every"]["train_devices"] == "every"
-    assert rows["every"]["programs"] == rows["pinned"]["programs"] and "train_devices" not in rows["pinned"]
