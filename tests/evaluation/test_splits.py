@@ -76,8 +76,8 @@ def test_cross_device_k_shot_picks_k_distinct_programs_excluded_from_test(two_de
 
 
 def test_other_devices_join_training_but_never_what_is_scored(two_devices, held):
-    """``--train-devices every``: another device's programs train only where they share no program with
-    validation, test or the DA pool, and across models no task with validation or test."""
+    """Trained also on other devices (experiments/cross_model_devices.py): another device's programs train only
+    where they share no program with validation, test or the DA pool, and across models no task with them."""
     pinned = [p for p in two_devices.programs if p.device != FAKE_DEVICE]
     others = [p for p in two_devices.programs if p.device == FAKE_DEVICE]
     hashes = lambda part: {p.features.program_hash for p in part}  # noqa: E731
