@@ -15,7 +15,7 @@ __version__ = "0.1.0"
 
 _API = {
     "Predictor": "cdmpp.predict.predictor",
-    "Prediction": "cdmpp.predict.predictor",
+    "Prediction": "cdmpp.predict.prediction",
     "UnknownDeviceError": "cdmpp.predict.devices",
     "Device": "cdmpp.predict.devices",
     "load_program": "cdmpp.program.inputs",

@@ -20,7 +20,7 @@ from typing import Any, Sequence
 import httpx
 
 from cdmpp.predict.devices import Device, UnknownDeviceError, target_kind
-from cdmpp.predict.predictor import Prediction
+from cdmpp.predict.prediction import Prediction
 from cdmpp.program.inputs import ProgramError
 
 RETRY_STATUS = frozenset({500, 502, 503, 504})

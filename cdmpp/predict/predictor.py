@@ -16,7 +16,6 @@ Python, so ``predict`` parses them in a sandbox worker (``cdmpp.sandbox.pool``) 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -25,6 +24,7 @@ import numpy as np
 from cdmpp import defaults
 from cdmpp.predict.devices import Device, Devices, UnknownDeviceError
 from cdmpp.predict.featurize import FeatureCache
+from cdmpp.predict.prediction import Prediction
 
 __all__ = ["Device", "Prediction", "Predictor", "UnknownDeviceError", "target_kind_problem"]
 
@@ -54,19 +54,6 @@ FEATURES_OUT_OF_RANGE = "features_out_of_range"  # leaf features outside the tra
 # candidates are): its prediction goes without them
 ASSEMBLY_NOT_BUILT = "assembly_not_built"
 RISK_FACTOR = 1.1  # out-of-range inputs flag a prediction when holding them at the training range moves it this much
-
-
-@dataclass
-class Prediction:
-    seconds: float
-    lo90: float
-    hi90: float
-    ood: tuple[str, ...] = ()  # empty: program and device lie inside what the model was trained on
-    out_of_range: tuple[str, ...] = ()  # with features_out_of_range: the feature columns beyond the training range
-
-    @property
-    def in_distribution(self) -> bool:
-        return not self.ood
 
 
 class Predictor:
