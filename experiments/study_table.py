@@ -1,5 +1,5 @@
 """What the studies of one split share (counts_dropout.py, ensemble_runs.py, cross_model_devices.py,
-da_new_networks.py): their command line (a development seed, an arm, or --table), a prediction's scores, and the
+cross_model_arms.py): their command line (a development seed, an arm, or --table), a prediction's scores, and the
 rows file as its table's groups (a rerun's row replaces the earlier one of the same run; a group's cells are means
 over its seeds)."""
 import argparse

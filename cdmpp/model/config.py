@@ -61,6 +61,9 @@ class TrainConfig:
     # da_known_devices also a pool on trained devices (a new network's unlabeled programs, as the paper adapts)
     da: str = "cmd"  # "cmd" | "mmd" | "none"
     da_known_devices: bool = False
+    # > 0: a RankNet term of this weight over the pairs of a batch of one task and device whose labels differ by > 3 %
+    # (a study knob: round 3 of reports/study-issue19.md, again in reports/cross-model-tail.md)
+    rank_weight: float = 0.0
     da_weight: float = 0.5
     cmd_k: int = 5
     val_fraction: float = 0.1  # carved from the training set only when fit gets no validation set

@@ -72,6 +72,16 @@ def mape_loss(pred: torch.Tensor, target: torch.Tensor, sigma: float, weight: to
     return ape.mean() if weight is None else (ape * weight).sum() / weight.sum()
 
 
+def rank_loss(pred: torch.Tensor, target: torch.Tensor, groups: torch.Tensor, sigma: float) -> torch.Tensor:
+    """RankNet over the pairs of a batch in one group (task and device) whose labels differ by more than 3 %:
+    softplus of the predicted log-latency gap taken against the measured order (0 without such a pair)."""
+    gap = target[:, None] - target[None, :]
+    pairs = (groups[:, None] == groups[None, :]) & (gap.abs() * sigma > math.log(1.03))
+    if not bool(pairs.any()):
+        return pred.new_zeros(())
+    return torch.nn.functional.softplus(-(pred[:, None] - pred[None, :]) * torch.sign(gap))[pairs].mean()
+
+
 def device_weights(train_devices: Sequence[str], devices: Sequence[str], balance: float) -> np.ndarray | None:
     """Per program of ``devices``: n_device ** -balance, n counted in ``train_devices``, scaled to mean 1 over the
     training programs (None for balance 0). A device with few programs (a GPU beside 150,000 CPU programs)
@@ -100,6 +110,7 @@ class _Split:
     weight: np.ndarray | None = None  # per program: its weight in the loss / validation MAPE (device_balance)
     copies: np.ndarray | None = None  # programs trained on a second time, unbuilt (``assembly_unbuilt_copies``)
     unbuilt: torch.Tensor | None = None  # the assembly columns of ``extra`` as a program without counts has them
+    groups: np.ndarray | None = None  # per program: its (task, device) group, for ``rank_weight``
 
     def inputs(self, idx) -> torch.Tensor | None:
         """The program-level input rows of the batch ``idx`` (None for a model without them)."""
@@ -241,6 +252,9 @@ def fit(config: TrainConfig, train_set: Sequence[LabeledProgram] | FeatureStore,
     val = _prepare(val_set, trained, dev_index)
     target = _prepare(target_pool, trained, dev_index, labeled=False) if target_pool else None
     train.weight = device_weights(cols.devices, cols.devices, config.device_balance)
+    if config.rank_weight > 0:
+        groups = {}
+        train.groups = np.array([groups.setdefault((t, d), len(groups)) for t, d in zip(cols.tasks, cols.devices)])
     val.weight = device_weights(cols.devices, [s.device for s in val_set], config.device_balance)
     if target is not None:
         kinds = {target_kind_of_id(s.device) for s in target_pool}
@@ -468,6 +482,8 @@ def _train_run(config: TrainConfig, train: _Split, val: _Split, target: _Split |
                 t_inputs = on((*target.pack.batch(t_idx), target.inputs(t_idx)))
             emb, pred, t_emb = step(*on(train.pack.batch(idx)), dev, on(inputs), t_inputs)
             loss = mape_loss(pred, z, sigma, None if train.weight is None else on(torch.from_numpy(train.weight[idx])))
+            if train.groups is not None:
+                loss = loss + config.rank_weight * rank_loss(pred, z, on(torch.from_numpy(train.groups[idx])), sigma)
             if target is not None:
                 source = on(torch.from_numpy(train.da_source[idx]))
                 if int(source.sum()) >= MIN_DA_SOURCE:

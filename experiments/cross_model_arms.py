@@ -1,19 +1,17 @@
-"""Domain adaptation towards new networks at equal epochs (issue 55; reports/cross-model-tail.md).
-
-Round 12 (reports/study-issue19.md) dropped CMD on cross-model's unlabeled pool (held-out networks' programs on
-trained devices) when budgets were minutes: the target batches halved the epochs, and the held-out networks lost
-5-10 points. Budgets are epochs now, so the question it left open is asked again: at the same 20 epochs, does
-aligning the training programs' embeddings with a new network's unlabeled programs (the paper's cross-model
-adaptation) help those networks? Development seeds and networks only (resnet18, mobilenet_v2, bert_tiny); the
-pool is 30 % of their programs by hash, never tested.
+"""Recipe knobs asked on cross-model's development split at 20 epochs, against the shipped recipe (issue 55;
+reports/cross-model-tail.md). Development seeds and networks only (resnet18, mobilenet_v2, bert_tiny).
 
 Arms: ``base`` (the shipped recipe: the 20-epoch `copies` models of experiments/counts_dropout.py, reused from
-build/counts-dropout/ when their split is unchanged), ``da`` (the same with ``da_known_devices``). Each scored on
-validation (tasks of the training networks) and on the development test (the held-out networks): the
-transformer, the GBT and their blend at the weight chosen on validation. Rows in reports/da-new-networks-runs.jsonl.
+build/counts-dropout/ when their split is unchanged); ``da``: CMD towards the held-out networks' unlabeled pool (30 %
+of their programs by hash, never tested; ``da_known_devices``), the question round 12 (reports/study-issue19.md) left
+open when budgets were minutes and its target batches halved the epochs; ``rank``: a RankNet term over a batch's
+pairs of one task and device (``rank_weight`` 0.1), round 3's question asked again of the recipe with counts (issue 55
+item 6: the transformer ranks a task's programs below the latency GBT on random-new). Each scored on validation
+(tasks of the training networks) and on the development test (the held-out networks): the transformer, the GBT and
+their blend at the weight chosen on validation. Rows in reports/da-new-networks-runs.jsonl.
 
-    .venv/bin/python experiments/da_new_networks.py --seed S --arm base|da   # S = 0, 1, 2
-    .venv/bin/python experiments/da_new_networks.py --table
+    .venv/bin/python experiments/cross_model_arms.py --seed S --arm base|da|rank   # S = 0, 1, 2
+    .venv/bin/python experiments/cross_model_arms.py --table
 """
 
 import json
@@ -32,13 +30,14 @@ from cdmpp.model.training import fit
 from study_table import cell, grouped, scored, study_args
 
 ROWS = Path("reports/da-new-networks-runs.jsonl")
-MODELS = {"base": Path("build/counts-dropout"), "da": Path("build/da-new-networks")}
+MODELS = {"base": Path("build/counts-dropout"), "da": Path("build/da-new-networks"), "rank": Path("build/rank-loss")}
+KNOBS = {"base": {}, "da": {"da_known_devices": True}, "rank": {"rank_weight": 0.1}}
 
 
 def run(seed: int, arm: str, epochs: int) -> None:
     opts = ProtocolOptions()
     split = splits.cross_model_split(load_pinned(opts), splits.HELD_OUT_NETWORKS, seed=seed)
-    name = f"cross-model-copies0.25-e{epochs}-seed{seed}" if arm == "base" else f"cross-model-da-e{epochs}-seed{seed}"
+    name = f"cross-model-copies0.25-e{epochs}-seed{seed}" if arm == "base" else f"cross-model-{arm}-e{epochs}-seed{seed}"
     where = MODELS[arm] / name
     print(f"{name}: {len(split.train)} train, {len(split.val)} val, {len(split.test)} test, "
           f"{len(split.target_pool)} unlabeled", file=sys.stderr, flush=True)
@@ -53,7 +52,7 @@ def run(seed: int, arm: str, epochs: int) -> None:
         where.parent.mkdir(parents=True, exist_ok=True)
         torch.set_num_threads(1)
         config = recipe_config("assembly", seed=seed, progress=True, epochs=epochs, assembly_withheld=0.25,
-                               assembly_unbuilt_copies=True, da_known_devices=arm == "da")
+                               assembly_unbuilt_copies=True, **KNOBS[arm])
         model = fit(config, split.train, split.val, target_pool=split.target_pool or None,
                     device_table=DeviceTable(opts.devices).spec_table(), resume=str(where) + ".state.pt")
         model.save(where)
@@ -75,16 +74,18 @@ def run(seed: int, arm: str, epochs: int) -> None:
 def table() -> None:
     groups = grouped(ROWS, lambda r: (r["epochs"], r["part"], r["arm"], r["seed"]),
                      lambda r: (r["epochs"], r["part"], r["arm"]))
-    print("| epochs | programs | arm | seeds | MAPE | capped | fast-10 % | Spearman | transformer | its fast-10 % | GBT |")
-    print("|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("| epochs | programs | arm | seeds | MAPE | capped | fast-10 % | Spearman | transformer | its fast-10 % | its Spearman "
+          "| GBT |")
+    print("|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for (epochs, part, arm), rs in sorted(groups.items()):
         def f(p, key):
             return cell([r[p][key] for r in rs], key, spread=key == "mape" and p != "gbt")
-        label = {"base": "the shipped recipe", "da": "+ CMD towards the held-out networks' pool"}[arm]
+        label = {"base": "the shipped recipe", "da": "+ CMD towards the held-out networks' pool",
+                 "rank": "+ a within-task ranking loss (0.1)"}[arm]
         where = {"val": "validation (training networks' tasks)", "test": "held-out networks (development)"}[part]
         print(f"| {epochs} | {where} | {label} | {len(rs)} | {f('blend', 'mape')} | {f('blend', 'mape_capped')} | "
               f"{f('blend', 'fast10')} | {f('blend', 'spearman')} | {f('transformer', 'mape')} | "
-              f"{f('transformer', 'fast10')} | {f('gbt', 'mape')} |")
+              f"{f('transformer', 'fast10')} | {f('transformer', 'spearman')} | {f('gbt', 'mape')} |")
 
 
 if __name__ == "__main__":
