@@ -9,7 +9,7 @@ pairs of one task and device (``rank_weight`` 0.1), round 3's question asked aga
 item 6: the transformer ranks a task's programs below the latency GBT on random-new); ``dropout`` 0.1 (round 16 tried it
 under a budget in minutes, before the counts). Each scored on validation
 (tasks of the training networks) and on the development test (the held-out networks): the transformer, the GBT and
-their blend at the weight chosen on validation. Rows in reports/da-new-networks-runs.jsonl.
+their blend at the weight chosen on validation. Rows in reports/cross-model-arms-runs.jsonl.
 
     .venv/bin/python experiments/cross_model_arms.py --seed S --arm base|da|rank|dropout   # S = 0, 1, 2
     .venv/bin/python experiments/cross_model_arms.py --table
@@ -30,7 +30,7 @@ from cdmpp.model.checkpoint import TrainedModel
 from cdmpp.model.training import fit
 from study_table import cell, grouped, scored, study_args
 
-ROWS = Path("reports/da-new-networks-runs.jsonl")
+ROWS = Path("reports/cross-model-arms-runs.jsonl")
 MODELS = {"base": Path("build/counts-dropout"), "da": Path("build/da-new-networks"), "rank": Path("build/rank-loss"),
           "dropout": Path("build/cross-model-arms")}
 KNOBS = {"base": {}, "da": {"da_known_devices": True}, "rank": {"rank_weight": 0.1}, "dropout": {"dropout": 0.1}}
