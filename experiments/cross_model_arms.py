@@ -7,11 +7,12 @@ of their programs by hash, never tested; ``da_known_devices``), the question rou
 open when budgets were minutes and its target batches halved the epochs; ``rank``: a RankNet term over a batch's
 pairs of one task and device (``rank_weight`` 0.1), round 3's question asked again of the recipe with counts (issue 55
 item 6: the transformer ranks a task's programs below the latency GBT on random-new); ``dropout`` 0.1 (round 16 tried it
-under a budget in minutes, before the counts). Each scored on validation
+under a budget in minutes, before the counts); ``wide``: twice the width (round 3 found capacity did not limit, at
+2-minute budgets). Each scored on validation
 (tasks of the training networks) and on the development test (the held-out networks): the transformer, the GBT and
 their blend at the weight chosen on validation. Rows in reports/cross-model-arms-runs.jsonl.
 
-    .venv/bin/python experiments/cross_model_arms.py --seed S --arm base|da|rank|dropout   # S = 0, 1, 2
+    .venv/bin/python experiments/cross_model_arms.py --seed S --arm base|da|rank|dropout|wide   # S = 0, 1, 2
     .venv/bin/python experiments/cross_model_arms.py --table
 """
 
@@ -32,8 +33,9 @@ from study_table import cell, grouped, scored, study_args
 
 ROWS = Path("reports/cross-model-arms-runs.jsonl")
 MODELS = {"base": Path("build/counts-dropout"), "da": Path("build/da-new-networks"), "rank": Path("build/rank-loss"),
-          "dropout": Path("build/cross-model-arms")}
-KNOBS = {"base": {}, "da": {"da_known_devices": True}, "rank": {"rank_weight": 0.1}, "dropout": {"dropout": 0.1}}
+          "dropout": Path("build/cross-model-arms"), "wide": Path("build/cross-model-arms")}
+KNOBS = {"base": {}, "da": {"da_known_devices": True}, "rank": {"rank_weight": 0.1}, "dropout": {"dropout": 0.1},
+         "wide": {"d_model": 256, "d_ff": 512}}
 
 
 def run(seed: int, arm: str, epochs: int) -> None:
@@ -83,7 +85,8 @@ def table() -> None:
         def f(p, key):
             return cell([r[p][key] for r in rs], key, spread=key == "mape" and p != "gbt")
         label = {"base": "the shipped recipe", "da": "+ CMD towards the held-out networks' pool",
-                 "rank": "+ a within-task ranking loss (0.1)", "dropout": "dropout 0.1"}[arm]
+                 "rank": "+ a within-task ranking loss (0.1)", "dropout": "dropout 0.1",
+                 "wide": "twice the width (d_model 256, d_ff 512)"}[arm]
         where = {"val": "validation (training networks' tasks)", "test": "held-out networks (development)"}[part]
         print(f"| {epochs} | {where} | {label} | {len(rs)} | {f('blend', 'mape')} | {f('blend', 'mape_capped')} | "
               f"{f('blend', 'fast10')} | {f('blend', 'spearman')} | {f('transformer', 'mape')} | "
