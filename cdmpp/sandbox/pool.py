@@ -34,6 +34,9 @@ from cdmpp.sandbox.wire import MAX_MESSAGE, Cancelled, decode_features, is_tvmsc
 log = logging.getLogger("cdmpp.sandbox")
 
 
+OUT_OF_CPU = "ran out of its CPU-time limit"  # how a worker ended that SIGXCPU killed (``_Worker.kill``)
+
+
 class _Worker:
     """One worker process and the parent's ends of its two pipes (read and written as raw fds)."""
 
@@ -79,7 +82,7 @@ class _Worker:
         self.proc.forget()
         if rc is not None and rc < 0:
             name = signal.Signals(-rc).name
-            return {"SIGXCPU": "ran out of its CPU-time limit", "SIGKILL": "was killed",
+            return {"SIGXCPU": OUT_OF_CPU, "SIGKILL": "was killed",
                     "SIGSEGV": "crashed (segmentation fault)", "SIGABRT": "crashed (abort)"}.get(name, f"died ({name})")
         return f"exited with status {rc}"
 
@@ -251,9 +254,9 @@ class Sandbox:
 
         Returns ``(features, [(index, reason)], parse seconds, feature seconds)``. A worker that dies on a
         chunk of several items is replaced and the items retried one by one, so the culprit is named. A chunk
-        whose worker dies while ``build`` was asked is first asked again without it (the build is the likely
-        cause: a program whose build runs past the CPU limit), so its programs are answered unbuilt (flagged
-        ``assembly_not_built``) rather than failed, and no slow build runs twice.
+        whose worker runs out of CPU time while ``build`` was asked (a program whose build runs past the limit; not a
+        crash, nor a TVMScript chunk, whose parse may be the cause) is first asked again without it, so its programs
+        are answered unbuilt (flagged ``assembly_not_built``) rather than failed, and no slow build runs twice.
         Raises ``Cancelled`` (its workers killed) when ``cancel`` is set or ``deadline`` (monotonic) passes.
         """
         if kind not in self.kinds:
@@ -272,7 +275,9 @@ class Sandbox:
         unbuilt: list[tuple[list, list]] = []  # chunks to ask again without the build
 
         def lost(its, ixs, how: str) -> None:  # the worker of a chunk died on it
-            if build is not None:
+            # out of CPU time while building: asked again unbuilt; a crash, or a TVMScript whose parse may be what ran
+            # out, is not the build's doing (asked again, it would cost a second worker each time)
+            if build is not None and how == OUT_OF_CPU and not (tvmscript and any(is_tvmscript(it) for it in its)):
                 unbuilt.append((its, ixs))
             else:
                 self._blame(its, ixs, how, errors, retry, _retried)
