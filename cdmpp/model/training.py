@@ -175,8 +175,9 @@ def fit(config: TrainConfig, train_set: Sequence[LabeledProgram] | FeatureStore,
     all devices share a zero spec vector.
     ``target_pool`` (unlabeled) switches on domain adaptation unless ``config.da == "none"`` or every pool
     device has training labels and ``config.da_known_devices`` is off (towards new networks on known devices it
-    cost MAPE: reports/study-issue19.md, round 12; reports/cross-model-tail.md). It aligns the pool with the training programs of its own kind (CPU or GPU code): a GPU held out
-    and aligned with mostly CPU programs sent the training's validation MAPE to 100 %.
+    cost MAPE: reports/study-issue19.md, round 12; reports/cross-model-tail.md). It aligns the pool with the
+    training programs of its own kind (CPU or GPU code): a GPU held out and aligned with mostly CPU programs sent
+    the training's validation MAPE to 100 %.
 
     ``train_set`` may be a ``FeatureStore`` (read memory-mapped, batch by batch; the GBT blend's inputs and the
     Amdahl anchors' parallel leaves in chunks of programs; needs a ``val_set``, held in memory).
