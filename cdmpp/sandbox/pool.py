@@ -29,7 +29,7 @@ import time
 from typing import Any
 
 from cdmpp.program.inputs import TARGET_KINDS, ProgramError
-from cdmpp.sandbox.wire import MAX_MESSAGE, Cancelled, decode_features, is_tvmscript, nonfinite
+from cdmpp.sandbox.wire import BUILDING, MAX_MESSAGE, Cancelled, decode_features, is_tvmscript, nonfinite
 
 log = logging.getLogger("cdmpp.sandbox")
 
@@ -53,11 +53,15 @@ class _Worker:
             view = view[os.write(fd, view):]
 
     def feed(self) -> dict | None:
-        """Read what is there; the message once complete. EOFError when the worker died."""
+        """Read what is there; the first message once complete. EOFError when the worker died."""
         chunk = os.read(self.fd, 1 << 20)
         if not chunk:
             raise EOFError
         self.buf += chunk
+        return self.take()
+
+    def take(self) -> dict | None:
+        """The next complete message already read (a worker may send two in one write), else None."""
         if len(self.buf) >= 4:
             n = struct.unpack(">I", self.buf[:4])[0]
             if n > MAX_MESSAGE:
@@ -254,9 +258,10 @@ class Sandbox:
 
         Returns ``(features, [(index, reason)], parse seconds, feature seconds)``. A worker that dies on a
         chunk of several items is replaced and the items retried one by one, so the culprit is named. A chunk
-        whose worker runs out of CPU time while ``build`` was asked (a program whose build runs past the limit; not a
-        crash, nor a TVMScript chunk, whose parse may be the cause) is first asked again without it, so its programs
-        are answered unbuilt (flagged ``assembly_not_built``) rather than failed, and no slow build runs twice.
+        whose worker runs out of CPU time after saying it was building (a program whose build runs past the limit; not
+        a crash, nor a parse: a TVMScript parse bomb) is first asked again without ``build``, so its programs are
+        answered unbuilt (flagged ``assembly_not_built``) rather than failed, and no slow build runs twice. A worker
+        that lies about building costs at most that one unbuilt retry.
         Raises ``Cancelled`` (its workers killed) when ``cancel`` is set or ``deadline`` (monotonic) passes.
         """
         if kind not in self.kinds:
@@ -274,16 +279,17 @@ class Sandbox:
         retry: list[tuple[Any, int]] = []
         unbuilt: list[tuple[list, list]] = []  # chunks to ask again without the build
 
-        def lost(its, ixs, how: str) -> None:  # the worker of a chunk died on it
-            # out of CPU time while building: asked again unbuilt; a crash, or a TVMScript whose parse may be what ran
-            # out, is not the build's doing (asked again, it would cost a second worker each time)
-            if build is not None and how == OUT_OF_CPU and not (tvmscript and any(is_tvmscript(it) for it in its)):
+        def lost(its, ixs, how: str, was_building: bool) -> None:  # the worker of a chunk died on it
+            # out of CPU time while building: asked again unbuilt; a crash, or a parse that ran out, is not the build's
+            # doing (asked again, it would cost a second worker each time)
+            if build is not None and how == OUT_OF_CPU and was_building:
                 unbuilt.append((its, ixs))
             else:
                 self._blame(its, ixs, how, errors, retry, _retried)
 
         parse_s = feat_s = 0.0
         busy: dict[int, tuple[_Worker, list, list]] = {}
+        building: set[int] = set()  # busy workers that said they were building
         try:
             while pending or busy:
                 while pending:  # wait for a worker only when nothing of this request is in flight
@@ -306,13 +312,18 @@ class Sandbox:
                     w, its, ixs = busy[fd]
                     try:
                         msg = w.feed()
+                        while msg == BUILDING:
+                            building.add(fd)
+                            msg = w.take()
                     except (EOFError, OSError, ValueError, RecursionError):
                         del busy[fd]
-                        lost(its, ixs, self._retire(w))
+                        lost(its, ixs, self._retire(w), fd in building)
+                        building.discard(fd)
                         continue
                     if msg is None:
                         continue
                     del busy[fd]
+                    building.discard(fd)
                     ran_code = tvmscript and any(is_tvmscript(it) for it in its)
                     try:
                         fs, errs = _validate(msg, ixs)

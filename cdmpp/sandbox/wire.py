@@ -5,8 +5,9 @@ worker cannot run code in the parent through its answers): parent → ``{"items"
 "workload", "tvmscript", "build"?}`` (``build``: a CPU target dict to build each program for, when the model reads
 the built programs' instruction counts); worker → ``{"feats": [{"rows": base64 float32, "n", "positions", "flops",
 "hash", "loops"?: base64 float32 [n_loops, 3], "tensor_flops"?, "asm"?: [N_COUNTS numbers] or null}], "errors":
-[[index, reason]], "parse_s", "feat_s", "retiring"}``. ``loops``, ``tensor_flops`` and ``asm`` are optional both
-ways: features without them travel as before."""
+[[index, reason]], "parse_s", "feat_s", "retiring"}``; before it, when asked to build, ``BUILDING`` (parsing and
+featurizing are over, so a CPU limit reached now is the build's). ``loops``, ``tensor_flops`` and ``asm`` are
+optional both ways: features without them travel as before."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+
+BUILDING = {"phase": "build"}
 
 MAX_MESSAGE = 1 << 30  # bytes of one worker answer (1,024 programs of 100 leaves: ~90 MB)
 

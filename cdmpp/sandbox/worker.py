@@ -27,18 +27,18 @@ from typing import Any, Sequence
 from cdmpp.errors import error_message
 from cdmpp.program.inputs import ProgramError
 from cdmpp.program.items import SharedWorkloadError, load_item, load_workload
-from cdmpp.sandbox.wire import NO_COMPUTATION, TVMSCRIPT_OFF, encode_features, is_tvmscript, nonfinite
+from cdmpp.sandbox.wire import BUILDING, NO_COMPUTATION, TVMSCRIPT_OFF, encode_features, is_tvmscript, nonfinite
 
 
 def featurize_items(items: list, indices: list[int], tgt, workload: Any = None, featurize=None,
-                    tvmscript: bool = True, item_limit=None, build: dict | None = None):
+                    tvmscript: bool = True, item_limit=None, build: dict | None = None, on_build=None):
     """Parse and featurize wire items: ``(features, [(index, reason)], parse s, feature s)``.
 
     Each item is parsed on its own, so a bad one is named; the shared workload is parsed once. Features
     are extracted for the batch at once, item by item only when the batch fails (to name the bad ones).
     ``item_limit(n)`` (the worker's) re-arms the CPU limit for the next ``n`` items. ``build``: a CPU target
     (dict) each program is also built for, its instruction counts in its features (``asm``; None where the
-    build fails: ``cdmpp.program.assembly.with_counts``).
+    build fails: ``cdmpp.program.assembly.with_counts``); ``on_build()`` is called before the first build.
     """
     featurize = featurize or _process_featurizer()
     arm = item_limit or (lambda n: None)
@@ -89,6 +89,8 @@ def featurize_items(items: list, indices: list[int], tgt, workload: Any = None, 
         from cdmpp.program.inputs import parse_target
 
         target = parse_target(build)
+        if on_build is not None:
+            on_build()  # the worker tells its parent: if the CPU limit ends it now, the build is why
         built = []
         for prog, f in zip(parsed, feats):
             arm(1)
@@ -274,7 +276,8 @@ def worker_main(job_fd: int, answer_fd: int, folder: str, mem_mb: int, item_cpu_
         try:
             feats, errors, p, t = featurize_items(msg["items"], msg["indices"], targets[msg["kind"]],
                                                   msg.get("workload"), tvmscript=bool(msg.get("tvmscript")),
-                                                  item_limit=item_limit, build=msg.get("build"))
+                                                  item_limit=item_limit, build=msg.get("build"),
+                                                  on_build=lambda: send(BUILDING))
         except SharedWorkloadError as e:
             feats, errors, p, t = [], [(i, str(e)) for i in msg["indices"]], 0.0, 0.0
         resource.setrlimit(resource.RLIMIT_CPU, (cpu_hard, cpu_hard))
