@@ -8,7 +8,9 @@ open when budgets were minutes and its target batches halved the epochs; ``rank`
 pairs of one task and device (``rank_weight`` 0.1), round 3's question asked again of the recipe with counts (issue 55
 item 6: the transformer ranks a task's programs below the latency GBT on random-new); ``dropout`` 0.1 (round 16 tried it
 under a budget in minutes, before the counts); ``wide``: twice the width (round 3 found capacity did not limit, at
-2-minute budgets). Each scored on validation
+2-minute budgets); ``search``: + the pinned devices' search candidates (`cdmpp collect --from-search`, and their
+1-thread twins) of tasks in no held-out network and not in validation (``splits.with_other_devices``), the fast
+path a tuner explores, which the protocol's splits leave out. Each scored on validation
 (tasks of the training networks) and on the development test (the held-out networks): the transformer, the GBT and
 their blend at the weight chosen on validation. Rows in reports/cross-model-arms-runs.jsonl.
 
@@ -33,14 +35,31 @@ from study_table import cell, grouped, scored, study_args
 
 ROWS = Path("reports/cross-model-arms-runs.jsonl")
 MODELS = {"base": Path("build/counts-dropout"), "da": Path("build/da-new-networks"), "rank": Path("build/rank-loss"),
-          "dropout": Path("build/cross-model-arms"), "wide": Path("build/cross-model-arms")}
+          "dropout": Path("build/cross-model-arms"), "wide": Path("build/cross-model-arms"),
+          "search": Path("build/cross-model-arms")}
 KNOBS = {"base": {}, "da": {"da_known_devices": True}, "rank": {"rank_weight": 0.1}, "dropout": {"dropout": 0.1},
-         "wide": {"d_model": 256, "d_ff": 512}}
+         "wide": {"d_model": 256, "d_ff": 512}, "search": {}}
+
+
+def with_search_candidates(split, opts):
+    """``split`` trained also on the pinned devices' search candidates and their twins (what ``load_pinned`` leaves
+    out), those of a validation or test task or a held-out network kept out."""
+    from cdmpp.records.dataset import load_dataset
+    from cdmpp.zoo.tasks import TaskTable
+
+    pinned = {(p.device, p.features.program_hash) for p in load_pinned(opts).programs}
+    every = load_dataset(opts.dataset, TaskTable.load(opts.task_table), devices=list(opts.device_ids), progress=False)
+    found = [p for p in every.programs if (p.device, p.features.program_hash) not in pinned]
+    out = splits.with_other_devices(split, found, splits.HELD_OUT_NETWORKS)
+    print(f"search: +{out.info['other_device_programs']} of {len(found)} candidates and twins", file=sys.stderr, flush=True)
+    return out
 
 
 def run(seed: int, arm: str, epochs: int) -> None:
     opts = ProtocolOptions()
     split = splits.cross_model_split(load_pinned(opts), splits.HELD_OUT_NETWORKS, seed=seed)
+    if arm == "search":
+        split = with_search_candidates(split, opts)
     name = f"cross-model-copies0.25-e{epochs}-seed{seed}" if arm == "base" else f"cross-model-{arm}-e{epochs}-seed{seed}"
     where = MODELS[arm] / name
     print(f"{name}: {len(split.train)} train, {len(split.val)} val, {len(split.test)} test, "
@@ -86,7 +105,8 @@ def table() -> None:
             return cell([r[p][key] for r in rs], key, spread=key == "mape" and p != "gbt")
         label = {"base": "the shipped recipe", "da": "+ CMD towards the held-out networks' pool",
                  "rank": "+ a within-task ranking loss (0.1)", "dropout": "dropout 0.1",
-                 "wide": "twice the width (d_model 256, d_ff 512)"}[arm]
+                 "wide": "twice the width (d_model 256, d_ff 512)",
+                 "search": "+ the pinned devices' search candidates of training tasks"}[arm]
         where = {"val": "validation (training networks' tasks)", "test": "held-out networks (development)"}[part]
         print(f"| {epochs} | {where} | {label} | {len(rs)} | {f('blend', 'mape')} | {f('blend', 'mape_capped')} | "
               f"{f('blend', 'fast10')} | {f('blend', 'spearman')} | {f('transformer', 'mape')} | "

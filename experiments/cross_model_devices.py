@@ -34,7 +34,7 @@ ROWS = Path("reports/cross-model-devices-runs.jsonl")
 def training_set(seed: int, arm: str):
     """(train, val, split) of cross-model's development split; ``every`` adds the other CPU devices' programs
     that share no task with validation or test and no program with them (``splits.with_other_devices``, what
-    ``cdmpp protocol --train-devices every`` trains on)."""
+    the option ``cdmpp protocol --train-devices every`` trained on, removed when the study did not adopt it)."""
     opts = ProtocolOptions()
     every = load_pinned(opts, every_device=True)
     pinned = [p for p in every.programs if p.device in opts.device_ids]
