@@ -20,7 +20,7 @@ def cmd_assembly(args) -> int:
 
     try:
         n = build_device(args.device, args.dataset, args.out or defaults.assembly_dir(args.dataset), args.task_table,
-                         args.part, args.parts)
+                         args.part, args.parts, innermost=args.innermost)
     except (KeyError, ValueError) as e:
         print(f"cdmpp assembly: {e.args[0] if isinstance(e, KeyError) else e}", file=sys.stderr)
         return 2
@@ -318,6 +318,9 @@ def add_measure_commands(sub):
     asm.add_argument("--out", help="counts folder (default: assembly beside the dataset folder)")
     asm.add_argument("--part", type=int, default=0, help="build this part of the programs (0-based; default 0)")
     asm.add_argument("--parts", type=int, default=1, help="of this many, e.g. one process per core (default 1)")
+    asm.add_argument("--innermost", action="store_true",
+                     help="build again the programs built before their innermost loops' counts were kept (6 Dec), "
+                          "for those counts only")
     asm.set_defaults(func=cmd_assembly)
 
     nz = sub.add_parser("noise", help="re-measure a device's fixed probe set and report run-to-run noise")

@@ -119,26 +119,35 @@ def with_counts(features, mod, target):
 
 class AssemblyCounts:
     """The counts built so far, per build key: ``root/<build_key>/*.npz``, each file ``hashes`` (program hashes)
-    and ``counts [n, N_COUNTS]`` (optionally ``inner``: the innermost loops', unused by the model yet). Files are
-    parts written by separate build jobs; a program built twice keeps its first file's counts (same build)."""
+    and ``counts [n, N_COUNTS]`` and/or ``inner`` (the innermost loops', NaN where not kept; unused by the model
+    yet). Files are parts written by separate build jobs; a program built twice keeps its first file's counts
+    (same build)."""
 
     def __init__(self, root: str | os.PathLike):
         self.root = Path(root)
-        self._tables: dict[str, dict[str, np.ndarray]] = {}
+        self._tables: dict[tuple[str, str], dict[str, np.ndarray]] = {}
 
-    def table(self, key: str) -> dict[str, np.ndarray]:
-        """Program hash → counts of one build key (read once; empty where nothing was built for it)."""
-        if key not in self._tables:
+    def table(self, key: str, field: str = "counts") -> dict[str, np.ndarray]:
+        """Program hash → counts (``field`` "inner": the innermost loops') of one build key (read once; empty where
+        nothing was built for it)."""
+        if (key, field) not in self._tables:
             out: dict[str, np.ndarray] = {}
             for path in sorted((self.root / key).glob("*.npz")) if (self.root / key).is_dir() else []:
                 with np.load(path, allow_pickle=False) as z:
-                    if z["counts"].shape[1:] != (N_COUNTS,):
-                        raise ValueError(f"{path}: counts of shape {z['counts'].shape}, expected [n, {N_COUNTS}] "
+                    if field not in z.files:
+                        continue
+                    if z[field].shape[1:] != (N_COUNTS,):
+                        raise ValueError(f"{path}: {field} of shape {z[field].shape}, expected [n, {N_COUNTS}] "
                                          f"(cdmpp.program.assembly.COUNT_NAMES)")
-                    for h, c in zip(z["hashes"].tolist(), z["counts"]):
-                        out.setdefault(str(h), c)
-            self._tables[key] = out
-        return self._tables[key]
+                    for h, c in zip(z["hashes"].tolist(), z[field]):
+                        if not np.isnan(c).any():
+                            out.setdefault(str(h), c)
+            self._tables[(key, field)] = out
+        return self._tables[(key, field)]
+
+    def inner_table(self, key: str) -> dict[str, np.ndarray]:
+        """Program hash → its innermost loops' counts, where a build kept them."""
+        return self.table(key, "inner")
 
     def get(self, program_hash: str, key: str) -> np.ndarray | None:
         return self.table(key).get(program_hash)

@@ -21,26 +21,31 @@ from cdmpp.zoo.tasks import TaskTable
 
 
 def build_device(device: str, dataset_dir: str, root: str, task_table: str, part: int = 0, parts: int = 1,
-                 progress: bool = True) -> int:
+                 progress: bool = True, innermost: bool = False) -> int:
     """Build every labelled program of ``device`` in ``dataset_dir`` not yet in ``root`` for the device's target and
     count its instructions (``root/<build_key>/build-<part>-of-<parts>.npz``; ``part`` of ``parts``: run the parts
     side by side, one core each). Resumable: written every 100 programs (whole, then renamed), and a program built
     before, in any file, is not built again. A build that fails is reported and skipped. Programs of random schedules
-    first, a search's candidates last. Returns programs built."""
+    first, a search's candidates last. Returns programs built.
+
+    ``innermost``: build again, instead, the programs whose innermost loops' counts are missing (built before 6 Dec),
+    into ``innermost-<part>-of-<parts>.npz`` (hashes and those counts only: the whole module's stay as first built)."""
     spec = DeviceTable().get(device)
     if spec.target.get("kind") != "llvm":
         raise ValueError(f"{device}: assembly counts are of x86 LLVM builds, not {spec.target.get('kind')!r} code")
     if not 0 <= part < parts:
         raise ValueError(f"part {part} of {parts}: expected 0 <= part < parts")
     key, target = build_key(spec.target), spec.make_target()
-    path = Path(root) / key / f"build-{part}-of-{parts}.npz"
+    path = Path(root) / key / f"{'innermost' if innermost else 'build'}-{part}-of-{parts}.npz"
     path.parent.mkdir(parents=True, exist_ok=True)
     hashes, rows, inner = [], [], []  # inner: the innermost loops' counts, kept for the study that may use them
     if path.exists():
         with np.load(path, allow_pickle=False) as z:
-            hashes, rows = z["hashes"].tolist(), list(z["counts"])
-            inner = list(z["inner"]) if "inner" in z.files else [np.full(N_COUNTS, np.nan)] * len(rows)
-    done = set(AssemblyCounts(root).table(key)) | set(hashes)
+            hashes = z["hashes"].tolist()
+            rows = list(z["counts"]) if "counts" in z.files else []
+            inner = list(z["inner"]) if "inner" in z.files else [np.full(N_COUNTS, np.nan)] * len(hashes)
+    counts = AssemblyCounts(root)
+    done = (set(counts.inner_table(key)) if innermost else set(counts.table(key))) | set(hashes)
     todo: dict[str, object] = {}
     store = RecordStore(dataset_dir)
     for rec in store.records(device):
@@ -55,16 +60,16 @@ def build_device(device: str, dataset_dir: str, root: str, task_table: str, part
 
     def save() -> None:
         tmp = path.with_suffix(".tmp.npz")
-        np.savez_compressed(tmp, hashes=np.array(hashes, dtype=str), counts=np.array(rows).reshape(-1, N_COUNTS),
-                            inner=np.array(inner).reshape(-1, N_COUNTS))
+        whole = {} if innermost else {"counts": np.array(rows).reshape(-1, N_COUNTS)}
+        np.savez_compressed(tmp, hashes=np.array(hashes, dtype=str), inner=np.array(inner).reshape(-1, N_COUNTS), **whole)
         os.replace(tmp, path)
 
     built = 0
     for i, rec in enumerate(todo_list):
         try:
-            whole, innermost = build_counts(scheduled_module(rec, table, mods), target)
-            rows.append(whole)
-            inner.append(innermost)
+            module_counts, loop_counts = build_counts(scheduled_module(rec, table, mods), target)
+            rows.append(module_counts)
+            inner.append(loop_counts)
             hashes.append(rec.program_hash)
             built += 1
         except Exception as e:  # noqa: BLE001 - one program's build failing stops none of the others

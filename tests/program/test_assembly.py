@@ -125,6 +125,17 @@ def test_building_a_devices_programs_resumes(tmp_path):
         assert z["inner"].shape == z["counts"].shape and (z["inner"][:, 0] <= z["counts"][:, 0]).all()
         assert z["hashes"].tolist()[-1] == first["program_hash"]
     assert build_device(REAL_DEVICE, str(data), str(root), str(TASKS), progress=False) == 0
+    # built before the innermost loops' counts were kept: ``--innermost`` builds them again for those counts only
+    path = next((root / key).glob("build-*.npz"))
+    with np.load(path) as z:
+        kept, inner = dict(z), z["inner"].copy()
+    np.savez(path, **{**kept, "inner": np.full_like(inner, np.nan)})
+    assert AssemblyCounts(root).inner_table(key) == {}
+    assert build_device(REAL_DEVICE, str(data), str(root), str(TASKS), progress=False, innermost=True) == 3
+    with np.load(next((root / key).glob("innermost-*.npz"))) as z:
+        assert "counts" not in z.files and np.array_equal(z["inner"], inner)
+    assert np.array_equal(AssemblyCounts(root).table(key)[first["program_hash"]], kept["counts"][-1])
+    assert build_device(REAL_DEVICE, str(data), str(root), str(TASKS), progress=False, innermost=True) == 0
     with pytest.raises(ValueError, match="x86 LLVM"):
         build_device("nvidia-h100/cuda-sm90", str(data), str(root), str(TASKS))
 
