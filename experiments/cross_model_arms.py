@@ -10,11 +10,12 @@ item 6: the transformer ranks a task's programs below the latency GBT on random-
 under a budget in minutes, before the counts); ``wide``: twice the width (round 3 found capacity did not limit, at
 2-minute budgets); ``search``: + the pinned devices' search candidates (`cdmpp collect --from-search`, and their
 1-thread twins) of tasks in no held-out network and not in validation (``splits.with_other_devices``), the fast
-path a tuner explores, which the protocol's splits leave out. Each scored on validation
-(tasks of the training networks) and on the development test (the held-out networks): the transformer, the GBT and
+path a tuner explores, which the protocol's splits leave out; ``inner``: the build's innermost loops' counts as
+inputs beside the module's (``assembly_inner``; reports/assembly-counts.md found them worth a GBT's while). Each scored
+on validation (tasks of the training networks) and on the development test (the held-out networks): the transformer, the GBT and
 their blend at the weight chosen on validation. Rows in reports/cross-model-arms-runs.jsonl.
 
-    .venv/bin/python experiments/cross_model_arms.py --seed S --arm base|da|rank|dropout|wide   # S = 0, 1, 2
+    .venv/bin/python experiments/cross_model_arms.py --seed S --arm base|da|rank|dropout|wide|search|inner   # S = 0, 1, 2
     .venv/bin/python experiments/cross_model_arms.py --table
 """
 
@@ -36,9 +37,9 @@ from study_table import cell, grouped, scored, study_args
 ROWS = Path("reports/cross-model-arms-runs.jsonl")
 MODELS = {"base": Path("build/counts-dropout"), "da": Path("build/da-new-networks"), "rank": Path("build/rank-loss"),
           "dropout": Path("build/cross-model-arms"), "wide": Path("build/cross-model-arms"),
-          "search": Path("build/cross-model-arms")}
+          "search": Path("build/cross-model-arms"), "inner": Path("build/cross-model-arms")}
 KNOBS = {"base": {}, "da": {"da_known_devices": True}, "rank": {"rank_weight": 0.1}, "dropout": {"dropout": 0.1},
-         "wide": {"d_model": 256, "d_ff": 512}, "search": {}}
+         "wide": {"d_model": 256, "d_ff": 512}, "search": {}, "inner": {"assembly_inner": True}}
 
 
 def with_search_candidates(split, opts):
@@ -57,7 +58,7 @@ def with_search_candidates(split, opts):
 
 def run(seed: int, arm: str, epochs: int) -> None:
     opts = ProtocolOptions()
-    split = splits.cross_model_split(load_pinned(opts), splits.HELD_OUT_NETWORKS, seed=seed)
+    split = splits.cross_model_split(load_pinned(opts, innermost=arm == "inner"), splits.HELD_OUT_NETWORKS, seed=seed)
     if arm == "search":
         split = with_search_candidates(split, opts)
     name = f"cross-model-copies0.25-e{epochs}-seed{seed}" if arm == "base" else f"cross-model-{arm}-e{epochs}-seed{seed}"
@@ -106,7 +107,8 @@ def table() -> None:
         label = {"base": "the shipped recipe", "da": "+ CMD towards the held-out networks' pool",
                  "rank": "+ a within-task ranking loss (0.1)", "dropout": "dropout 0.1",
                  "wide": "twice the width (d_model 256, d_ff 512)",
-                 "search": "+ the pinned devices' search candidates of training tasks"}[arm]
+                 "search": "+ the pinned devices' search candidates of training tasks",
+                 "inner": "+ the innermost loops' counts"}[arm]
         where = {"val": "validation (training networks' tasks)", "test": "held-out networks (development)"}[part]
         print(f"| {epochs} | {where} | {label} | {len(rs)} | {f('blend', 'mape')} | {f('blend', 'mape_capped')} | "
               f"{f('blend', 'fast10')} | {f('blend', 'spearman')} | {f('transformer', 'mape')} | "

@@ -107,16 +107,17 @@ def recipe_config(recipe: str, **overrides):
     return TrainConfig.from_dict({**TrainConfig.recipe(recipe).to_dict(), **overrides})
 
 
-def load_pinned(opts: ProtocolOptions, every_device: bool = False):
+def load_pinned(opts: ProtocolOptions, every_device: bool = False, innermost: bool = False):
     """The dataset of ``opts.device_ids`` (pinned; empty: every device), or with ``every_device`` of every
     device (what leave-one-chip-out trains on: all other chips); random schedules and imports only, no search
-    candidates (``load_dataset(searched=False)``), so a search collected later does not move a figure."""
+    candidates (``load_dataset(searched=False)``), so a search collected later does not move a figure.
+    ``innermost``: the programs also carry their builds' innermost loops' counts (``TrainConfig.assembly_inner``)."""
     from cdmpp.records.dataset import load_dataset
     from cdmpp.zoo.tasks import TaskTable
 
     return load_dataset(opts.dataset, TaskTable.load(opts.task_table),
                         devices=None if every_device else list(opts.device_ids) or None, limit=opts.limit, progress=False,
-                        searched=False)
+                        searched=False, innermost=innermost)
 
 
 def setting_splits(ds, setting: str, seed: int, fractions: Sequence[float] = (),

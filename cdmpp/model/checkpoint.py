@@ -100,7 +100,10 @@ class TrainedModel:
     def scaled_stats(self, stats: np.ndarray) -> torch.Tensor:
         """``extra_inputs`` of programs' ``stats`` rows (a model with program inputs)."""
         inputs = self.program_inputs
-        z = (stats[:, :len(inputs["mean"])] - np.asarray(inputs["mean"])) / np.asarray(inputs["std"])
+        n = len(inputs["mean"])
+        if stats.shape[1] < n:  # columns a pack lacks (the innermost loops' counts) stand as not built: zero
+            stats = np.hstack([stats, np.zeros((len(stats), n - stats.shape[1]))])
+        z = (stats[:, :n] - np.asarray(inputs["mean"])) / np.asarray(inputs["std"])
         if "lo" in inputs:  # held in the training range (``training.program_input_scaling``; not in models before 6 Dec)
             z = np.clip(z, inputs["lo"], inputs["hi"])
         return torch.from_numpy(z.astype(np.float32))

@@ -45,6 +45,9 @@ class TrainConfig:
     # true: those programs are trained on twice, with their counts and as a copy without them; false: their counts
     # are removed (the recipe shipped 6 Dec, which lost what it withheld: reports/assembly-counts.md, "Copies")
     assembly_unbuilt_copies: bool = True
+    # with assembly_counts: also the counts of the build's innermost loops (``ProgramFeatures.asm_inner``, from
+    # ``load_dataset(..., innermost=True)``); a study's option (experiments/cross_model_arms.py --arm inner)
+    assembly_inner: bool = False
     # optimization: Adam, a triangular cyclic LR between lr and max_lr, grad-norm clipping
     lr: float = 1e-4
     max_lr: float = 1e-3

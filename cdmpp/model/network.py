@@ -162,6 +162,7 @@ def program_stats(raw_leaves: np.ndarray, offsets: np.ndarray, flops: np.ndarray
 
 N_ROOFLINE_STATS = 3  # program_stats' columns, the program-level inputs of every model
 N_STATS = N_ROOFLINE_STATS + assembly.N_INPUTS + 1  # with assembly_stats'
+N_INNER_STATS = N_STATS + assembly.N_INPUTS + 1  # and the innermost loops' (``TrainConfig.assembly_inner``)
 
 
 def assembly_stats(counts: Sequence[np.ndarray | None]) -> np.ndarray:
@@ -196,7 +197,8 @@ class PackedPrograms:
         self.offsets = np.ascontiguousarray(offsets, dtype=np.int64)
         self.lengths = np.diff(self.offsets)
         # [n, N_STATS]: log2 of FLOPs, bytes, unique bytes (program_stats), from raw features; then the assembly's
-        # counts (assembly_stats), which a model reads only when trained with them (``TrainConfig.assembly_counts``)
+        # counts (assembly_stats), which a model reads only when trained with them (``TrainConfig.assembly_counts``);
+        # where programs carry them, the innermost loops' counts after those (``N_INNER_STATS`` columns)
         self.stats = stats
 
     @classmethod
@@ -225,7 +227,11 @@ class PackedPrograms:
         stats = None
         if n_features == _N_TVM_FEATURES:
             counts = [getattr(p, "asm", None) for p in programs]
-            stats = np.hstack([program_stats(leaves, offsets, flops), assembly_stats(counts)])
+            stats = [program_stats(leaves, offsets, flops), assembly_stats(counts)]
+            inner = [getattr(p, "asm_inner", None) for p in programs]
+            if any(c is not None for c in inner):  # only where asked for (``load_dataset(..., innermost=True)``)
+                stats.append(assembly_stats(inner))
+            stats = np.hstack(stats)
         if normalize is not None:
             leaves = normalize(leaves)
         return cls(leaves, np.concatenate(poss), offsets, stats)

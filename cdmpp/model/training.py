@@ -47,7 +47,7 @@ from cdmpp.model.checkpoint import TrainedModel, current_featurizer_version
 from cdmpp.model.config import TrainConfig
 from cdmpp.model.distributed import Runner
 from cdmpp.model.feature_store import FeatureStore, TrainingColumns, check_store_recipe
-from cdmpp.model.network import (N_ROOFLINE_STATS, N_STATS, CDMPPModel, PackedPrograms, bucketed_batches,
+from cdmpp.model.network import (N_INNER_STATS, N_ROOFLINE_STATS, N_STATS, CDMPPModel, PackedPrograms, bucketed_batches,
                                  length_sorted_batches)
 from cdmpp.model.physics import fork_join_of
 from cdmpp.model.shots import median_log_error
@@ -231,10 +231,14 @@ def fit(config: TrainConfig, train_set: Sequence[LabeledProgram] | FeatureStore,
     labels = LogLatency().fit(cols.seconds)
     program_inputs = None
     if raw.stats is not None:
-        stats = raw.stats[:, :N_STATS if config.assembly_counts else N_ROOFLINE_STATS]
+        width = (N_INNER_STATS if config.assembly_inner else N_STATS) if config.assembly_counts else N_ROOFLINE_STATS
+        stats = raw.stats[:, :width]
         if stats.shape[1] < N_STATS and config.assembly_counts:
             raise ValueError("assembly_counts: the training programs' stats have no assembly counts (a feature store "
                              "written before them): write the store again")
+        if stats.shape[1] < width:
+            raise ValueError("assembly_inner: the training programs carry no innermost loops' counts (load them with "
+                             "load_dataset(..., innermost=True))")
         if copies is not None:  # the copies' absent counts inside the scaled range, as withheld ones would be
             stats = np.vstack([stats, unbuilt_stats(stats[copies])])
         program_inputs = program_input_scaling(stats, normalizer.clip)

@@ -79,6 +79,9 @@ class ProgramFeatures:
     # (``cdmpp.program.assembly``; one program has one per build key, so ``cdmpp.records.dataset`` gives each
     # measured program a copy with its device's); None where it was not built
     asm: np.ndarray | None = None
+    # float64 [N_COUNTS]: the same classes over the build's innermost loops (``assembly.instruction_counts``), for a
+    # model trained with them (``TrainConfig.assembly_inner``; a study: reports/assembly-counts.md); None elsewhere
+    asm_inner: np.ndarray | None = None
 
     @property
     def n_leaves(self) -> int:

@@ -46,7 +46,7 @@ class LabeledProgram:
     def without_counts(self) -> "LabeledProgram":
         """This program without its assembly counts, as a failed or skipped build leaves it (what a model with
         counts is also trained on: ``TrainConfig.assembly_unbuilt_copies``)."""
-        return replace(self, features=replace(self.features, asm=None))
+        return replace(self, features=replace(self.features, asm=None, asm_inner=None))
 
 
 @dataclass
@@ -200,7 +200,8 @@ class FeatureCache:
 
 def load_dataset(dataset_dir: str, task_table, devices=None, networks=None, tasks=None,
                  cache_dir: str | None = None, limit: int | None = None, progress: bool = True,
-                 searched: bool = True, features_on_disk: bool = False, assembly_dir: str | None = None) -> Dataset:
+                 searched: bool = True, features_on_disk: bool = False, assembly_dir: str | None = None,
+                 innermost: bool = False) -> Dataset:
     """Every successfully measured record of ``dataset_dir`` (filtered), featurized (cached). ``searched=False``
     leaves out the candidates of ``cdmpp collect --from-search`` and their twins measured on the other devices
     read (``--programs-from``: by program hash; the twin records carry no mark), as the protocol's settings
@@ -208,8 +209,12 @@ def load_dataset(dataset_dir: str, task_table, devices=None, networks=None, task
     ``features`` a ``CachedFeatures`` left in the cache (``read_cached`` reads them), so the dataset in memory is
     its labels and ids; programs not featurized yet are featurized first, with the cache in memory. Each program
     carries the instruction counts of its build for its device's target where ``assembly_dir`` (default:
-    ``datasets/assembly`` beside the dataset) has them (``ProgramFeatures.asm``)."""
+    ``datasets/assembly`` beside the dataset) has them (``ProgramFeatures.asm``; with ``innermost`` also its innermost
+    loops', ``asm_inner``, in memory only)."""
     from tqdm import tqdm
+
+    if innermost and features_on_disk:
+        raise ValueError("innermost counts are attached to features in memory: not with features_on_disk")
 
     from cdmpp.records.importers import with_imported_workloads
 
@@ -251,7 +256,7 @@ def load_dataset(dataset_dir: str, task_table, devices=None, networks=None, task
             del full
             cache = FeatureCache(cache_dir, on_disk=True)
     ds = Dataset(failed=failed, report=report)
-    with_counts = _assembly_counts(assembly_dir or defaults.assembly_dir(dataset_dir))
+    with_counts = _assembly_counts(assembly_dir or defaults.assembly_dir(dataset_dir), innermost)
     for rec, y in records:
         f = cache.get(rec.program_hash)
         if f is None:
@@ -261,9 +266,10 @@ def load_dataset(dataset_dir: str, task_table, devices=None, networks=None, task
     return ds.filter(devices, networks, tasks)
 
 
-def _assembly_counts(root: str):
+def _assembly_counts(root: str, innermost: bool = False):
     """``(features, device) -> features``: a copy carrying the program's instruction counts built for the device's
-    target (``ProgramFeatures.asm``) where ``root`` has them, else the features as they are."""
+    target (``ProgramFeatures.asm``; with ``innermost`` also its innermost loops', ``asm_inner``) where ``root`` has
+    them, else the features as they are."""
     from cdmpp.devices.table import DeviceTable
     from cdmpp.program.assembly import AssemblyCounts, build_key
 
@@ -275,7 +281,11 @@ def _assembly_counts(root: str):
         if device not in keys:
             keys[device] = build_key(table.get(device).target) if device in table else None
         c = counts.get(f.program_hash, keys[device]) if keys[device] else None
-        return f if c is None else dataclasses.replace(f, asm=c)
+        if c is None:
+            return f
+        if not innermost:
+            return dataclasses.replace(f, asm=c)
+        return dataclasses.replace(f, asm=c, asm_inner=counts.inner_table(keys[device]).get(f.program_hash))
     return attach
 
 

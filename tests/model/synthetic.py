@@ -30,6 +30,7 @@ class FakeProgram:
     loops: np.ndarray | None = None
     tensor_flops: float | None = 0.0
     asm: np.ndarray | None = None
+    asm_inner: np.ndarray | None = None
 
 
 def random_program(rng, n_leaves=None) -> FakeProgram:

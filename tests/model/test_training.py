@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import numpy as np
 import pytest
@@ -219,6 +220,46 @@ def test_assembly_counts_train_save_and_load(tmp_path):
     plain = fit(quick_config(epochs=1, ensemble=1, assembly_counts=False), train, val, device_table=DEVICES)
     assert plain.members[0].hparams["n_program_inputs"] == 3
     assert np.array_equal(plain.predict(other, "cpu-a")[0], plain.predict(feats, "cpu-a")[0])
+
+
+def test_innermost_counts_are_inputs_only_of_a_model_trained_with_them(tmp_path):
+    """``assembly_inner``: the innermost loops' counts (``asm_inner``) are read after the module's counts; a program
+    without them stands as not built there; a model trained without them has neither their columns nor a use for
+    them. SYNTHETIC programs and counts: the latency follows an innermost count."""
+    from cdmpp.model.network import N_INNER_STATS, N_STATS
+    from cdmpp.program.assembly import N_COUNTS
+
+    rng = np.random.default_rng(6)
+
+    def sample():
+        n = int(rng.integers(1, 4))
+        x = np.abs(rng.normal(size=(n, 164))).astype(np.float32) * 4
+        asm, inner = rng.integers(1, 200, N_COUNTS).astype(float), rng.integers(1, 200, N_COUNTS).astype(float)
+        return LabeledProgram(FakeProgram(x, np.arange(n), asm=asm, asm_inner=inner), "cpu-a", float(1e-6 * inner[1]))
+
+    train, val = [sample() for _ in range(120)], [sample() for _ in range(30)]
+    config = dict(epochs=2, ensemble=1, assembly_withheld=0.0)
+    model = fit(quick_config(assembly_inner=True, **config), train, val, device_table=DEVICES)
+    assert model.members[0].hparams["n_program_inputs"] == N_INNER_STATS
+    model.save(tmp_path / "m")
+    feats = [s.features for s in val]
+    mean = TrainedModel.load(tmp_path / "m").predict(feats, "cpu-a")[0]
+    assert np.array_equal(model.predict(feats, "cpu-a")[0], mean)
+    moved = [copy.copy(f) for f in feats]
+    for f in moved:
+        f.asm_inner = f.asm_inner * 3
+    assert not np.allclose(model.predict(moved, "cpu-a")[0], mean)
+    unbuilt = [copy.copy(f) for f in feats]
+    for f in unbuilt:
+        f.asm_inner = None
+    absent = model.extra_inputs(model.pack(unbuilt)).numpy()
+    assert absent.shape[1] == N_INNER_STATS and np.isfinite(model.predict(unbuilt, "cpu-a")[0]).all()
+    plain = fit(quick_config(**config), train, val, device_table=DEVICES)
+    assert plain.members[0].hparams["n_program_inputs"] == N_STATS
+    assert np.array_equal(plain.predict(moved, "cpu-a")[0], plain.predict(feats, "cpu-a")[0])
+    without = [LabeledProgram(dataclasses.replace(s.features, asm_inner=None), s.device, s.seconds) for s in train]
+    with pytest.raises(ValueError, match="innermost"):
+        fit(quick_config(assembly_inner=True, **config), without, val, device_table=DEVICES)
 
 
 def test_a_checkpoint_of_an_older_format_says_to_retrain(trained, tmp_path):
