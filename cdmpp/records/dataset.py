@@ -46,7 +46,8 @@ class LabeledProgram:
     def without_counts(self) -> "LabeledProgram":
         """This program without its assembly counts, as a failed or skipped build leaves it (what a model with
         counts is also trained on: ``TrainConfig.assembly_unbuilt_copies``)."""
-        return replace(self, features=replace(self.features, asm=None, asm_inner=None))
+        inner = {"asm_inner": None} if hasattr(self.features, "asm_inner") else {}  # CachedFeatures have none
+        return replace(self, features=replace(self.features, asm=None, **inner))
 
 
 @dataclass
