@@ -119,9 +119,9 @@ def with_counts(features, mod, target):
 
 class AssemblyCounts:
     """The counts built so far, per build key: ``root/<build_key>/*.npz``, each file ``hashes`` (program hashes)
-    and ``counts [n, N_COUNTS]`` and/or ``inner`` (the innermost loops', NaN where not kept; unused by the model
-    yet). Files are parts written by separate build jobs; a program built twice keeps its first file's counts
-    (same build)."""
+    and ``counts [n, N_COUNTS]`` and/or ``inner`` (the innermost loops', NaN where not kept; read only by a study's
+    ``TrainConfig.assembly_inner``). Files are parts written by separate build jobs; a program built twice keeps its
+    first file's counts (same build)."""
 
     def __init__(self, root: str | os.PathLike):
         self.root = Path(root)
