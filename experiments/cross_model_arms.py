@@ -42,13 +42,13 @@ KNOBS = {"base": {}, "da": {"da_known_devices": True}, "rank": {"rank_weight": 0
          "wide": {"d_model": 256, "d_ff": 512}, "search": {}, "inner": {"assembly_inner": True}}
 
 
-def with_search_candidates(split, opts):
+def with_search_candidates(split, opts, pinned_ds):
     """``split`` trained also on the pinned devices' search candidates and their twins (what ``load_pinned`` leaves
     out), those of a validation or test task or a held-out network kept out."""
     from cdmpp.records.dataset import load_dataset
     from cdmpp.zoo.tasks import TaskTable
 
-    pinned = {(p.device, p.features.program_hash) for p in load_pinned(opts).programs}
+    pinned = {(p.device, p.features.program_hash) for p in pinned_ds.programs}
     every = load_dataset(opts.dataset, TaskTable.load(opts.task_table), devices=list(opts.device_ids), progress=False)
     found = [p for p in every.programs if (p.device, p.features.program_hash) not in pinned]
     out = splits.with_other_devices(split, found, splits.HELD_OUT_NETWORKS)
@@ -58,9 +58,10 @@ def with_search_candidates(split, opts):
 
 def run(seed: int, arm: str, epochs: int) -> None:
     opts = ProtocolOptions()
-    split = splits.cross_model_split(load_pinned(opts, innermost=arm == "inner"), splits.HELD_OUT_NETWORKS, seed=seed)
+    ds = load_pinned(opts, innermost=arm == "inner")
+    split = splits.cross_model_split(ds, splits.HELD_OUT_NETWORKS, seed=seed)
     if arm == "search":
-        split = with_search_candidates(split, opts)
+        split = with_search_candidates(split, opts, ds)
     name = f"cross-model-copies0.25-e{epochs}-seed{seed}" if arm == "base" else f"cross-model-{arm}-e{epochs}-seed{seed}"
     where = MODELS[arm] / name
     print(f"{name}: {len(split.train)} train, {len(split.val)} val, {len(split.test)} test, "

@@ -212,10 +212,9 @@ def load_dataset(dataset_dir: str, task_table, devices=None, networks=None, task
     carries the instruction counts of its build for its device's target where ``assembly_dir`` (default:
     ``datasets/assembly`` beside the dataset) has them (``ProgramFeatures.asm``; with ``innermost`` also its innermost
     loops', ``asm_inner``, in memory only)."""
-    from tqdm import tqdm
-
     if innermost and features_on_disk:
         raise ValueError("innermost counts are attached to features in memory: not with features_on_disk")
+    from tqdm import tqdm
 
     from cdmpp.records.importers import with_imported_workloads
 
