@@ -149,7 +149,8 @@ def _collect_from_search(args, table, device, target, cfg, deadline) -> int:
     print(f"searching {len(table)} tasks x {args.per_task} trials ({args.search_cost_model} cost model) on {device.id} "
           f"into {args.dataset}", file=sys.stderr)
     s = collect_from_search(table, args.dataset, device, target, args.per_task, cfg, per_iter=args.search_per_iter,
-                            cost_model=args.search_cost_model, seed=args.seed, deadline=deadline)
+                            cost_model=args.search_cost_model, seed=args.seed, deadline=deadline,
+                            shared_model=args.search_shared_model)
     print(f"done: {s['measured']} measured, {s['failed']} failed, {s['skipped_done']} already stored, "
           f"{s['tasks_searched']} of {s['tasks']} tasks searched, {s['seconds']} s"
           + (" (stopped by budget)" if s["stopped_by_budget"] else "") + f", {s['programs_per_s']} programs/s")
@@ -279,6 +280,9 @@ def add_measure_commands(sub):
                    help="with --from-search: the model steering the search (default cdmpp, the shipped model)")
     c.add_argument("--search-per-iter", type=int, default=16,
                    help="with --from-search: candidates measured per search iteration (default 16)")
+    c.add_argument("--search-shared-model", action="store_true",
+                   help="with --from-search: one cost model learns from every task, as ms.tune_tir shares it "
+                        "(default: a fresh one per task); tagged in each record")
     c.add_argument("--measurer", choices=["auto", "fast", "metaschedule"], default="auto",
                    help="fast: one module per task, one runner process, adaptive repeats; metaschedule: "
                         "MetaSchedule's LocalBuilder/LocalRunner (RPC, --cache-flush, kept artifacts); "

@@ -75,3 +75,29 @@ def test_collect_refuses_from_search_with_another_devices_programs_before_probin
                  "--devices", str(devices)])
     assert code == 2 and "--from-search measures locally" in capsys.readouterr().err
     assert not devices.exists() and not (tmp_path / "ds").exists()
+
+
+@pytest.mark.slow
+def test_a_shared_cost_model_is_made_once_and_learns_from_every_task(tmp_path, monkeypatch):
+    """As ms.tune_tir shares one cost model over its tasks: made once, trained on each task's measurements."""
+    from cdmpp.measure import search
+    from cdmpp.measure.measurer import MeasureConfig
+    from cdmpp.program import tvm_env
+    from cdmpp.zoo import workloads
+    from cdmpp.zoo.tasks import Task, task_key
+
+    made = []
+    real = search._cost_model
+    monkeypatch.setattr(search, "_cost_model", lambda *args: made.append(real(*args)) or made[-1])
+    tvm = tvm_env.setup(1)
+    tasks = [Task(task_key(m), name, tvm.ir.save_json(m), None, {"toy@1": 1})
+             for name, m in (("matmul", workloads.matmul(64, 64, 64)), ("matmul48", workloads.matmul(48, 48, 48)))]
+    device = SimpleNamespace(id="test-cpu-1t/llvm", threads=1)
+    cfg = MeasureConfig(repeat=3, min_repeat_ms=5, builders=1, quiet_share=1.0)
+    ds = str(tmp_path / "ds")
+    s = search.collect_from_search(tasks, ds, device, tvm_env.make_target("llvm", num_cores=1), 4, cfg, per_iter=4,
+                                   cost_model="xgb", population=32, progress=False, shared_model=True)
+    assert s["tasks_searched"] == 2 and len(made) == 1
+    assert len(made[0].data) == 2  # XGBModel's measurements, one group per task's workload
+    recs = list(RecordStore(ds).iter_records())
+    assert {r["task"] for r in recs} == {t.key for t in tasks} and all(r["search"]["shared_model"] for r in recs)
