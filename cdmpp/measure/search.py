@@ -148,26 +148,25 @@ def collect_from_search(tasks, dataset_dir: str, device, target, trials: int, cf
                 while (cands := ctx.generate_measure_candidates()):
                     hashes = [program_hash(c.sch.mod) for c in cands]
                     traces = [to_json_value(c.sch.trace.as_json()) for c in cands]
-                    todo = [tr for h, tr in zip(hashes, traces) if h not in have]
-                    measured: dict[str, tuple] = {}
-                    if todo:
-                        job = {"task_key": task.key, "mod_json": task.mod_json, "traces": todo,
-                               "skip": frozenset(have)}
-                        _, results = next(measurer.measure_jobs([job]))
-                        if isinstance(results, str):  # the build job failed as a whole
-                            print(f"\n{task.name} ({task.key}): {results}", file=sys.stderr)
-                            results = []
+                    todo = list({h: tr for h, tr in zip(hashes, traces) if h not in have}.values())  # one per program
+                    if todo:  # one build job per build worker: they build side by side (a batch's order means nothing)
+                        size = -(-len(todo) // max(1, cfg.builders))
+                        jobs = [{"task_key": task.key, "mod_json": task.mod_json, "traces": todo[i:i + size],
+                                 "skip": frozenset(have)} for i in range(0, len(todo), size)]
                         recs = []
-                        for b, secs, err, others in results:
-                            if not b.program_hash:
-                                stats["failed"] += 1
+                        for _, results in measurer.measure_jobs(jobs):
+                            if isinstance(results, str):  # the build job failed as a whole
+                                print(f"\n{task.name} ({task.key}): {results}", file=sys.stderr)
                                 continue
-                            rec = built_record(device, task, b, secs, err, others, cfg, run_id,
-                                               search=dict(tag, trial=trial + len(recs)))
-                            recs.append(rec)
-                            have[b.program_hash] = rec
-                            measured[b.program_hash] = rec
-                            stats["failed" if err else "measured"] += 1
+                            for b, secs, err, others in results:
+                                if not b.program_hash:
+                                    stats["failed"] += 1
+                                    continue
+                                rec = built_record(device, task, b, secs, err, others, cfg, run_id,
+                                                   search=dict(tag, trial=trial + len(recs)))
+                                recs.append(rec)
+                                have[b.program_hash] = rec
+                                stats["failed" if err else "measured"] += 1
                         store.append(device.id, recs)
                     stats["skipped_done"] += len(cands) - len(todo)
                     runner_results = []

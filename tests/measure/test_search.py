@@ -20,8 +20,9 @@ def _search(ds, trials, cost_model="random"):
     mod = workloads.matmul(64, 64, 64)
     task = Task(task_key(mod), "matmul", tvm.ir.save_json(mod), None, {"toy@1": 1})
     device = SimpleNamespace(id="test-cpu-1t/llvm", threads=1)
-    # quiet_share 1.0: the CPU guard would otherwise wait for a quiet machine (tested on its own)
-    cfg = MeasureConfig(repeat=3, min_repeat_ms=5, builders=1, quiet_share=1.0)
+    # quiet_share 1.0: the CPU guard would otherwise wait for a quiet machine (tested on its own); two build
+    # workers: a batch is built as two jobs
+    cfg = MeasureConfig(repeat=3, min_repeat_ms=5, builders=2, quiet_share=1.0)
     s = collect_from_search([task], ds, device, tvm_env.make_target("llvm", num_cores=1), trials, cfg,
                             per_iter=4, cost_model=cost_model, population=32, progress=False)
     return s, task
