@@ -278,11 +278,11 @@ def add_measure_commands(sub):
                         "trials) and record every candidate it measures, tagged as searched (fast measurer)")
     c.add_argument("--search-cost-model", choices=["cdmpp", "xgb", "random"], default="cdmpp",
                    help="with --from-search: the model steering the search (default cdmpp, the shipped model)")
-    c.add_argument("--search-per-iter", type=int, default=16,
-                   help="with --from-search: candidates measured per search iteration (default 16)")
-    c.add_argument("--search-shared-model", action="store_true",
+    c.add_argument("--search-per-iter", type=int, default=64,
+                   help="with --from-search: candidates measured per search iteration (default 64, ms.tune_tir's)")
+    c.add_argument("--search-shared-model", action=argparse.BooleanOptionalAction, default=True,
                    help="with --from-search: one cost model learns from every task, as ms.tune_tir shares it "
-                        "(default: a fresh one per task); tagged in each record")
+                        "(default); --no-search-shared-model: a fresh one per task. Tagged in each record")
     c.add_argument("--measurer", choices=["auto", "fast", "metaschedule"], default="auto",
                    help="fast: one module per task, one runner process, adaptive repeats; metaschedule: "
                         "MetaSchedule's LocalBuilder/LocalRunner (RPC, --cache-flush, kept artifacts); "

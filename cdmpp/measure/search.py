@@ -81,14 +81,14 @@ def _schedule(mod, trace_json):
     return sch
 
 
-def collect_from_search(tasks, dataset_dir: str, device, target, trials: int, cfg, per_iter: int = 16,
+def collect_from_search(tasks, dataset_dir: str, device, target, trials: int, cfg, per_iter: int = 64,
                         cost_model: str = "cdmpp", seed: int = 0, deadline: float | None = None,
-                        progress: bool = True, population: int = POPULATION, shared_model: bool = False) -> dict:
+                        progress: bool = True, population: int = POPULATION, shared_model: bool = True) -> dict:
     """Run a ``trials``-trial evolutionary search per task of ``tasks``, measuring and storing every candidate
-    as a record of ``device``; returns a summary like ``collect``'s. ``shared_model``: one cost model learns
-    from every task's measurements, as a tuner's task scheduler shares it, so even a task's first batch is
-    steered (with ``per_iter`` = ``trials`` each task costs one evolutionary search, not one per batch: the
-    search, not the measurement, took ~55 % of the time at 16 per batch)."""
+    as a record of ``device``; returns a summary like ``collect``'s. The defaults are ``ms.tune_tir``'s: 64
+    candidates per batch, and one cost model learning from every task's measurements (``shared_model``), so
+    even a task's first batch is steered; each batch costs one evolutionary search of the whole population
+    (at 16 per batch and a model per task, the search took ~55 % of the collector's time)."""
     from tqdm import tqdm
     from tvm.s_tir import meta_schedule as ms
     from tvm.s_tir.meta_schedule.arg_info import ArgInfo
