@@ -2,7 +2,7 @@
 
 Random schedules rarely reach the fast path a tuner explores (DESIGN.md §4, the search distribution). Here
 MetaSchedule's evolutionary search runs per task, steered by a cost model (cdmpp's own, MetaSchedule's
-XGBoost or random; one per task, or with ``shared_model`` one for every task as ``ms.tune_tir`` shares it),
+XGBoost or random; one for every task, as ``ms.tune_tir`` shares it, or one per task),
 and each batch of candidates it asks for is measured by the collector's own fast
 measurer: the same label protocol, quiet-machine guard, pauses and stop as ``cdmpp collect``. Every
 candidate becomes a record tagged ``"search"`` (strategy, cost model, the task's trial index), and its
