@@ -67,21 +67,9 @@ def order_curves(trained, test, val) -> dict:
 
 
 def train(chip: str, seed: int) -> str:
-    import torch
+    from shot_choice_chips import loco_fit
 
-    from cdmpp.devices.table import DeviceTable
-    from cdmpp.evaluation import splits
-    from cdmpp.evaluation.chips import of_chips_kind
-    from cdmpp.evaluation.methods import registry
-    from cdmpp.evaluation.protocol import ProtocolOptions, load_pinned, recipe_config
-
-    opts = ProtocolOptions(threads=2)
-    torch.set_num_threads(2)
-    table = DeviceTable(opts.devices).spec_table()
-    ds = of_chips_kind(load_pinned(opts, every_device=True), chip, table)
-    base = splits.leave_one_chip_out_split(ds, chip, table, 0, seed=seed)
-    config = recipe_config("default", seed=seed, progress=True, epochs=EPOCHS)
-    model = registry.Context(seed, table, 2, config, base.target_pool).one("cdmpp").fit(base.train, base.val)
+    _, _, base, model = loco_fit(chip, seed, recipe="default", epochs=EPOCHS)
     trained = model.model_.part("llvm") if hasattr(model.model_, "parts") else model.model_
     out = dict(order_curves(trained, base.test, base.val), chip=chip, seed=seed, programs=len(base.test))
     os.makedirs("runs/loco-order", exist_ok=True)

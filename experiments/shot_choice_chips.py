@@ -29,24 +29,33 @@ EPOCHS = 10
 TRAIN_SAMPLE = 4000
 
 
-def train(chip: str, seed: int) -> str:
+def loco_fit(chip: str, seed: int, recipe: str = "assembly", epochs: int = EPOCHS):
+    """(dataset, device table, k = 0 split, cdmpp) with cdmpp fitted on the split as ``cdmpp protocol --settings
+    leave-one-chip-out --recipe RECIPE --set epochs=EPOCHS --threads 2`` fits it."""
     import torch
 
     from cdmpp.devices.table import DeviceTable
     from cdmpp.evaluation import splits
     from cdmpp.evaluation.chips import of_chips_kind
     from cdmpp.evaluation.methods import registry
-    from cdmpp.evaluation.methods.derived import Memo
-    from cdmpp.evaluation.protocol import ProtocolOptions, _k_value, load_pinned, recipe_config
+    from cdmpp.evaluation.protocol import ProtocolOptions, load_pinned, recipe_config
 
     opts = ProtocolOptions(threads=2)
     torch.set_num_threads(2)
     table = DeviceTable(opts.devices).spec_table()
     ds = of_chips_kind(load_pinned(opts, every_device=True), chip, table)
     base = splits.leave_one_chip_out_split(ds, chip, table, 0, seed=seed)
-    config = recipe_config("assembly", seed=seed, progress=True, epochs=EPOCHS)
+    config = recipe_config(recipe, seed=seed, progress=True, epochs=epochs)
     context = registry.Context(seed, table, 2, config, base.target_pool)
-    model = context.one("cdmpp").fit(base.train, base.val)
+    return ds, table, base, context.one("cdmpp").fit(base.train, base.val)
+
+
+def train(chip: str, seed: int) -> str:
+    from cdmpp.evaluation import splits
+    from cdmpp.evaluation.methods.derived import Memo
+    from cdmpp.evaluation.protocol import _k_value
+
+    ds, table, base, model = loco_fit(chip, seed)
     memo = Memo(model)
     targets = set(base.info["target_device"].split("+"))
     chip_programs = [p for p in ds if p.device in targets]
