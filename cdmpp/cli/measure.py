@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -186,6 +187,29 @@ def _add_guard_args(parser) -> None:
                              "marked disturbed and measured again later; default %(default)s)")
 
 
+def cmd_data(args) -> int:
+    from cdmpp.records.dataset import summarize
+
+    if not os.path.isdir(args.dataset):
+        raise FileNotFoundError(f"no dataset folder at {args.dataset} (pass --dataset DIR)")
+    s = summarize(args.dataset)
+    if args.json:
+        print(json.dumps(s, indent=1))
+        return 0
+    head = ("device", "labelled", "search candidates", "twins", "failed", "disturbed", "tasks")
+    rows = [(d, *(f"{v[k]:,}" for k in ("programs", "search_candidates", "twins", "failed", "disturbed", "tasks")))
+            for d, v in s["devices"].items()]
+    widths = [max(len(x) for x in col) for col in zip(head, *rows)]
+    for line in [head, *rows]:
+        print("  ".join(x.ljust(w) if j == 0 else x.rjust(w) for j, (x, w) in enumerate(zip(line, widths))))
+    total = sum(v["programs"] for v in s["devices"].values())
+    print(f"\n{total:,} labelled programs on {len(rows)} devices in {args.dataset} (twins: the same program labelled "
+          f"on another device too; failed and disturbed records are kept, not labels)")
+    for p in s["problems"][:5]:
+        print(f"cdmpp data: {p}", file=sys.stderr)
+    return 0
+
+
 def cmd_noise(args) -> int:
     from cdmpp.devices.table import DeviceTable
     from cdmpp.measure.measurer import MeasureConfig
@@ -326,6 +350,12 @@ def add_measure_commands(sub):
                      help="build again the programs built before their innermost loops' counts were kept (6 Dec), "
                           "for those counts only")
     asm.set_defaults(func=cmd_assembly)
+
+    dt = sub.add_parser("data", help="what a dataset holds per device: labelled programs, search candidates, "
+                                     "twins, failed and disturbed records, tasks")
+    dt.add_argument("--dataset", default=defaults.DATASET, help="dataset folder")
+    dt.add_argument("--json", action="store_true", help="print JSON (with labelled programs per network)")
+    dt.set_defaults(func=cmd_data)
 
     nz = sub.add_parser("noise", help="re-measure a device's fixed probe set and report run-to-run noise")
     nz.add_argument("--device", required=True, help="device id (datasets/devices.json) of this machine")

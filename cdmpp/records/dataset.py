@@ -446,51 +446,38 @@ def _walk_loops(todo: dict[str, list[ProgramFeatures]], dataset_dir: str, task_t
     return out
 
 
-def summarize(dataset_dir: str, task_table=None) -> dict:
-    """Counts per device, network and task straight from the records (no featurization)."""
+def summarize(dataset_dir: str) -> dict:
+    """Per device, straight from the records (no featurization; ``cdmpp data``): labelled programs, of them
+    search candidates (``collect --from-search``) and twins (the same program labelled on another device
+    too), records without a label (failed, or measured while others were busy: kept, not labels), tasks,
+    and labelled programs per network."""
     from collections import Counter, defaultdict
 
     report = LoadReport()
-    per_device: Counter = Counter()
-    failed: Counter = Counter()
-    disturbed: Counter = Counter()  # measured while other processes were busy: kept, not labels
-    repassed: Counter = Counter()  # labels with more than one pass (cdmpp remeasure)
+    labelled: dict[str, set] = defaultdict(set)
+    programs, searched, failed, disturbed = Counter(), Counter(), Counter(), Counter()
     tasks: dict[str, set] = defaultdict(set)
     per_network: dict[str, Counter] = defaultdict(Counter)
-    for rec in RecordStore(dataset_dir).records(report=report):
-        dev = rec.device or "?"
+    for rec in RecordStore(dataset_dir).iter_records(report=report, traces=False):
+        dev = rec.get("device") or "?"
         if label(rec) is None:
-            (failed if rec.error or not rec.seconds else disturbed)[dev] += 1
+            (failed if rec.get("error") or not rec.get("seconds") else disturbed)[dev] += 1
             continue
-        per_device[dev] += 1
-        repassed[dev] += any(usable(p) for p in rec.remeasures)
-        tasks[dev].add(rec.task)
-        for net in {o.split("@")[0] for o in rec.networks or []}:
+        programs[dev] += 1
+        labelled[dev].add(rec["program_hash"])
+        searched[dev] += bool(rec.get("search"))
+        tasks[dev].add(rec["task"])
+        for net in {o.split("@")[0] for o in rec.get("networks") or []}:
             per_network[dev][net] += 1
+    devices_of = Counter(h for hashes in labelled.values() for h in hashes)
     return {
-        "devices": {d: {"programs": per_device[d], "failed": failed[d], "disturbed": disturbed[d], "tasks": len(tasks[d]),
-                        "with_later_passes": repassed[d],
-                        "networks": dict(sorted(per_network[d].items()))} for d in sorted(set(per_device) | set(failed))},
-        "problems": report.problems, "duplicates": report.duplicates,
+        "devices": {d: {"programs": programs[d], "search_candidates": searched[d],
+                        "twins": sum(devices_of[h] > 1 for h in labelled[d]), "failed": failed[d],
+                        "disturbed": disturbed[d], "tasks": len(tasks[d]),
+                        "networks": dict(sorted(per_network[d].items()))}
+                    for d in sorted(set(labelled) | set(failed) | set(disturbed))},
+        "records": report.records, "problems": report.problems, "duplicates": report.duplicates,
     }
-
-
-def summary_markdown(dataset_dir: str, task_table=None) -> str:
-    """Tables for datasets/README.md: programs per device, per network and the tasks covered."""
-    s = summarize(dataset_dir, task_table)
-    lines = ["| device | measured programs (labels) | of them re-measured later | failed builds/runs "
-             "| disturbed (others busy) | tasks |",
-             "|---|---:|---:|---:|---:|---:|"]
-    for dev, d in s["devices"].items():
-        lines.append(f"| `{dev}` | {d['programs']:,} | {d['with_later_passes']:,} | {d['failed']:,} "
-                     f"| {d['disturbed']:,} | {d['tasks']} |")
-    for dev, d in s["devices"].items():
-        lines += ["", f"Programs per network on `{dev}` (a program counts for every network that calls its task):", "",
-                  "| network | programs |", "|---|---:|"]
-        lines += [f"| {net} | {n:,} |" for net, n in d["networks"].items()]
-    if s["problems"]:
-        lines += ["", "Problems found while reading:", ""] + [f"- {p}" for p in s["problems"]]
-    return "\n".join(lines)
 
 
 def per_device_counts(ds: "Dataset") -> dict:

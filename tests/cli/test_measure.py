@@ -45,3 +45,30 @@ def test_collect_for_cuda_without_a_gpu_says_so(capsys):
 def test_cli_featurize_prints_the_compact_ast_of_the_shipped_sample():
     out = subprocess.run([sys.executable, "-m", "cdmpp.cli", "featurize"], check=True, capture_output=True, text=True)
     assert "3 leaves" in out.stdout and "store conv2d_nchw" in out.stdout
+
+
+def test_data_counts_each_devices_labels_search_candidates_and_twins(tmp_path, capsys):
+    import json
+
+    from cdmpp.cli import main
+    from cdmpp.records.store import RecordStore
+
+    def rec(dev, h, seconds=(1e-3,), **kw):
+        return {"id": f"{dev}|t|{h}", "device": dev, "task": "t", "program_hash": h, "networks": ["resnet18@1"],
+                "seconds": list(seconds), "error": None, "disturbed": False, **kw}
+
+    store = RecordStore(str(tmp_path))
+    store.append("a/llvm", [rec("a/llvm", "p0"), rec("a/llvm", "p1", search={"trial": 0}), rec("a/llvm", "p2"),
+                            rec("a/llvm", "p3", seconds=(), error="build failed"),
+                            rec("a/llvm", "p4", disturbed=True)])
+    store.append("b/llvm", [rec("b/llvm", "p0"), rec("b/llvm", "p1")])
+    assert main(["data", "--dataset", str(tmp_path), "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)["devices"]
+    assert got["a/llvm"] == {"programs": 3, "search_candidates": 1, "twins": 2, "failed": 1, "disturbed": 1,
+                             "tasks": 1, "networks": {"resnet18": 3}}
+    assert (got["b/llvm"]["programs"], got["b/llvm"]["twins"], got["b/llvm"]["search_candidates"]) == (2, 2, 0)
+    assert main(["data", "--dataset", str(tmp_path)]) == 0
+    table = capsys.readouterr().out
+    assert "5 labelled programs on 2 devices" in table and table.splitlines()[1].split()[:4] == ["a/llvm", "3", "1", "2"]
+    assert main(["data", "--dataset", str(tmp_path / "nothing")]) == 2
+    assert "no dataset folder" in capsys.readouterr().err
