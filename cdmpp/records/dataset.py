@@ -24,7 +24,7 @@ import numpy as np
 from cdmpp import defaults
 from cdmpp.devices.spec import target_kind_of_id
 from cdmpp.program.features import FEATURIZER_VERSION, ROWS_COMPATIBLE_VERSIONS, ProgramFeatures
-from cdmpp.records.labels import label, usable
+from cdmpp.records.labels import label
 from cdmpp.records.record import Record
 from cdmpp.records.store import LoadReport, RecordStore, publish_numbered, slug
 
