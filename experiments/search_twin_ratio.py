@@ -4,9 +4,12 @@
 
     .venv/bin/python experiments/search_twin_ratio.py     # ~5 s
 """
+
 import numpy as np
+
 from cdmpp.records.labels import label
 from cdmpp.records.store import RecordStore
+
 s = RecordStore('datasets/measurements')
 two = {}
 for r in s.iter_records('amd-epyc-znver4-2t/llvm-avx512', traces=False):
