@@ -17,6 +17,7 @@ Xeon VM, then, if the moved weight ranks better on every chip, the locked rerun.
 
     .venv/bin/python experiments/loco_order_weight.py train CHIP SEED   # -> runs/loco-order/<chip>-<seed>.pkl
     .venv/bin/python experiments/loco_order_weight.py table runs/loco-order/*.pkl
+    .venv/bin/python experiments/loco_order_weight.py three-way runs/loco-order/*.pkl   # the peer blended in
 """
 
 import os
@@ -66,14 +67,39 @@ def order_curves(trained, test, val) -> dict:
     return out
 
 
+def peer_seconds(table: dict, base, seed: int, counted: bool) -> dict:
+    """The best peer on Spearman across chips (reports/leave-one-chip-out.md): the pooled GBT (FLOP-normalized
+    target) through the same transfer, fitted as ``cdmpp protocol``'s ``pooled-gbt`` fits it; its seconds of the
+    validation and test programs."""
+    from cdmpp.evaluation.methods.twin_ratio import AmdahlTransfer
+    from cdmpp.model.physics import fork_join_by_device
+    from cdmpp.model.pooled_gbt import PooledGBT
+
+    gbt = PooledGBT(table, nthread=2, random_state=seed, assembly_counts=counted).fit(base.train, base.val)
+    transfer = AmdahlTransfer(gbt, fork_join_by_device(base.train, table), table)
+    return {"val": transfer.predict(base.val), "test": transfer.predict(base.test)}
+
+
+def parts(trained, programs, peer: np.ndarray) -> dict:
+    """Labels, task keys and the three predictions (transformer, its GBT, the peer) of ``programs``, each as
+    the model predicts them on their own device: what ``three_way`` blends."""
+    a, b = trained.predict_parts([p.features for p in programs], [p.device for p in programs])
+    return {"y": np.array([p.seconds for p in programs]), "tasks": [f"{p.device}|{p.task}" for p in programs],
+            "transformer": a, "gbt": b, "peer": peer}
+
+
 def train(chip: str, seed: int) -> str:
     from shot_choice_chips import loco_fit
 
-    _, _, base, model = loco_fit(chip, seed, recipe="default", epochs=EPOCHS)
+    _, table, base, model = loco_fit(chip, seed, recipe="default", epochs=EPOCHS)
     trained = model.model_.part("llvm") if hasattr(model.model_, "parts") else model.model_
     out = dict(order_curves(trained, base.test, base.val), chip=chip, seed=seed, programs=len(base.test))
     os.makedirs("runs/loco-order", exist_ok=True)
     path = f"runs/loco-order/{chip}-{seed}.pkl"
+    with open(path, "wb") as f:  # the curves first: the peer's fit takes as long again
+        pickle.dump(out, f)
+    peer = peer_seconds(table, base, seed, bool(trained.config.get("assembly_counts")))
+    out["parts"] = {name: parts(trained, getattr(base, name), peer[name]) for name in ("val", "test")}
     with open(path, "wb") as f:
         pickle.dump(out, f)
     return path
@@ -93,10 +119,53 @@ def table(paths) -> None:
               f"{' / '.join(f'{rho[w]:.3f}' for w in ws)} | {rho[best]:.3f} ({best:.1f}) |")
 
 
+def simplex(step: float = 0.1) -> list[tuple]:
+    """Every (transformer, GBT, peer) weight triple on a grid of ``step`` that sums to 1."""
+    n = round(1 / step)
+    return [(i / n, j / n, (n - i - j) / n) for i in range(n + 1) for j in range(n + 1 - i)]
+
+
+def three_way_scores(part: dict, weights: list[tuple]) -> tuple[np.ndarray, np.ndarray]:
+    """Within-task Spearman and MAPE of exp(w . log(transformer, GBT, peer)) at each weight triple."""
+    logs = np.log(np.stack([part["transformer"], part["gbt"], part["peer"]]))
+    rho, mape = [], []
+    for w in weights:
+        pred = np.exp(np.asarray(w) @ logs)
+        rho.append(within_task_spearman(part["y"], pred, part["tasks"]))
+        mape.append(float(np.mean(np.abs(pred - part["y"]) / part["y"])))
+    return np.array(rho), np.array(mape)
+
+
+def three_way(paths) -> None:
+    """Does the peer that ranks best across chips, blended into cdmpp's order at weights chosen on validation,
+    rank the held-out chip better than cdmpp's order and than the peer alone?"""
+    weights = simplex()
+    print("| chip | seed | cdmpp order (w) | peer | 3-way, val rule (w) | 3-way, best val Spearman (w) | test MAPE: cdmpp order / 3-way val rule |")
+    print("|---|---:|---|---:|---|---|---|")
+    for path in paths:
+        with open(path, "rb") as f:
+            r = pickle.load(f)
+        if "parts" not in r:
+            continue
+        val_rho, val_mape = three_way_scores(r["parts"]["val"], weights)
+        test_rho, test_mape = three_way_scores(r["parts"]["test"], weights)
+        w0 = round(r["chosen"]["model"], 1)
+        model = weights.index(min(weights, key=lambda w: abs(w[0] - w0) + abs(w[1] - (1 - w0)) + w[2]))
+        near = [i for i in range(len(weights)) if val_mape[i] <= (1 + RANK_SLACK) * val_mape.min()]
+        rule = max(near, key=lambda i: val_rho[i])
+        best = int(np.argmax(val_rho))
+        peer = weights.index((0.0, 0.0, 1.0))
+        show = lambda i: f"{test_rho[i]:.3f} ({'/'.join(f'{x:.1f}' for x in weights[i])})"
+        print(f"| {r['chip']} | {r['seed']} | {show(model)} | {test_rho[peer]:.3f} | {show(rule)} | {show(best)} | "
+              f"{test_mape[model]:.1%} / {test_mape[rule]:.1%} |")
+
+
 if __name__ == "__main__":
     if sys.argv[1:2] == ["train"]:
         print(train(sys.argv[2], int(sys.argv[3])))
     elif sys.argv[1:2] == ["table"]:
         table(sys.argv[2:])
+    elif sys.argv[1:2] == ["three-way"]:
+        three_way(sys.argv[2:])
     else:
         sys.exit(__doc__)
