@@ -11,9 +11,8 @@ it. Both weights, and the whole curve, are scored on the held-out chip's test pr
 seeds only; one model per chip and seed, trained as ``cdmpp protocol --settings leave-one-chip-out --set
 epochs=10`` trains it (12-29 minutes at 2 threads on the Zen 4 VM, after the features of every CPU device).
 
-Not run yet (7 Dec): its mechanics were checked on the shipped model and ~5,000 programs of 40 tasks, whose
-numbers mean nothing (those programs trained it). The next step of issue 52; seeds 0-2 on Zen 3, Zen 5 and the
-Xeon VM, then, if the moved weight ranks better on every chip, the locked rerun.
+Run 8 Dec (reports/leave-one-chip-out.md, first section): the moved weight does not help (4 runs); the best-ranking
+peer blended into the order (``three-way``) ranked above both on the 2 runs that fitted it, a lead for seeds 0-2.
 
     .venv/bin/python experiments/loco_order_weight.py train CHIP SEED   # -> runs/loco-order/<chip>-<seed>.pkl
     .venv/bin/python experiments/loco_order_weight.py table runs/loco-order/*.pkl
