@@ -80,8 +80,8 @@ def peer_seconds(table: dict, base, seed: int, counted: bool) -> dict:
 
 
 def parts(trained, programs, peer: np.ndarray) -> dict:
-    """Labels, task keys and the three predictions (transformer, its GBT, the peer) of ``programs``, each as
-    the model predicts them on their own device: what ``three_way`` blends."""
+    """Labels, task keys and the three predictions (transformer, its GBT, the peer) of ``programs``, each on the
+    program's device as the model reaches it (a held-out chip's through its anchor, moved): what ``three_way`` blends."""
     a, b = trained.predict_parts([p.features for p in programs], [p.device for p in programs])
     return {"y": np.array([p.seconds for p in programs]), "tasks": [f"{p.device}|{p.task}" for p in programs],
             "transformer": a, "gbt": b, "peer": peer}
